@@ -1,0 +1,49 @@
+// The CPU: always available. Its `devices` value is a number of processes,
+// all on the one CPU device, as in PyTorch Lightning.
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <fstream>
+
+#include "fulgor/error.h"
+#include "fulgor/registry.h"
+
+namespace fulgor {
+namespace {
+
+class CpuAccelerator final : public Accelerator {
+ public:
+  std::string name() const override { return "cpu"; }
+  torch::DeviceType device_type() const override { return torch::kCPU; }
+  std::string description() const override { return "the host CPU, through LibTorch's CPU kernels"; }
+  int priority() const override { return 0; }
+  Availability availability() const override { return {true, {}}; }
+  int64_t device_count() const override { return 1; }
+  int64_t auto_device_count() const override { return 1; }
+
+  std::vector<torch::Device> parse_devices(const Devices& devices) const override {
+    return std::vector<torch::Device>(static_cast<size_t>(parse_process_count(devices, name())),
+                                      torch::Device(torch::kCPU));
+  }
+
+  void synchronize(torch::Device) const override {}
+  std::string distributed_backend() const override { return "gloo"; }
+  std::vector<std::string> supported_precisions() const override {
+    return {"32-true", "64-true", "bf16-mixed", "bf16-true"};
+  }
+
+  // The process's resident and virtual memory, as the CPU has no allocator of its own to ask.
+  std::map<std::string, int64_t> memory_stats(torch::Device) const override {
+    std::ifstream statm("/proc/self/statm");
+    int64_t virtual_pages = 0, resident_pages = 0;
+    if (!(statm >> virtual_pages >> resident_pages)) return {};
+    const int64_t page = sysconf(_SC_PAGESIZE);
+    return {{"process_resident_bytes", resident_pages * page}, {"process_virtual_bytes", virtual_pages * page}};
+  }
+};
+
+}  // namespace
+}  // namespace fulgor
+
+REGISTER_ACCELERATOR("cpu", fulgor::CpuAccelerator);

@@ -1,0 +1,43 @@
+// NVIDIA GPUs through LibTorch's CUDA support. On a LibTorch built without
+// CUDA no device guard exists for it and the accelerator says so.
+
+#include <ATen/Context.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <fmt/format.h>
+
+#include "fulgor/device_guard_accelerator.h"
+#include "fulgor/registry.h"
+
+namespace fulgor {
+namespace {
+
+class CudaAccelerator final : public DeviceGuardAccelerator {
+ public:
+  std::string name() const override { return "cuda"; }
+  torch::DeviceType device_type() const override { return torch::kCUDA; }
+  std::string description() const override { return "NVIDIA GPUs through LibTorch's CUDA backend"; }
+  int priority() const override { return 400; }
+  std::string distributed_backend() const override { return "nccl"; }
+  bool supports_pinned_memory() const override { return true; }
+  std::vector<std::string> supported_precisions() const override {
+    return {"32-true", "64-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true"};
+  }
+
+  torch::Tensor move_tensor(const torch::Tensor& tensor, torch::Device device, bool non_blocking) const override {
+    // Asynchronous host-to-device copies need pinned host memory.
+    if (non_blocking && tensor.device().is_cpu() && !tensor.is_pinned()) return tensor.pin_memory().to(device, true);
+    return tensor.to(device, non_blocking);
+  }
+
+ protected:
+  std::string prepare_runtime() const override {
+    if (!c10::impl::hasDeviceGuardImpl(torch::kCUDA)) return "this LibTorch was built without CUDA";
+    if (!at::hasCUDA()) return "LibTorch has CUDA but finds no CUDA driver or device";
+    return {};
+  }
+};
+
+}  // namespace
+}  // namespace fulgor
+
+REGISTER_ACCELERATOR("cuda", fulgor::CudaAccelerator);

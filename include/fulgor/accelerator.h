@@ -1,0 +1,111 @@
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/types.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "fulgor/devices.h"
+
+namespace fulgor {
+
+/// Whether an accelerator can be used in this process, and why not.
+struct Availability {
+  bool available = false;
+  std::string reason;  ///< empty when available
+};
+
+/// Everything fulgor knows about a kind of device. One subclass is a whole
+/// backend: the Trainer, strategies, precision and checkpoint code never name a
+/// device, they ask the Accelerator.
+///
+/// Contract for implementers (see docs/accelerators.md):
+///   - The constructor is cheap and touches no device or runtime: the registry
+///     constructs accelerators to list them. Work that can fail goes into
+///     availability() (which must never throw) and setup_device().
+///   - Methods taking a device get one of this accelerator's device type.
+///   - An instance is used from one thread at a time; the registry hands out a
+///     fresh instance to each caller.
+class Accelerator {
+ public:
+  virtual ~Accelerator() = default;
+
+  // ---- Identity -------------------------------------------------------------
+
+  /// The registry name, e.g. "cpu". Lower case, no spaces.
+  virtual std::string name() const = 0;
+  /// The LibTorch device type the accelerator's tensors live on.
+  virtual torch::DeviceType device_type() const = 0;
+  /// One sentence for `fulgor-info` and docs.
+  virtual std::string description() const = 0;
+  /// Rank in "auto" selection: the available accelerator with the highest
+  /// priority wins. Built-ins: cuda 400, xpu 300, npu 200, cpu 0.
+  virtual int priority() const { return 100; }
+  /// One line for logs: name, device count and what stands behind them.
+  virtual std::string describe() const;
+
+  // ---- Availability and devices ---------------------------------------------
+
+  /// Whether the accelerator can run here; when not, the reason a user can act on.
+  virtual Availability availability() const = 0;
+  bool is_available() const { return availability().available; }
+  /// How many devices exist (0 when unavailable).
+  virtual int64_t device_count() const = 0;
+  /// How many devices `devices = "auto"` uses.
+  virtual int64_t auto_device_count() const { return device_count(); }
+  /// The devices a `devices` value selects, with Lightning's semantics for
+  /// devices addressed by index. Throws ConfigError naming the value and the
+  /// device count when the value is not accepted, DeviceError when unavailable.
+  virtual std::vector<torch::Device> parse_devices(const Devices& devices) const;
+  /// The device with this index.
+  torch::Device device(int64_t index) const;
+
+  // ---- Lifetime -------------------------------------------------------------
+
+  /// Makes `device` current for this process before training on it.
+  virtual void setup_device(torch::Device device);
+  /// Releases what setup_device took; called once when a loop ends.
+  virtual void teardown() {}
+
+  // ---- Moving data ----------------------------------------------------------
+
+  /// Moves every parameter and buffer of `module` (recursively) onto `device`,
+  /// keeping the same tensor objects so optimizers and references stay valid.
+  /// Works for device types where torch::nn::Module::to cannot (PrivateUse1).
+  virtual void move_module(torch::nn::Module& module, torch::Device device) const;
+  /// Copies one tensor onto `device`; the hook for pinned or asynchronous copies.
+  virtual torch::Tensor move_tensor(const torch::Tensor& tensor, torch::Device device, bool non_blocking) const;
+  /// Whether host memory can be pinned for asynchronous copies to this device.
+  virtual bool supports_pinned_memory() const { return false; }
+
+  // ---- Execution ------------------------------------------------------------
+
+  /// Blocks until all work queued on `device` has finished.
+  virtual void synchronize(torch::Device device) const;
+
+  /// The c10d backend name for distributed training ("gloo", "nccl", "xccl", "hccl").
+  virtual std::string distributed_backend() const = 0;
+
+  /// The device type LibTorch's autocast uses for this accelerator.
+  virtual torch::DeviceType autocast_device_type() const { return device_type(); }
+  /// The Trainer precisions ("32-true", "bf16-mixed", ...) this accelerator supports.
+  virtual std::vector<std::string> supported_precisions() const;
+
+  // ---- Memory and RNG -------------------------------------------------------
+
+  /// Memory statistics of `device`, name -> number (bytes unless the name says otherwise).
+  virtual std::map<std::string, int64_t> memory_stats(torch::Device device) const;
+  /// Returns cached, unused memory to the device runtime.
+  virtual void empty_cache() const {}
+
+  /// The state of `device`'s default random generator, or an undefined tensor
+  /// when the device draws from no generator of its own.
+  virtual torch::Tensor get_rng_state(torch::Device device) const;
+  /// Restores a state returned by get_rng_state.
+  virtual void set_rng_state(torch::Device device, const torch::Tensor& state) const;
+};
+
+}  // namespace fulgor

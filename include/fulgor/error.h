@@ -1,0 +1,39 @@
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace fulgor {
+
+/// Base of every exception fulgor throws. Messages name the offending value and
+/// what would have been accepted.
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// An option or argument has a value fulgor does not accept.
+class ConfigError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// A name was not found in, or clashes with, the accelerator registry.
+class RegistryError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// An accelerator plugin could not be loaded.
+class PluginError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// An accelerator was asked for something its device cannot do here.
+class DeviceError : public Error {
+ public:
+  using Error::Error;
+};
+
+}  // namespace fulgor

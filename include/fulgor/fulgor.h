@@ -1,0 +1,11 @@
+#pragma once
+
+// Everything fulgor offers, for programs that do not want to pick headers.
+
+#include "fulgor/accelerator.h"
+#include "fulgor/batch.h"
+#include "fulgor/device_guard_accelerator.h"
+#include "fulgor/devices.h"
+#include "fulgor/error.h"
+#include "fulgor/registry.h"
+#include "fulgor/version.h"

@@ -1,0 +1,108 @@
+#include "fulgor/accelerator.h"
+
+#include <ATen/Context.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <mutex>
+
+#include "fulgor/error.h"
+
+namespace fulgor {
+
+std::string Accelerator::describe() const {
+  Availability a = availability();
+  if (!a.available) return fmt::format("{}: unavailable ({})", name(), a.reason);
+  int64_t n = device_count();
+  return fmt::format("{}: {} device{} — {}", name(), n, n == 1 ? "" : "s", description());
+}
+
+std::vector<torch::Device> Accelerator::parse_devices(const Devices& devices) const {
+  Availability a = availability();
+  if (!a.available) throw DeviceError(fmt::format("accelerator '{}' is not available: {}", name(), a.reason));
+  std::vector<torch::Device> result;
+  for (int64_t index : parse_device_indices(devices, device_count(), name())) result.push_back(device(index));
+  return result;
+}
+
+torch::Device Accelerator::device(int64_t index) const {
+  return torch::Device(device_type(), static_cast<torch::DeviceIndex>(index));
+}
+
+void Accelerator::setup_device(torch::Device) {}
+
+// Note [Moving parameters in place]
+// Optimizers and user code hold the module's parameter tensors, so a move must
+// change those tensors rather than replace them. torch::nn::Module::to does this
+// with set_data, which refuses a destination whose TensorImpl type differs
+// (PrivateUse1 devices, for example). Then the moved tensor's metadata and
+// storage are copied into the existing TensorImpl with shallow_copy_from,
+// which is what set_data itself does once its check passes; it is only safe for
+// plain dense tensors on both sides, which is checked first.
+void Accelerator::move_module(torch::nn::Module& module, torch::Device device) const {
+  torch::NoGradGuard no_grad;
+  auto move = [&](torch::Tensor tensor, const std::string& what) {
+    if (!tensor.defined() || tensor.device() == device) return;
+    torch::Tensor moved = move_tensor(tensor, device, /*non_blocking=*/false);
+    if (at::_has_compatible_shallow_copy_type(tensor, moved)) {
+      tensor.set_data(moved);
+      return;
+    }
+    auto plain = [](const torch::Tensor& t) {
+      return t.layout() == torch::kStrided && !t.is_quantized() && !t.is_nested() && t.has_storage();
+    };
+    if (!plain(tensor) || !plain(moved))
+      throw DeviceError(fmt::format("accelerator '{}' cannot move {} to {}: only dense strided tensors can be moved "
+                                    "in place to this device type",
+                                    name(), what, device.str()));
+    tensor.unsafeGetTensorImpl()->shallow_copy_from(moved.getIntrusivePtr());
+  };
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) move(item.value(), "parameter " + item.key());
+  for (const auto& item : module.named_buffers(/*recurse=*/true)) move(item.value(), "buffer " + item.key());
+}
+
+torch::Tensor Accelerator::move_tensor(const torch::Tensor& tensor, torch::Device device, bool non_blocking) const {
+  return tensor.to(device, non_blocking);
+}
+
+void Accelerator::synchronize(torch::Device device) const {
+  if (!c10::impl::hasDeviceGuardImpl(device.type())) return;
+  const auto* guard = c10::impl::getDeviceGuardImpl(device.type());
+  guard->synchronizeStream(guard->getStream(device));
+}
+
+std::vector<std::string> Accelerator::supported_precisions() const { return {"32-true", "64-true"}; }
+
+std::map<std::string, int64_t> Accelerator::memory_stats(torch::Device) const { return {}; }
+
+namespace {
+// The device's default generator (a handle sharing it), or an undefined one
+// where LibTorch has none for the device.
+at::Generator default_generator(torch::Device device) {
+  try {
+    return at::globalContext().defaultGenerator(device);
+  } catch (const c10::Error&) {
+    return {};
+  }
+}
+}  // namespace
+
+torch::Tensor Accelerator::get_rng_state(torch::Device device) const {
+  at::Generator generator = default_generator(device);
+  if (!generator.defined()) return {};
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  return generator.get_state();
+}
+
+void Accelerator::set_rng_state(torch::Device device, const torch::Tensor& state) const {
+  if (!state.defined()) return;
+  at::Generator generator = default_generator(device);
+  if (!generator.defined())
+    throw DeviceError(fmt::format("accelerator '{}' has no random generator on {} to restore a state into", name(),
+                                  device.str()));
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  generator.set_state(state);
+}
+
+}  // namespace fulgor

@@ -1,0 +1,179 @@
+// Load-time registration and the plugin loader.
+//
+// Note [Staged plugin registration]
+// A plugin's REGISTER_ACCELERATOR runs inside dlopen, before the loader can
+// look at the library. So while load_accelerator_plugin() has a library open,
+// registrations are only collected; the loader then checks the plugin ABI
+// version each one was compiled with, that there is at least one, and that no
+// name is taken, and commits all of them or none. Registrations outside the
+// loader (libfulgor's built-ins, a library linked into the program) commit at
+// once; since static initialisers cannot throw, their errors are kept and
+// thrown by the first registry lookup.
+
+#include <dlfcn.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <mutex>
+
+#include "fulgor/error.h"
+#include "fulgor/version.h"
+#include "registry_access.h"
+
+namespace fulgor {
+namespace detail {
+namespace {
+
+struct Staged {
+  int abi_version;
+  std::string name;
+  AcceleratorCreator creator;
+};
+
+struct PluginLoad {
+  std::vector<Staged> staged;
+};
+
+thread_local PluginLoad* current_load = nullptr;
+
+std::mutex& errors_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::vector<std::string>& load_time_errors() {
+  static auto* errors = new std::vector<std::string>();
+  return *errors;
+}
+
+// The shared object holding `creator`'s code: where an accelerator came from.
+std::string library_of(AcceleratorCreator creator) {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(creator), &info) != 0 && info.dli_fname != nullptr && info.dli_fname[0] != '\0')
+    return info.dli_fname;
+  return "the program";
+}
+
+RegistryAccess::Entry make_entry(const std::string& name, AcceleratorCreator creator) {
+  std::unique_ptr<Accelerator> probe = creator();
+  RegisterOptions options;
+  options.description = probe->description();
+  options.priority = probe->priority();
+  options.origin = library_of(creator);
+  return {name, creator, std::move(options)};
+}
+
+std::string abi_mismatch(const std::string& what, int abi_version) {
+  return fmt::format(
+      "{} was built for fulgor plugin ABI version {}, but this fulgor ({}) has plugin ABI version {}; rebuild it "
+      "against this fulgor's headers",
+      what, abi_version, FULGOR_VERSION_STRING, FULGOR_PLUGIN_ABI_VERSION);
+}
+
+}  // namespace
+
+void register_accelerator_at_load(int abi_version, const char* name, AcceleratorCreator creator) noexcept {
+  if (current_load != nullptr) {
+    current_load->staged.push_back({abi_version, name, creator});
+    return;
+  }
+  std::string error;
+  try {
+    if (abi_version != FULGOR_PLUGIN_ABI_VERSION) {
+      error = abi_mismatch(fmt::format("accelerator '{}' in {}", name, library_of(creator)), abi_version);
+    } else {
+      std::vector<RegistryAccess::Entry> entries;
+      entries.push_back(make_entry(name, creator));
+      error = RegistryAccess::add_all(std::move(entries));
+      if (!error.empty()) error += fmt::format(" (registering again from {})", library_of(creator));
+    }
+  } catch (const std::exception& e) {
+    error = fmt::format("registering accelerator '{}' from {} failed: {}", name, library_of(creator), e.what());
+  }
+  if (!error.empty()) {
+    std::lock_guard<std::mutex> lock(errors_mutex());
+    load_time_errors().push_back(std::move(error));
+  }
+}
+
+void throw_load_time_errors() {
+  std::lock_guard<std::mutex> lock(errors_mutex());
+  if (!load_time_errors().empty()) throw RegistryError(fmt::format("{}", fmt::join(load_time_errors(), "; ")));
+}
+
+void load_plugins_from_environment() {
+  static std::once_flag loaded;
+  // call_once retries after an exception, so a failed load is reported again.
+  std::call_once(loaded, [] {
+    const char* list = std::getenv("FULGOR_ACCELERATOR_PLUGINS");
+    if (list == nullptr) return;
+    std::string paths = list;
+    size_t start = 0;
+    while (start <= paths.size()) {
+      size_t colon = paths.find(':', start);
+      std::string path = paths.substr(start, colon == std::string::npos ? std::string::npos : colon - start);
+      if (!path.empty()) {
+        try {
+          load_accelerator_plugin(path);
+        } catch (const PluginError& e) {
+          throw PluginError(fmt::format("FULGOR_ACCELERATOR_PLUGINS: {}", e.what()));
+        }
+      }
+      if (colon == std::string::npos) break;
+      start = colon + 1;
+    }
+  });
+}
+
+}  // namespace detail
+
+std::vector<std::string> load_accelerator_plugin(const std::string& path) {
+  // One load at a time; a library opened again keeps its first outcome, since
+  // dlopen does not run its initialisers twice.
+  static std::mutex mutex;
+  static auto* outcomes = new std::map<void*, std::pair<std::vector<std::string>, std::string>>();
+  std::lock_guard<std::mutex> lock(mutex);
+
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec))
+    throw PluginError(fmt::format("accelerator plugin '{}' does not exist or is not a file", path));
+
+  detail::PluginLoad load;
+  detail::current_load = &load;
+  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  detail::current_load = nullptr;
+  if (handle == nullptr) {
+    const char* why = dlerror();
+    throw PluginError(fmt::format("cannot load accelerator plugin '{}': {}", path, why ? why : "unknown error"));
+  }
+
+  auto known = outcomes->find(handle);
+  if (known == outcomes->end()) {
+    std::vector<std::string> names;
+    std::string error;
+    std::vector<detail::RegistryAccess::Entry> entries;
+    for (const detail::Staged& s : load.staged) {
+      if (s.abi_version != FULGOR_PLUGIN_ABI_VERSION) {
+        error = detail::abi_mismatch(fmt::format("accelerator plugin '{}'", path), s.abi_version);
+        break;
+      }
+      entries.push_back(detail::make_entry(s.name, s.creator));
+      names.push_back(s.name);
+    }
+    if (error.empty() && entries.empty())
+      error = fmt::format("accelerator plugin '{}' registers no accelerator (a plugin uses REGISTER_ACCELERATOR)",
+                          path);
+    if (error.empty()) {
+      error = detail::RegistryAccess::add_all(std::move(entries));
+      if (!error.empty()) error = fmt::format("accelerator plugin '{}' cannot be registered: {}", path, error);
+    }
+    if (!error.empty()) names.clear();
+    known = outcomes->emplace(handle, std::make_pair(std::move(names), std::move(error))).first;
+  }
+  if (!known->second.second.empty()) throw PluginError(known->second.second);
+  return known->second.first;
+}
+
+}  // namespace fulgor

@@ -1,0 +1,91 @@
+// The built-in accelerators as a program sees them without naming any of them:
+// nothing here refers to their classes, so these tests also prove that their
+// load-time registrations survive linking.
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "fulgor/detail/compat.h"
+#include "fulgor/error.h"
+#include "fulgor/registry.h"
+
+namespace fulgor {
+namespace {
+
+TEST(BuiltinAccelerators, AllFourAreRegistered) {
+  EXPECT_EQ(AcceleratorRegistry::instance().names(), (std::vector<std::string>{"cpu", "cuda", "npu", "xpu"}));
+}
+
+TEST(BuiltinAccelerators, CpuIsAlwaysAvailable) {
+  auto cpu = make_accelerator("cpu");
+  EXPECT_TRUE(cpu->is_available());
+  EXPECT_EQ(cpu->device_type(), torch::kCPU);
+  EXPECT_EQ(cpu->distributed_backend(), "gloo");
+  EXPECT_EQ(cpu->auto_device_count(), 1);
+  EXPECT_EQ(cpu->parse_devices("auto"), std::vector<torch::Device>{torch::Device(torch::kCPU)});
+  EXPECT_EQ(cpu->parse_devices(3).size(), 3u);
+  EXPECT_THROW(cpu->parse_devices("0,1"), ConfigError);
+  EXPECT_THROW(cpu->parse_devices(0), ConfigError);
+  EXPECT_GT(cpu->memory_stats(torch::Device(torch::kCPU)).at("process_resident_bytes"), 0);
+  EXPECT_NE(cpu->describe().find("cpu: 1 device"), std::string::npos) << cpu->describe();
+  cpu->synchronize(torch::Device(torch::kCPU));
+}
+
+TEST(BuiltinAccelerators, CpuRngStateRoundTrips) {
+  auto cpu = make_accelerator("cpu");
+  torch::manual_seed(7);
+  torch::Tensor state = cpu->get_rng_state(torch::Device(torch::kCPU));
+  ASSERT_TRUE(state.defined());
+  torch::Tensor first = torch::rand({4});
+  cpu->set_rng_state(torch::Device(torch::kCPU), state);
+  EXPECT_TRUE(torch::equal(first, torch::rand({4})));
+}
+
+TEST(BuiltinAccelerators, CudaSaysWhyItIsUnavailable) {
+  auto cuda = make_accelerator("cuda");
+  EXPECT_EQ(cuda->device_type(), torch::kCUDA);
+  if (cuda->is_available()) GTEST_SKIP() << "this machine has CUDA; covered by the conformance suite";
+  EXPECT_EQ(cuda->availability().reason, "this LibTorch was built without CUDA");
+  EXPECT_EQ(cuda->device_count(), 0);
+  try {
+    cuda->parse_devices(1);
+    FAIL() << "devices were parsed on an unavailable accelerator";
+  } catch (const DeviceError& e) {
+    EXPECT_EQ(std::string(e.what()), "accelerator 'cuda' is not available: this LibTorch was built without CUDA");
+  }
+}
+
+TEST(BuiltinAccelerators, XpuWithoutARuntimeSaysHowToGetOne) {
+  ASSERT_EQ(std::getenv("FULGOR_XPU_LIBRARY"), nullptr);
+  auto xpu = make_accelerator("xpu");
+  EXPECT_EQ(xpu->device_type(), torch::kXPU);
+  EXPECT_EQ(xpu->distributed_backend(), "xccl");
+  EXPECT_FALSE(xpu->is_available());
+  EXPECT_NE(xpu->availability().reason.find("FULGOR_XPU_LIBRARY"), std::string::npos);
+}
+
+TEST(BuiltinAccelerators, XpuNamesARuntimeLibraryThatDoesNotLoad) {
+  setenv("FULGOR_XPU_LIBRARY", "/nonexistent/libxpu_runtime.so", 1);
+  auto xpu = make_accelerator("xpu");
+  std::string reason = xpu->availability().reason;
+  unsetenv("FULGOR_XPU_LIBRARY");
+  EXPECT_NE(reason.find("cannot load the runtime library '/nonexistent/libxpu_runtime.so' (from FULGOR_XPU_LIBRARY)"),
+            std::string::npos)
+      << reason;
+}
+
+TEST(BuiltinAccelerators, NpuSaysWhyItIsUnavailable) {
+  auto npu = make_accelerator("npu");
+  EXPECT_EQ(npu->device_type(), torch::DeviceType::PrivateUse1);
+  EXPECT_EQ(npu->distributed_backend(), "hccl");
+  EXPECT_FALSE(npu->is_available());
+  const std::string reason = npu->availability().reason;
+  if (detail::compat::kHasNamedPrivateUse1)
+    EXPECT_NE(reason.find("'libtorch_npu.so' (default; set FULGOR_NPU_LIBRARY)"), std::string::npos) << reason;
+  else
+    EXPECT_NE(reason.find("need LibTorch 2.1 or later"), std::string::npos) << reason;
+}
+
+}  // namespace
+}  // namespace fulgor

@@ -1,0 +1,64 @@
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <regex>
+
+namespace {
+
+struct Outcome {
+  int status;
+  std::string output;  // stdout and stderr together
+};
+
+Outcome run_info(const std::string& arguments, const std::string& environment = "") {
+  std::string command = environment + " " FULGOR_INFO_PATH " " + arguments + " 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  std::string output;
+  std::array<char, 4096> buffer{};
+  size_t n = 0;
+  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) output.append(buffer.data(), n);
+  int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+}
+
+bool has_row(const std::string& output, const std::string& row_pattern) {
+  return std::regex_search(output, std::regex("(^|\n)" + row_pattern));
+}
+
+TEST(FulgorInfo, ListsVersionsAndTheBuiltIns) {
+  Outcome run = run_info("", "env -u FULGOR_ACCELERATOR_PLUGINS");
+  EXPECT_EQ(run.status, 0) << run.output;
+  EXPECT_TRUE(has_row(run.output, R"(fulgor \d+\.\d+\.\d+ \(plugin ABI \d+\), LibTorch \d+\.\d+)")) << run.output;
+  EXPECT_TRUE(has_row(run.output, R"(cpu +yes +1 +gloo +0 )")) << run.output;
+  EXPECT_TRUE(has_row(run.output, R"(cuda +no +0 +nccl +400 +this LibTorch was built without CUDA)")) << run.output;
+  EXPECT_TRUE(has_row(run.output, R"(xpu +no +0 +xccl +300 )")) << run.output;
+  EXPECT_TRUE(has_row(run.output, R"(npu +no +0 +hccl +200 )")) << run.output;
+  EXPECT_TRUE(has_row(run.output, "auto selects: cpu")) << run.output;
+}
+
+TEST(FulgorInfo, ShowsPluginsFromTheCommandLineAndTheEnvironment) {
+  Outcome flag = run_info("--plugin " FULGOR_VCPU_PLUGIN, "VCPU_DEVICE_COUNT=3");
+  EXPECT_EQ(flag.status, 0) << flag.output;
+  EXPECT_TRUE(has_row(flag.output, R"(vcpu +yes +3 +gloo +-10 +virtual devices)")) << flag.output;
+  Outcome env = run_info("", "FULGOR_ACCELERATOR_PLUGINS=" FULGOR_VCPU_PLUGIN);
+  EXPECT_EQ(env.status, 0) << env.output;
+  EXPECT_TRUE(has_row(env.output, R"(vcpu +yes +2 )")) << env.output;
+}
+
+TEST(FulgorInfo, FailsWithTheErrorWhenAPluginDoesNotLoad) {
+  Outcome bad = run_info("--plugin " FULGOR_ABI_MISMATCH_PLUGIN);
+  EXPECT_EQ(bad.status, 1);
+  EXPECT_NE(bad.output.find("fulgor-info: accelerator plugin '" FULGOR_ABI_MISMATCH_PLUGIN "' was built for"),
+            std::string::npos)
+      << bad.output;
+  Outcome env = run_info("", "FULGOR_ACCELERATOR_PLUGINS=/nonexistent.so");
+  EXPECT_EQ(env.status, 1);
+  EXPECT_NE(env.output.find("/nonexistent.so"), std::string::npos) << env.output;
+  Outcome usage = run_info("--bogus");
+  EXPECT_EQ(usage.status, 2);
+  EXPECT_NE(usage.output.find("unknown argument '--bogus'"), std::string::npos) << usage.output;
+}
+
+}  // namespace

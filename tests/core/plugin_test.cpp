@@ -1,0 +1,131 @@
+// Plugins load into the one process-wide registry and cannot be unloaded, so
+// each test loads them in a child process of its own (a death test that
+// expects a clean exit).
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <iostream>
+
+#include "fulgor/error.h"
+#include "fulgor/registry.h"
+
+namespace fulgor {
+namespace {
+
+class PluginTest : public ::testing::Test {
+ protected:
+  void SetUp() override { GTEST_FLAG_SET(death_test_style, "threadsafe"); }
+};
+
+// Runs `body` in a child process; it passes when `body` returns true.
+template <typename Body>
+void in_child(Body body) {
+  EXPECT_EXIT(
+      {
+        bool ok = false;
+        try {
+          ok = body();
+        } catch (const std::exception& e) {
+          std::cerr << "unexpected exception: " << e.what() << '\n';
+        }
+        std::exit(ok ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "");
+}
+
+// The PluginError message `path` gives, or "" when it loads.
+std::string load_error(const std::string& path) {
+  try {
+    load_accelerator_plugin(path);
+  } catch (const PluginError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  if (text.find(part) != std::string::npos) return true;
+  std::cerr << "expected '" << part << "' in: " << text << '\n';
+  return false;
+}
+
+TEST_F(PluginTest, ExamplePluginAppearsInTheRegistry) {
+  in_child([] {
+    auto& registry = AcceleratorRegistry::instance();
+    if (registry.contains("vcpu")) return false;
+    auto names = load_accelerator_plugin(FULGOR_VCPU_PLUGIN);
+    if (names != std::vector<std::string>{"vcpu"}) return false;
+    // Loading again is harmless and answers the same.
+    if (load_accelerator_plugin(FULGOR_VCPU_PLUGIN) != names) return false;
+    AcceleratorInfo info = registry.describe("vcpu");
+    auto vcpu = registry.create("vcpu");
+    return info.available && info.device_count == 2 && info.priority == -10 &&
+           contains(info.origin, "libfulgor_vcpu.so") && vcpu->parse_devices("0,1").size() == 2 &&
+           registry.resolve("auto") == "cpu";
+  });
+}
+
+TEST_F(PluginTest, LoadsFromTheEnvironmentOnFirstUse) {
+  in_child([] {
+    setenv("FULGOR_ACCELERATOR_PLUGINS", ":" FULGOR_VCPU_PLUGIN ":", 1);
+    setenv("VCPU_DEVICE_COUNT", "5", 1);
+    auto& registry = AcceleratorRegistry::instance();
+    return registry.contains("vcpu") && registry.create("vcpu")->device_count() == 5;
+  });
+}
+
+TEST_F(PluginTest, EnvironmentFailureIsReportedOnUse) {
+  in_child([] {
+    setenv("FULGOR_ACCELERATOR_PLUGINS", "/nonexistent/libnothing.so", 1);
+    try {
+      AcceleratorRegistry::instance();
+    } catch (const PluginError& e) {
+      return contains(e.what(), "FULGOR_ACCELERATOR_PLUGINS: accelerator plugin '/nonexistent/libnothing.so' "
+                                "does not exist");
+    }
+    return false;
+  });
+}
+
+TEST_F(PluginTest, MissingFile) {
+  in_child([] { return contains(load_error("/nonexistent/libnothing.so"), "'/nonexistent/libnothing.so' does not exist"); });
+}
+
+TEST_F(PluginTest, NotASharedLibrary) {
+  in_child([] {
+    std::string error = load_error(FULGOR_NOT_A_LIBRARY);
+    return contains(error, "cannot load accelerator plugin '" FULGOR_NOT_A_LIBRARY "'") &&
+           !AcceleratorRegistry::instance().contains("future");
+  });
+}
+
+TEST_F(PluginTest, OtherAbiVersionIsRefusedNamingBoth) {
+  in_child([] {
+    std::string error = load_error(FULGOR_ABI_MISMATCH_PLUGIN);
+    std::string expected = "accelerator plugin '" FULGOR_ABI_MISMATCH_PLUGIN "' was built for fulgor plugin ABI version " +
+                           std::to_string(FULGOR_PLUGIN_ABI_VERSION + 998) +
+                           ", but this fulgor (" FULGOR_VERSION_STRING ") has plugin ABI version " +
+                           std::to_string(FULGOR_PLUGIN_ABI_VERSION);
+    // A second attempt gives the same answer rather than "registers nothing".
+    return contains(error, expected) && load_error(FULGOR_ABI_MISMATCH_PLUGIN) == error &&
+           !AcceleratorRegistry::instance().contains("future");
+  });
+}
+
+TEST_F(PluginTest, DuplicateNameRegistersNothing) {
+  in_child([] {
+    std::string error = load_error(FULGOR_DUPLICATE_PLUGIN);
+    auto& registry = AcceleratorRegistry::instance();
+    return contains(error, "accelerator plugin '" FULGOR_DUPLICATE_PLUGIN "' cannot be registered") &&
+           contains(error, "'cpu' is already registered (by ") && contains(error, "libfulgor.so") &&
+           !registry.contains("innocent") && registry.create("cpu")->description().find("claims") == std::string::npos;
+  });
+}
+
+TEST_F(PluginTest, LibraryWithoutRegistrations) {
+  in_child([] { return contains(load_error(FULGOR_EMPTY_PLUGIN), "registers no accelerator"); });
+}
+
+}  // namespace
+}  // namespace fulgor

@@ -1,0 +1,176 @@
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+
+#include "fulgor/error.h"
+#include "fulgor/registry.h"
+
+namespace fulgor {
+namespace {
+
+// A configurable accelerator for exercising the registry.
+class FakeAccelerator final : public Accelerator {
+ public:
+  FakeAccelerator(std::string name, bool available, torch::DeviceType type = torch::kXPU)
+      : name_(std::move(name)), available_(available), type_(type) {}
+  std::string name() const override { return name_; }
+  torch::DeviceType device_type() const override { return type_; }
+  std::string description() const override { return "fake " + name_; }
+  Availability availability() const override {
+    return available_ ? Availability{true, {}} : Availability{false, name_ + " is switched off"};
+  }
+  int64_t device_count() const override { return available_ ? 3 : 0; }
+  std::string distributed_backend() const override { return "fakeccl"; }
+
+ private:
+  std::string name_;
+  bool available_;
+  torch::DeviceType type_;
+};
+
+AcceleratorFactory fake(const std::string& name, bool available, torch::DeviceType type = torch::kXPU) {
+  return [=] { return std::make_unique<FakeAccelerator>(name, available, type); };
+}
+
+RegisterOptions with_priority(int priority, bool override = false) {
+  RegisterOptions options;
+  options.priority = priority;
+  options.override = override;
+  options.description = "test";
+  return options;
+}
+
+// Registers test accelerators and removes them again, so tests stay independent.
+class RegistryTest : public ::testing::Test {
+ protected:
+  void add(const std::string& name, AcceleratorFactory f, RegisterOptions o) {
+    registry().add(name, std::move(f), std::move(o));
+    added_.push_back(name);
+  }
+  void TearDown() override {
+    for (const auto& name : added_) registry().remove(name);
+  }
+  static AcceleratorRegistry& registry() { return AcceleratorRegistry::instance(); }
+  std::vector<std::string> added_;
+};
+
+TEST_F(RegistryTest, RegistersCreatesAndRemoves) {
+  add("fake_a", fake("fake_a", true), with_priority(5));
+  EXPECT_TRUE(registry().contains("fake_a"));
+  auto accelerator = registry().create("fake_a");
+  EXPECT_EQ(accelerator->name(), "fake_a");
+  EXPECT_EQ(accelerator->device_count(), 3);
+  // Each call makes a fresh instance.
+  EXPECT_NE(registry().create("fake_a").get(), accelerator.get());
+  EXPECT_TRUE(registry().remove("fake_a"));
+  EXPECT_FALSE(registry().contains("fake_a"));
+  EXPECT_FALSE(registry().remove("fake_a"));
+}
+
+TEST_F(RegistryTest, DuplicateNamesTheEarlierRegistration) {
+  RegisterOptions first = with_priority(1);
+  first.origin = "libfirst.so";
+  add("fake_dup", fake("fake_dup", true), first);
+  try {
+    registry().add("fake_dup", fake("fake_dup", false), with_priority(1));
+    FAIL() << "a duplicate name was accepted";
+  } catch (const RegistryError& e) {
+    EXPECT_NE(std::string(e.what()).find("'fake_dup' is already registered (by libfirst.so)"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_TRUE(registry().create("fake_dup")->is_available());
+}
+
+TEST_F(RegistryTest, OverrideReplaces) {
+  add("fake_over", fake("fake_over", true), with_priority(1));
+  registry().add("fake_over", fake("fake_over", false), with_priority(1, /*override=*/true));
+  EXPECT_FALSE(registry().create("fake_over")->is_available());
+}
+
+TEST_F(RegistryTest, RejectsReservedAndEmptyNames) {
+  EXPECT_THROW(registry().add("auto", fake("auto", true)), RegistryError);
+  EXPECT_THROW(registry().add("gpu", fake("gpu", true)), RegistryError);
+  EXPECT_THROW(registry().add("", fake("", true)), RegistryError);
+  EXPECT_THROW(registry().add("fake_nofactory", nullptr), RegistryError);
+}
+
+TEST_F(RegistryTest, UnknownNameListsTheRegisteredOnes) {
+  try {
+    registry().create("xpuu");
+    FAIL() << "an unknown name was accepted";
+  } catch (const RegistryError& e) {
+    EXPECT_EQ(std::string(e.what()), "unknown accelerator 'xpuu'; registered: cpu, cuda, npu, xpu (or \"auto\", \"gpu\")");
+  }
+}
+
+TEST_F(RegistryTest, AutoPicksTheAvailableAcceleratorOfHighestPriority) {
+  EXPECT_EQ(registry().resolve("auto"), "cpu");  // no device runtime on the test machines
+  add("fake_high_off", fake("fake_high_off", false), with_priority(1000));
+  add("fake_mid", fake("fake_mid", true), with_priority(500));
+  add("fake_low", fake("fake_low", true), with_priority(50));
+  EXPECT_EQ(registry().resolve("auto"), "fake_mid");
+  EXPECT_EQ(registry().create("auto")->name(), "fake_mid");
+  registry().remove("fake_mid");
+  EXPECT_EQ(registry().resolve("auto"), "fake_low");
+}
+
+TEST_F(RegistryTest, GpuPicksTheFirstAvailableNonCpuAccelerator) {
+  add("fake_cpu_like", fake("fake_cpu_like", true, torch::kCPU), with_priority(900));
+  try {
+    registry().resolve("gpu");
+    FAIL() << "\"gpu\" chose an accelerator on a machine without one";
+  } catch (const RegistryError& e) {
+    // The message gives each candidate's reason.
+    EXPECT_NE(std::string(e.what()).find("cuda: "), std::string::npos) << e.what();
+  }
+  add("fake_gpu_low", fake("fake_gpu_low", true), with_priority(10));
+  add("fake_gpu_high", fake("fake_gpu_high", true), with_priority(20));
+  EXPECT_EQ(registry().resolve("gpu"), "fake_gpu_high");
+  EXPECT_EQ(registry().resolve("auto"), "fake_cpu_like");
+}
+
+TEST_F(RegistryTest, DescribeReportsAvailabilityInPriorityOrder) {
+  add("fake_desc", fake("fake_desc", false), with_priority(250));
+  auto infos = registry().describe();
+  std::vector<std::string> order;
+  for (const auto& info : infos) order.push_back(info.name);
+  EXPECT_EQ(order, (std::vector<std::string>{"cuda", "xpu", "fake_desc", "npu", "cpu"}));
+  AcceleratorInfo info = registry().describe("fake_desc");
+  EXPECT_FALSE(info.available);
+  EXPECT_EQ(info.reason, "fake_desc is switched off");
+  EXPECT_EQ(info.distributed_backend, "fakeccl");
+  EXPECT_EQ(info.priority, 250);
+  EXPECT_EQ(info.device_count, 0);
+}
+
+TEST_F(RegistryTest, ThreadSafeRegistrationAndLookup) {
+  constexpr int kThreads = 8, kPerThread = 25;
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kPerThread; ++i) {
+        std::string name = "fake_t" + std::to_string(t) + "_" + std::to_string(i);
+        try {
+          registry().add(name, fake(name, true), with_priority(-100));
+          if (registry().create(name)->name() != name) ++failures;
+          if (registry().resolve("auto") != "cpu") ++failures;
+          registry().names();
+        } catch (const std::exception&) {
+          ++failures;
+        }
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(failures.load(), 0);
+  for (int t = 0; t < kThreads; ++t)
+    for (int i = 0; i < kPerThread; ++i) {
+      std::string name = "fake_t" + std::to_string(t) + "_" + std::to_string(i);
+      EXPECT_TRUE(registry().remove(name)) << name;
+    }
+}
+
+}  // namespace
+}  // namespace fulgor
