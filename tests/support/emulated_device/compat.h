@@ -10,8 +10,7 @@
 #include <cstddef>
 
 #define FULGOR_EMULATED_TORCH_AT_LEAST(major, minor) \
-  (TORCH_VERSION_MAJOR > (major) ||                  \
-   (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+  (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
 
 namespace fulgor::emulated::compat {
 
@@ -20,16 +19,10 @@ namespace fulgor::emulated::compat {
 class Allocator : public c10::Allocator {
  public:
 #if FULGOR_EMULATED_TORCH_AT_LEAST(2, 3)
-  c10::DataPtr allocate(std::size_t bytes) override {
-    return allocate_bytes(bytes);
-  }
-  void copy_data(void* dest, const void* src, std::size_t count) const override {
-    default_copy_data(dest, src, count);
-  }
+  c10::DataPtr allocate(std::size_t bytes) override { return allocate_bytes(bytes); }
+  void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
 #else
-  c10::DataPtr allocate(std::size_t bytes) const override {
-    return allocate_bytes(bytes);
-  }
+  c10::DataPtr allocate(std::size_t bytes) const override { return allocate_bytes(bytes); }
 #endif
 
  protected:
@@ -38,9 +31,8 @@ class Allocator : public c10::Allocator {
 
 // 2.x added stream creation, event synchronization and device-wide
 // synchronization to the guard interface, with defaults that throw. Host
-// memory is always in sync, so they are no-ops here. Gated on the version
-// they are known to exist in; on 2.0 to 2.5 only the throwing defaults of the
-// missing ones remain.
+// memory is always in sync, so they are no-ops here. Gated on 2.6, where they
+// were checked; on 2.0 to 2.5 the interface's throwing defaults remain.
 class DeviceGuardImpl : public c10::impl::DeviceGuardImplInterface {
  public:
 #if FULGOR_EMULATED_TORCH_AT_LEAST(2, 6)

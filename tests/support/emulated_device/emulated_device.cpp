@@ -25,8 +25,7 @@ namespace fulgor::emulated {
 namespace {
 
 constexpr int kDefaultDeviceCount = 2;
-constexpr int kNumDeviceTypes =
-    static_cast<int>(c10::DeviceType::COMPILE_TIME_MAX_DEVICE_TYPES);
+constexpr int kNumDeviceTypes = static_cast<int>(c10::DeviceType::COMPILE_TIME_MAX_DEVICE_TYPES);
 constexpr const char* kDeviceCountVariable = "FULGOR_EMULATED_DEVICE_COUNT";
 
 struct DeviceCountSetting {
@@ -43,8 +42,7 @@ DeviceCountSetting read_device_count() {
   errno = 0;
   const long value = std::strtol(text, &end, 10);
   if (errno != 0 || *end != '\0' || value < 0 || value > kMaxDevices) {
-    return {0, std::string(kDeviceCountVariable) + "='" + text +
-                   "' is not a whole number from 0 to " +
+    return {0, std::string(kDeviceCountVariable) + "='" + text + "' is not a whole number from 0 to " +
                    std::to_string(kMaxDevices)};
   }
   return {static_cast<int>(value), {}};
@@ -78,8 +76,7 @@ class MemoryTable {
 
   void add(void* data, std::size_t bytes, c10::Device device) {
     const std::lock_guard<std::mutex> lock(mutex_);
-    blocks_.insert_or_assign(reinterpret_cast<std::uintptr_t>(data),
-                             Block{bytes, device});
+    blocks_.insert_or_assign(reinterpret_cast<std::uintptr_t>(data), Block{bytes, device});
     DeviceMemory& memory = memory_[type_slot(device.type())][device.index()];
     memory.allocated += static_cast<int64_t>(bytes);
     memory.peak = std::max(memory.peak, memory.allocated);
@@ -88,11 +85,9 @@ class MemoryTable {
   void remove(void* data) {
     const std::lock_guard<std::mutex> lock(mutex_);
     const auto found = blocks_.find(reinterpret_cast<std::uintptr_t>(data));
-    TORCH_INTERNAL_ASSERT(found != blocks_.end(),
-                          "freeing memory the emulated device did not allocate");
+    TORCH_INTERNAL_ASSERT(found != blocks_.end(), "freeing memory the emulated device did not allocate");
     const Block& block = found->second;
-    memory_[type_slot(block.device.type())][block.device.index()].allocated -=
-        static_cast<int64_t>(block.bytes);
+    memory_[type_slot(block.device.type())][block.device.index()].allocated -= static_cast<int64_t>(block.bytes);
     blocks_.erase(found);
   }
 
@@ -133,8 +128,7 @@ class MemoryTable {
   };
 
   bool valid(int type, int index) const {
-    return type >= 0 && type < kNumDeviceTypes && served_[type] && index >= 0 &&
-           index < device_count();
+    return type >= 0 && type < kNumDeviceTypes && served_[type] && index >= 0 && index < device_count();
   }
 
   mutable std::mutex mutex_;
@@ -160,21 +154,16 @@ void free_block(void* data) {
 // Factory operators carry the target device; one without an index means the
 // current device, as on CUDA.
 c10::Device target_device(const c10::optional<c10::Device>& device) {
-  TORCH_INTERNAL_ASSERT(device.has_value(),
-                        "an emulated device factory got no device");
-  return device->has_index() ? *device
-                             : c10::Device(device->type(),
-                                           current_index(device->type()));
+  TORCH_INTERNAL_ASSERT(device.has_value(), "an emulated device factory got no device");
+  return device->has_index() ? *device : c10::Device(device->type(), current_index(device->type()));
 }
 
 c10::DispatchKeySet dispatch_keys(c10::Device device) {
-  return c10::DispatchKeySet(
-      c10::computeDispatchKey(c10::nullopt, c10::kStrided, device));
+  return c10::DispatchKeySet(c10::computeDispatchKey(c10::nullopt, c10::kStrided, device));
 }
 
 void check_strided(const c10::optional<c10::Layout>& layout) {
-  TORCH_CHECK(c10::layout_or_default(layout) == c10::kStrided,
-              "emulated devices only hold strided tensors, not ",
+  TORCH_CHECK(c10::layout_or_default(layout) == c10::kStrided, "emulated devices only hold strided tensors, not ",
               c10::layout_or_default(layout));
 }
 
@@ -185,63 +174,50 @@ at::Tensor host_alias(const at::Tensor& tensor) {
   if (tensor.device().is_cpu()) {
     return tensor;
   }
-  TORCH_CHECK(memory_table().serves(tensor.device().type()),
-              "the emulated device library cannot reach memory on ",
+  TORCH_CHECK(memory_table().serves(tensor.device().type()), "the emulated device library cannot reach memory on ",
               tensor.device(), "; only the CPU and its own devices");
   const c10::Storage& storage = tensor.storage();
-  c10::Storage host_storage(
-      c10::Storage::use_byte_size_t(), static_cast<int64_t>(storage.nbytes()),
-      c10::DataPtr(storage.data_ptr().get(), c10::Device(c10::kCPU)),
-      /*allocator=*/nullptr, /*resizable=*/false);
+  c10::Storage host_storage(c10::Storage::use_byte_size_t(), static_cast<int64_t>(storage.nbytes()),
+                            c10::DataPtr(storage.data_ptr().get(), c10::Device(c10::kCPU)),
+                            /*allocator=*/nullptr, /*resizable=*/false);
   at::Tensor alias = at::detail::make_tensor<c10::TensorImpl>(
-      std::move(host_storage), c10::DispatchKeySet(c10::DispatchKey::CPU),
-      tensor.dtype());
-  alias.unsafeGetTensorImpl()->set_sizes_and_strides(tensor.sizes(),
-                                                     tensor.strides());
+      std::move(host_storage), c10::DispatchKeySet(c10::DispatchKey::CPU), tensor.dtype());
+  alias.unsafeGetTensorImpl()->set_sizes_and_strides(tensor.sizes(), tensor.strides());
   alias.unsafeGetTensorImpl()->set_storage_offset(tensor.storage_offset());
   alias._set_conj(tensor.is_conj());
   alias._set_neg(tensor.is_neg());
   return alias;
 }
 
-at::Tensor empty_memory_format(at::IntArrayRef size,
-                               c10::optional<at::ScalarType> dtype,
-                               c10::optional<at::Layout> layout,
-                               c10::optional<at::Device> device,
-                               c10::optional<bool> /*pin_memory*/,
-                               c10::optional<at::MemoryFormat> memory_format) {
+at::Tensor empty_memory_format(at::IntArrayRef size, c10::optional<at::ScalarType> dtype,
+                               c10::optional<at::Layout> layout, c10::optional<at::Device> device,
+                               c10::optional<bool> /*pin_memory*/, c10::optional<at::MemoryFormat> memory_format) {
   check_strided(layout);
   const c10::Device target = target_device(device);
   const c10::DeviceGuard guard(target);
-  return at::detail::empty_generic(size, c10::GetAllocator(target.type()),
-                                   dispatch_keys(target),
+  return at::detail::empty_generic(size, c10::GetAllocator(target.type()), dispatch_keys(target),
                                    c10::dtype_or_default(dtype), memory_format);
 }
 
-at::Tensor empty_strided(at::IntArrayRef size, at::IntArrayRef stride,
-                         c10::optional<at::ScalarType> dtype,
-                         c10::optional<at::Layout> layout,
-                         c10::optional<at::Device> device,
+at::Tensor empty_strided(at::IntArrayRef size, at::IntArrayRef stride, c10::optional<at::ScalarType> dtype,
+                         c10::optional<at::Layout> layout, c10::optional<at::Device> device,
                          c10::optional<bool> /*pin_memory*/) {
   check_strided(layout);
   const c10::Device target = target_device(device);
   const c10::DeviceGuard guard(target);
-  return at::detail::empty_strided_generic(
-      size, stride, c10::GetAllocator(target.type()), dispatch_keys(target),
-      c10::dtype_or_default(dtype));
+  return at::detail::empty_strided_generic(size, stride, c10::GetAllocator(target.type()), dispatch_keys(target),
+                                           c10::dtype_or_default(dtype));
 }
 
 // copy_ is composite, but its composite kernel sends devices it does not know
-// to _copy_from on 1.13 and to a missing copy stub for XPU on 2.x; owning
-// copy_ takes the same path on every version.
-at::Tensor& copy_(at::Tensor& self, const at::Tensor& src,
-                  bool /*non_blocking*/) {
+// to _copy_from, except XPU on 2.6, which it sends to copy_stub, which has no
+// XPU kernel in a build without XPU. Owning copy_ takes one path everywhere.
+at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool /*non_blocking*/) {
   host_alias(self).copy_(host_alias(src));
   return self;
 }
 
-at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst,
-                     bool /*non_blocking*/) {
+at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_blocking*/) {
   host_alias(dst).copy_(host_alias(self));
   return dst;
 }
@@ -254,41 +230,32 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
 
 // The CPU implementations only manipulate sizes, strides and the storage's
 // own allocator, so they serve once the allocation lands on the right device.
-const at::Tensor& resize_(const at::Tensor& self, at::IntArrayRef size,
-                          c10::optional<at::MemoryFormat> memory_format) {
+const at::Tensor& resize_(const at::Tensor& self, at::IntArrayRef size, c10::optional<at::MemoryFormat> memory_format) {
   const c10::DeviceGuard guard(self.device());
   return at::native::resize_(self, size, memory_format);
 }
 
-at::Tensor& set_storage_offset(at::Tensor& self, c10::Storage source,
-                               int64_t storage_offset, at::IntArrayRef size,
+at::Tensor& set_storage_offset(at::Tensor& self, c10::Storage source, int64_t storage_offset, at::IntArrayRef size,
                                at::IntArrayRef stride) {
   const c10::DeviceGuard guard(source.device());
-  return at::native::set_storage_cpu_(self, std::move(source), storage_offset,
-                                      size, stride);
+  return at::native::set_storage_cpu_(self, std::move(source), storage_offset, size, stride);
 }
 
 // The CPU kernel would give self an empty CPU storage.
 at::Tensor& set_empty(at::Tensor& self) {
   const c10::DeviceGuard guard(self.device());
-  c10::Storage storage(c10::Storage::use_byte_size_t(), 0,
-                       c10::GetAllocator(self.device().type()),
+  c10::Storage storage(c10::Storage::use_byte_size_t(), 0, c10::GetAllocator(self.device().type()),
                        /*resizable=*/true);
   return self.set_(storage, 0, {0}, {});
 }
 
-at::Scalar local_scalar_dense(const at::Tensor& self) {
-  return at::_local_scalar_dense(host_alias(self));
-}
+at::Scalar local_scalar_dense(const at::Tensor& self) { return at::_local_scalar_dense(host_alias(self)); }
 
-bool holds_generator(const c10::Argument& argument) {
-  return c10::GeneratorType::get()->isSubtypeOf(*argument.type());
-}
+bool holds_generator(const c10::Argument& argument) { return c10::GeneratorType::get()->isSubtypeOf(*argument.type()); }
 
 // The device the fallback will return results to (the first device tensor),
 // after checking that no argument is on another device of the same type.
-c10::optional<c10::Device> device_of_arguments(const c10::OperatorHandle& op,
-                                               const torch::jit::Stack& stack) {
+c10::optional<c10::Device> device_of_arguments(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
   c10::optional<c10::Device> device;
   const auto visit = [&](const c10::IValue& value) {
     if (!value.isTensor() || !value.toTensor().defined()) {
@@ -320,8 +287,7 @@ c10::optional<c10::Device> device_of_arguments(const c10::OperatorHandle& op,
   return device;
 }
 
-void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack,
-                bool device_generators) {
+void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool device_generators) {
   const c10::optional<c10::Device> device = device_of_arguments(op, *stack);
   if (device_generators && device) {
     const auto& arguments = op.schema().arguments();
@@ -343,14 +309,11 @@ int device_count() noexcept { return device_count_setting().count; }
 void check_device_index(c10::DeviceType type, c10::DeviceIndex index) {
   const DeviceCountSetting& setting = device_count_setting();
   const std::string name = c10::DeviceTypeName(type, /*lower_case=*/true);
-  TORCH_CHECK(setting.error.empty(), "there are no emulated ", name,
-              " devices: ", setting.error);
-  TORCH_CHECK(setting.count > 0, "there are no emulated ", name, " devices: ",
-              kDeviceCountVariable, "=0");
-  TORCH_CHECK(index >= 0 && index < setting.count, "emulated device ", name,
-              ":", static_cast<int>(index), " does not exist: ",
-              kDeviceCountVariable, "=", setting.count, " gives ", name,
-              ":0 to ", name, ":", setting.count - 1);
+  TORCH_CHECK(setting.error.empty(), "there are no emulated ", name, " devices: ", setting.error);
+  TORCH_CHECK(setting.count > 0, "there are no emulated ", name, " devices: ", kDeviceCountVariable, "=0");
+  TORCH_CHECK(index >= 0 && index < setting.count, "emulated device ", name, ":", static_cast<int>(index),
+              " does not exist: ", kDeviceCountVariable, "=", setting.count, " gives ", name, ":0 to ", name, ":",
+              setting.count - 1);
 }
 
 // Constructed while the library loads, which is when the device count is read.
@@ -378,21 +341,16 @@ c10::Device DeviceGuardImpl::exchangeDevice(c10::Device device) const {
   return previous;
 }
 
-c10::Device DeviceGuardImpl::getDevice() const {
-  return c10::Device(type_, current_index(type_));
-}
+c10::Device DeviceGuardImpl::getDevice() const { return c10::Device(type_, current_index(type_)); }
 
 void DeviceGuardImpl::setDevice(c10::Device device) const {
-  TORCH_CHECK(device.type() == type_, "the emulated ",
-              c10::DeviceTypeName(type_, /*lower_case=*/true),
+  TORCH_CHECK(device.type() == type_, "the emulated ", c10::DeviceTypeName(type_, /*lower_case=*/true),
               " guard cannot select ", device);
   check_device_index(type_, device.index());
   current_index(type_) = device.index();
 }
 
-void DeviceGuardImpl::uncheckedSetDevice(c10::Device device) const noexcept {
-  current_index(type_) = device.index();
-}
+void DeviceGuardImpl::uncheckedSetDevice(c10::Device device) const noexcept { current_index(type_) = device.index(); }
 
 c10::Stream DeviceGuardImpl::getStream(c10::Device device) const noexcept {
   return c10::Stream(c10::Stream::DEFAULT, device);
@@ -402,8 +360,7 @@ c10::Stream DeviceGuardImpl::getDefaultStream(c10::Device device) const {
   return c10::Stream(c10::Stream::DEFAULT, device);
 }
 
-c10::Stream DeviceGuardImpl::getStreamFromGlobalPool(
-    c10::Device device, bool /*is_high_priority*/) const {
+c10::Stream DeviceGuardImpl::getStreamFromGlobalPool(c10::Device device, bool /*is_high_priority*/) const {
   return c10::Stream(c10::Stream::DEFAULT, device);
 }
 
@@ -411,22 +368,16 @@ c10::Stream DeviceGuardImpl::exchangeStream(c10::Stream stream) const noexcept {
   return c10::Stream(c10::Stream::DEFAULT, stream.device());
 }
 
-c10::DeviceIndex DeviceGuardImpl::deviceCount() const noexcept {
-  return static_cast<c10::DeviceIndex>(device_count());
-}
+c10::DeviceIndex DeviceGuardImpl::deviceCount() const noexcept { return static_cast<c10::DeviceIndex>(device_count()); }
 
-void DeviceGuardImpl::record(void** /*event*/, const c10::Stream& /*stream*/,
-                             c10::DeviceIndex /*device_index*/,
+void DeviceGuardImpl::record(void** /*event*/, const c10::Stream& /*stream*/, c10::DeviceIndex /*device_index*/,
                              c10::EventFlag /*flag*/) const {}
 
-void DeviceGuardImpl::block(void* /*event*/,
-                            const c10::Stream& /*stream*/) const {}
+void DeviceGuardImpl::block(void* /*event*/, const c10::Stream& /*stream*/) const {}
 
 bool DeviceGuardImpl::queryEvent(void* /*event*/) const { return true; }
 
-bool DeviceGuardImpl::queryStream(const c10::Stream& /*stream*/) const {
-  return true;
-}
+bool DeviceGuardImpl::queryStream(const c10::Stream& /*stream*/) const { return true; }
 
 void DeviceGuardImpl::synchronizeStream(const c10::Stream& /*stream*/) const {}
 
@@ -451,21 +402,18 @@ void register_native_kernels(torch::Library& library) {
   // The composite mse_loss passes its .out variant a 0-dim output that the
   // CPU kernel then resizes with a deprecation warning; the CPU's own
   // functional kernel does not.
-  library.impl("mse_loss",
-               torch::CppFunction::makeFromBoxedFunction<&cpu_fallback>());
+  library.impl("mse_loss", torch::CppFunction::makeFromBoxedFunction<&cpu_fallback>());
 }
 
 void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   run_on_cpu(op, stack, /*device_generators=*/false);
 }
 
-void cpu_fallback_with_device_generators(const c10::OperatorHandle& op,
-                                         torch::jit::Stack* stack) {
+void cpu_fallback_with_device_generators(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   run_on_cpu(op, stack, /*device_generators=*/true);
 }
 
-const at::Generator& default_generator(c10::DeviceType type,
-                                       c10::DeviceIndex index) {
+const at::Generator& default_generator(c10::DeviceType type, c10::DeviceIndex index) {
   struct Generators {
     std::once_flag created;
     std::vector<at::Generator> per_device;
@@ -479,16 +427,13 @@ const at::Generator& default_generator(c10::DeviceType type,
   Generators& generators = (*all)[type_slot(type)];
   std::call_once(generators.created, [&generators] {
     for (int i = 0; i < device_count(); ++i) {
-      generators.per_device.push_back(
-          at::make_generator<at::CPUGeneratorImpl>());
+      generators.per_device.push_back(at::make_generator<at::CPUGeneratorImpl>());
     }
   });
   return generators.per_device[index];
 }
 
-c10::optional<c10::Device> device_of_pointer(const void* data) {
-  return memory_table().find(data);
-}
+c10::optional<c10::Device> device_of_pointer(const void* data) { return memory_table().find(data); }
 
 void resize_storage_bytes(c10::StorageImpl* storage, std::size_t bytes) {
   const c10::DeviceGuard guard(storage->device());

@@ -16,7 +16,8 @@
 // argument. Because the device's memory is host memory, moving to and from
 // the CPU is a memcpy through a CPU tensor that aliases the device storage.
 // View operators must never take the fallback: they would return a copy and
-// silently stop aliasing their input.
+// silently stop aliasing their input. Arguments on two devices of the same
+// type are refused there, as a real accelerator would.
 //
 // Note [Emulated device count]
 // FULGOR_EMULATED_DEVICE_COUNT (default 2, at most kMaxDevices) is read once,
@@ -25,13 +26,13 @@
 // deviceCount must not throw.
 #pragma once
 
-#include "compat.h"
-
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
 #include <cstddef>
 #include <cstdint>
+
+#include "compat.h"
 
 namespace fulgor::emulated {
 
@@ -72,12 +73,10 @@ class DeviceGuardImpl : public compat::DeviceGuardImpl {
   void uncheckedSetDevice(c10::Device device) const noexcept override;
   c10::Stream getStream(c10::Device device) const noexcept override;
   c10::Stream getDefaultStream(c10::Device device) const override;
-  c10::Stream getStreamFromGlobalPool(c10::Device device,
-                                      bool is_high_priority) const override;
+  c10::Stream getStreamFromGlobalPool(c10::Device device, bool is_high_priority) const override;
   c10::Stream exchangeStream(c10::Stream stream) const noexcept override;
   c10::DeviceIndex deviceCount() const noexcept override;
-  void record(void** event, const c10::Stream& stream,
-              c10::DeviceIndex device_index,
+  void record(void** event, const c10::Stream& stream, c10::DeviceIndex device_index,
               c10::EventFlag flag) const override;
   void block(void* event, const c10::Stream& stream) const override;
   bool queryEvent(void* event) const override;
@@ -103,13 +102,11 @@ void register_native_kernels(torch::Library& library);
 // without an explicit generator the default generator of their device rather
 // than the CPU's, so that each device has its own RNG state.
 void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
-void cpu_fallback_with_device_generators(const c10::OperatorHandle& op,
-                                         torch::jit::Stack* stack);
+void cpu_fallback_with_device_generators(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
 // Per device CPU generators: CPU kernels only accept CPU generators, so these
 // report the CPU as their device. index -1 means the current device.
-const at::Generator& default_generator(c10::DeviceType type,
-                                       c10::DeviceIndex index);
+const at::Generator& default_generator(c10::DeviceType type, c10::DeviceIndex index);
 
 // The device holding data, if it points into memory this library allocated.
 c10::optional<c10::Device> device_of_pointer(const void* data);
@@ -123,8 +120,6 @@ void resize_storage_bytes(c10::StorageImpl* storage, std::size_t bytes);
 // type (-1 otherwise), so look these up with dlsym on the library's handle.
 extern "C" {
 __attribute__((visibility("default"))) int fulgor_emulated_device_count();
-__attribute__((visibility("default"))) int64_t fulgor_emulated_memory_allocated(
-    int device_type, int index);
-__attribute__((visibility("default"))) int64_t fulgor_emulated_memory_peak(
-    int device_type, int index);
+__attribute__((visibility("default"))) int64_t fulgor_emulated_memory_allocated(int device_type, int index);
+__attribute__((visibility("default"))) int64_t fulgor_emulated_memory_peak(int device_type, int index);
 }
