@@ -4,8 +4,11 @@
 
 #include "fulgor/accelerator.h"
 #include "fulgor/batch.h"
+#include "fulgor/data/prefetcher.h"
+#include "fulgor/data/tensor_loader.h"
 #include "fulgor/device_guard_accelerator.h"
 #include "fulgor/devices.h"
 #include "fulgor/error.h"
 #include "fulgor/registry.h"
+#include "fulgor/runtime_info.h"
 #include "fulgor/version.h"

@@ -32,6 +32,9 @@ TEST(FulgorInfo, ListsVersionsAndTheBuiltIns) {
   EXPECT_EQ(run.status, 0) << run.output;
   EXPECT_TRUE(has_row(run.output, R"(fulgor \d+\.\d+\.\d+ \(plugin ABI \d+\), LibTorch \d+\.\d+)")) << run.output;
   EXPECT_TRUE(has_row(run.output, R"(cpu +yes +1 +gloo +0 )")) << run.output;
+  // LibTorch is linked against a BLAS on every supported system; the line names it.
+  EXPECT_TRUE(has_row(run.output, R"(BLAS: (OpenBLAS|BLIS|MKL|ATLAS|reference BLAS) \(/.+\).*; LibTorch threads: \d+)"))
+      << run.output;
   EXPECT_TRUE(has_row(run.output, R"(cuda +no +0 +nccl +400 +this LibTorch was built without CUDA)")) << run.output;
   EXPECT_TRUE(has_row(run.output, R"(xpu +no +0 +xccl +300 )")) << run.output;
   EXPECT_TRUE(has_row(run.output, R"(npu +no +0 +hccl +200 )")) << run.output;

@@ -1,0 +1,81 @@
+#pragma once
+
+#include <iterator>
+#include <optional>
+#include <utility>
+
+#include "fulgor/accelerator.h"
+#include "fulgor/batch.h"
+
+namespace fulgor {
+
+/// Iterates `loader` (anything with begin()/end(): a TensorLoader, a LibTorch
+/// data loader) and hands out its batches already on `device`, keeping one
+/// batch in flight: the copy of batch k+1 is issued before batch k is handed
+/// out, so it proceeds while batch k is being computed on devices whose copies
+/// are asynchronous. Copies are non-blocking when the accelerator supports
+/// pinned memory (pin the source, e.g. TensorLoader::pin_memory()).
+///
+/// Requires: loader, accelerator outlive the prefetcher; one iteration at a time.
+template <typename Loader>
+class DevicePrefetcher {
+  using SourceIterator = decltype(std::declval<Loader&>().begin());
+
+ public:
+  using Batch = std::decay_t<decltype(*std::declval<SourceIterator&>())>;
+
+  DevicePrefetcher(Loader& loader, const Accelerator& accelerator, torch::Device device)
+      : loader_(&loader), accelerator_(&accelerator), device_(device) {}
+
+  class Iterator {
+   public:
+    using iterator_category = std::input_iterator_tag;
+    using value_type = Batch;
+    using difference_type = std::ptrdiff_t;
+    using pointer = Batch*;
+    using reference = Batch&;
+
+    Batch& operator*() { return *current_; }
+    Batch* operator->() { return &*current_; }
+    Iterator& operator++() {
+      current_ = std::move(ahead_);
+      ahead_.reset();
+      fetch();
+      return *this;
+    }
+    bool operator==(const Iterator& other) const { return current_.has_value() == other.current_.has_value(); }
+    bool operator!=(const Iterator& other) const { return !(*this == other); }
+
+   private:
+    friend class DevicePrefetcher;
+    Iterator() = default;
+    explicit Iterator(DevicePrefetcher* owner) : owner_(owner), it_(owner->loader_->begin()) {
+      fetch();
+      current_ = std::move(ahead_);
+      ahead_.reset();
+      fetch();
+    }
+    // Issues the copy of the source's next batch, if any.
+    void fetch() {
+      if (!it_ || !(*it_ != owner_->loader_->end())) return;
+      ahead_ = move_batch(Batch(**it_), *owner_->accelerator_, owner_->device_,
+                          owner_->accelerator_->supports_pinned_memory());
+      ++*it_;
+    }
+
+    DevicePrefetcher* owner_ = nullptr;
+    std::optional<SourceIterator> it_;  // LibTorch's loader iterators have no default state
+    std::optional<Batch> current_;
+    std::optional<Batch> ahead_;
+  };
+
+  Iterator begin() { return Iterator(this); }
+  Iterator end() { return Iterator(); }
+
+ private:
+  Loader* loader_;
+  const Accelerator* accelerator_;
+  torch::Device device_;
+};
+
+}  // namespace fulgor

@@ -1,0 +1,98 @@
+#include "fulgor/data/tensor_loader.h"
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <sstream>
+
+#include "fulgor/error.h"
+
+namespace fulgor {
+
+TensorLoader::TensorLoader(torch::Tensor data, torch::Tensor targets, TensorLoaderOptions options)
+    : TensorLoader(std::move(data), std::move(targets), nullptr, options) {}
+
+TensorLoader::TensorLoader(torch::Tensor data, torch::Tensor targets,
+                           std::unique_ptr<torch::data::samplers::Sampler<>> sampler, TensorLoaderOptions options)
+    : data_(std::move(data)), targets_(std::move(targets)), sampler_(std::move(sampler)), options_(options) {
+  if (!data_.defined() || data_.dim() == 0)
+    throw ConfigError("TensorLoader needs data with a first (sample) dimension");
+  if (!targets_.defined() || targets_.dim() == 0 || targets_.size(0) != data_.size(0))
+    throw ConfigError(fmt::format("TensorLoader needs as many targets as samples: data has {} samples, targets {}",
+                                  data_.size(0), targets_.defined() && targets_.dim() > 0 ? targets_.size(0) : 0));
+  if (options_.batch_size < 1)
+    throw ConfigError(fmt::format("TensorLoader batch_size={} is not valid: it must be >= 1", options_.batch_size));
+  if (sampler_ && options_.shuffle)
+    throw ConfigError("TensorLoader takes either shuffle=true or a sampler, not both: the sampler decides the order");
+}
+
+int64_t TensorLoader::size() const {
+  // A sampler may hand out fewer indices than the data set holds (a shard).
+  int64_t samples = dataset_size();
+  if (sampler_) {
+    samples = 0;
+    // Counting consumes the sampler, so count on a copy of its state.
+    torch::serialize::OutputArchive saved;
+    sampler_->save(saved);
+    sampler_->reset(static_cast<size_t>(dataset_size()));
+    while (auto indices = sampler_->next(static_cast<size_t>(options_.batch_size)))
+      samples += static_cast<int64_t>(indices->size());
+    std::stringstream buffer;
+    saved.save_to(buffer);
+    torch::serialize::InputArchive restored;
+    restored.load_from(buffer);
+    sampler_->load(restored);
+  }
+  return options_.drop_last ? samples / options_.batch_size
+                            : (samples + options_.batch_size - 1) / options_.batch_size;
+}
+
+void TensorLoader::pin_memory() {
+  data_ = data_.pin_memory();
+  targets_ = targets_.pin_memory();
+}
+
+TensorLoader::Iterator TensorLoader::begin() {
+  const int64_t epoch = epoch_++;
+  if (sampler_) {
+    sampler_->reset(static_cast<size_t>(dataset_size()));
+  } else if (options_.shuffle) {
+    auto generator = at::detail::createCPUGenerator(options_.seed + static_cast<uint64_t>(epoch));
+    order_ = torch::randperm(dataset_size(), generator, torch::kLong);
+  } else {
+    order_ = torch::Tensor();
+  }
+  return Iterator(this);
+}
+
+bool TensorLoader::next_batch(int64_t& position, Batch& batch) {
+  const int64_t batch_size = options_.batch_size;
+  if (sampler_) {
+    auto indices = sampler_->next(static_cast<size_t>(batch_size));
+    if (!indices || indices->empty() || (options_.drop_last && static_cast<int64_t>(indices->size()) < batch_size))
+      return false;
+    auto index = torch::tensor(std::vector<int64_t>(indices->begin(), indices->end()), torch::kLong);
+    batch = Batch(data_.index_select(0, index), targets_.index_select(0, index));
+    return true;
+  }
+  const int64_t remaining = dataset_size() - position;
+  const int64_t count = std::min(batch_size, remaining);
+  if (count <= 0 || (options_.drop_last && count < batch_size)) return false;
+  if (order_.defined()) {
+    auto index = order_.narrow(0, position, count);
+    batch = Batch(data_.index_select(0, index), targets_.index_select(0, index));
+  } else {
+    batch = Batch(data_.narrow(0, position, count), targets_.narrow(0, position, count));
+  }
+  position += count;
+  return true;
+}
+
+TensorLoader::Iterator::Iterator(TensorLoader* loader) : loader_(loader), done_(false) { ++*this; }
+
+TensorLoader::Iterator& TensorLoader::Iterator::operator++() {
+  done_ = !loader_->next_batch(position_, batch_);
+  return *this;
+}
+
+}  // namespace fulgor

@@ -1,0 +1,59 @@
+#include "fulgor/runtime_info.h"
+
+#include <ATen/Parallel.h>
+#include <dlfcn.h>
+#include <link.h>
+
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+
+namespace fulgor {
+namespace {
+
+bool is_blas_library(const char* path) {
+  const char* slash = std::strrchr(path, '/');
+  const char* base = slash ? slash + 1 : path;
+  for (const char* prefix : {"libblas.so", "libopenblas", "libmkl_rt", "libblis", "libcblas.so"})
+    if (std::strncmp(base, prefix, std::strlen(prefix)) == 0) return true;
+  return false;
+}
+
+std::string classify(const std::string& path) {
+  auto has = [&](const char* part) { return path.find(part) != std::string::npos; };
+  if (has("openblas")) return "OpenBLAS";
+  if (has("blis")) return "BLIS";
+  if (has("mkl")) return "MKL";
+  if (has("atlas")) return "ATLAS";
+  if (has("/blas/") || has("netlib")) return "reference BLAS";
+  return "unknown";
+}
+
+}  // namespace
+
+BlasInfo blas_info() {
+  std::string found;
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* out) {
+        if (info->dlpi_name == nullptr || !is_blas_library(info->dlpi_name)) return 0;
+        *static_cast<std::string*>(out) = info->dlpi_name;
+        return 1;
+      },
+      &found);
+  BlasInfo info;
+  if (found.empty()) {
+    info.name = "unknown";
+    return info;
+  }
+  char resolved[PATH_MAX];
+  info.path = realpath(found.c_str(), resolved) ? resolved : found;
+  info.name = classify(info.path);
+  // OpenBLAS answers how many threads it uses; other libraries have no common call.
+  using GetThreads = int (*)();
+  if (auto get = reinterpret_cast<GetThreads>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"))) info.threads = get();
+  return info;
+}
+
+int torch_threads() { return at::get_num_threads(); }
+
+}  // namespace fulgor

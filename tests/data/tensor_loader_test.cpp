@@ -1,0 +1,134 @@
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <set>
+
+#include "fulgor/data/prefetcher.h"
+#include "fulgor/data/tensor_loader.h"
+#include "fulgor/error.h"
+#include "fulgor/registry.h"
+
+namespace fulgor {
+namespace {
+
+// Sample i has data row [i, i] and target i, so a batch says which samples it holds.
+TensorLoader make_loader(int64_t n, TensorLoaderOptions options) {
+  auto ids = torch::arange(n, torch::kLong);
+  return TensorLoader(ids.unsqueeze(1).repeat({1, 2}).to(torch::kFloat), ids, options);
+}
+
+std::vector<int64_t> epoch_targets(TensorLoader& loader, std::vector<int64_t>* sizes = nullptr) {
+  std::vector<int64_t> targets;
+  for (auto& batch : loader) {
+    EXPECT_TRUE(torch::equal(batch.data.select(1, 0).to(torch::kLong), batch.target));
+    if (sizes) sizes->push_back(batch.target.size(0));
+    for (int64_t i = 0; i < batch.target.size(0); ++i) targets.push_back(batch.target[i].item<int64_t>());
+  }
+  return targets;
+}
+
+TEST(TensorLoader, InOrderBatchesCoverTheDataSet) {
+  TensorLoaderOptions options;
+  options.batch_size = 4;
+  auto loader = make_loader(10, options);
+  std::vector<int64_t> sizes;
+  auto targets = epoch_targets(loader, &sizes);
+  EXPECT_EQ(targets, (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}));
+  EXPECT_EQ(sizes, (std::vector<int64_t>{4, 4, 2}));
+  EXPECT_EQ(loader.size(), 3);
+}
+
+TEST(TensorLoader, DropLastDropsTheShortBatch) {
+  TensorLoaderOptions options;
+  options.batch_size = 4;
+  options.drop_last = true;
+  auto loader = make_loader(10, options);
+  std::vector<int64_t> sizes;
+  epoch_targets(loader, &sizes);
+  EXPECT_EQ(sizes, (std::vector<int64_t>{4, 4}));
+  EXPECT_EQ(loader.size(), 2);
+}
+
+TEST(TensorLoader, ShuffleIsAPermutationThatChangesPerEpochAndReplays) {
+  TensorLoaderOptions options;
+  options.batch_size = 8;
+  options.shuffle = true;
+  options.seed = 42;
+  auto loader = make_loader(50, options);
+  auto first = epoch_targets(loader);
+  auto second = epoch_targets(loader);
+  EXPECT_EQ(std::set<int64_t>(first.begin(), first.end()).size(), 50u);
+  EXPECT_NE(first, second);
+  // Another loader with the same seed, set to epoch 1, plays the second order.
+  auto replay = make_loader(50, options);
+  replay.set_epoch(1);
+  EXPECT_EQ(epoch_targets(replay), second);
+  // Another seed, another order.
+  options.seed = 43;
+  auto other = make_loader(50, options);
+  EXPECT_NE(epoch_targets(other), first);
+}
+
+TEST(TensorLoader, TakesASamplerForShards) {
+  TensorLoaderOptions options;
+  options.batch_size = 3;
+  std::set<int64_t> seen;
+  for (size_t rank = 0; rank < 2; ++rank) {
+    auto ids = torch::arange(10, torch::kLong);
+    TensorLoader loader(ids.unsqueeze(1).to(torch::kFloat), ids,
+                        std::make_unique<torch::data::samplers::DistributedSequentialSampler>(10, 2, rank), options);
+    EXPECT_EQ(loader.size(), 2);  // 5 samples per rank
+    auto targets = epoch_targets(loader);
+    EXPECT_EQ(targets.size(), 5u);
+    for (int64_t t : targets) EXPECT_TRUE(seen.insert(t).second) << "sample " << t << " in two shards";
+    EXPECT_EQ(epoch_targets(loader), targets) << "size() disturbed the sampler";
+  }
+  EXPECT_EQ(seen.size(), 10u);
+}
+
+TEST(TensorLoader, RejectsBadInput) {
+  EXPECT_THROW(TensorLoader(torch::zeros({4, 2}), torch::zeros({3})), ConfigError);
+  TensorLoaderOptions zero;
+  zero.batch_size = 0;
+  EXPECT_THROW(TensorLoader(torch::zeros({4, 2}), torch::zeros({4}), zero), ConfigError);
+  TensorLoaderOptions shuffled;
+  shuffled.shuffle = true;
+  EXPECT_THROW(TensorLoader(torch::zeros({4, 2}), torch::zeros({4}),
+                            std::make_unique<torch::data::samplers::SequentialSampler>(4), shuffled),
+               ConfigError);
+}
+
+TEST(DevicePrefetcher, HandsOutEveryBatchOnTheDevice) {
+  TensorLoaderOptions options;
+  options.batch_size = 4;
+  auto loader = make_loader(10, options);
+  auto cpu = make_accelerator("cpu");
+  const torch::Device meta(torch::kMeta);
+  DevicePrefetcher<TensorLoader> prefetcher(loader, *cpu, meta);
+  std::vector<int64_t> sizes;
+  for (auto& batch : prefetcher) {
+    EXPECT_EQ(batch.data.device(), meta);
+    EXPECT_EQ(batch.target.device(), meta);
+    sizes.push_back(batch.data.size(0));
+  }
+  EXPECT_EQ(sizes, (std::vector<int64_t>{4, 4, 2}));
+}
+
+TEST(DevicePrefetcher, WrapsLibTorchDataLoaders) {
+  auto ids = torch::arange(6, torch::kFloat);
+  struct Data : torch::data::datasets::Dataset<Data> {
+    torch::Tensor x;
+    explicit Data(torch::Tensor t) : x(std::move(t)) {}
+    torch::data::Example<> get(size_t i) override { return {x[i], x[i]}; }
+    torch::optional<size_t> size() const override { return x.size(0); }
+  };
+  auto loader = torch::data::make_data_loader(Data(ids).map(torch::data::transforms::Stack<>()), 4);
+  auto cpu = make_accelerator("cpu");
+  DevicePrefetcher prefetcher(*loader, *cpu, torch::Device(torch::kCPU));  // deduces the loader type
+  int64_t total = 0;
+  for (auto& batch : prefetcher) total += batch.target.sum().item<int64_t>();
+  EXPECT_EQ(total, 15);
+}
+
+}  // namespace
+}  // namespace fulgor
