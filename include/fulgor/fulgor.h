@@ -9,6 +9,7 @@
 #include "fulgor/device_guard_accelerator.h"
 #include "fulgor/devices.h"
 #include "fulgor/error.h"
+#include "fulgor/precision.h"
 #include "fulgor/registry.h"
 #include "fulgor/runtime_info.h"
 #include "fulgor/version.h"
