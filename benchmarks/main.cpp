@@ -1,0 +1,68 @@
+// fulgor-benchmarks: every benchmark, side by side with its hand-written
+// LibTorch counterpart, as one table; the last line is a JSON object of the
+// headline figures.
+//
+//   fulgor-benchmarks [--quick] [--only NAME]...
+//
+// Run it on an idle machine with one LibTorch thread (OMP_NUM_THREADS=1) and
+// OpenBLAS for figures comparable to docs/benchmarks.md.
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cstring>
+#include <iostream>
+
+#include "benchmarks.h"
+#include "fulgor/runtime_info.h"
+#include "fulgor/version.h"
+
+namespace fulgor::bench {
+
+void Report::print() const {
+  std::vector<size_t> widths;
+  for (const auto& row : rows)
+    for (size_t i = 0; i < row.size(); ++i) {
+      if (widths.size() <= i) widths.push_back(0);
+      widths[i] = std::max(widths[i], row[i].size());
+    }
+  for (const auto& row : rows) {
+    std::string line;
+    for (size_t i = 0; i < row.size(); ++i) line += fmt::format("{:<{}}  ", row[i], widths[i]);
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    std::cout << line << '\n';
+  }
+}
+
+}  // namespace fulgor::bench
+
+int main(int argc, char** argv) {
+  using namespace fulgor::bench;
+  Settings settings;
+  std::vector<std::string> only;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) {
+      settings.quick = true;
+      settings.repeats = 2;
+    } else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
+      only.push_back(argv[++i]);
+    } else {
+      std::cerr << "usage: fulgor-benchmarks [--quick] [--only data]...\n";
+      return 2;
+    }
+  }
+  const std::vector<std::pair<std::string, void (*)(Report&, const Settings&)>> benchmarks = {
+      {"data", data_benchmark},
+  };
+  fulgor::BlasInfo blas = fulgor::blas_info();
+  std::cout << fmt::format("fulgor {}, LibTorch {}, BLAS {}, {} LibTorch thread(s)\n", fulgor::version(),
+                           fulgor::torch_version(), blas.name, fulgor::torch_threads());
+  Report report;
+  report.row({"benchmark", "variant", "median", "vs LibTorch"});
+  for (const auto& [name, run] : benchmarks)
+    if (only.empty() || std::find(only.begin(), only.end(), name) != only.end()) run(report, settings);
+  report.print();
+  std::cout << nlohmann::json(report.figures).dump() << std::endl;
+  return 0;
+}
