@@ -25,8 +25,7 @@ TEST(XpuAccelerator, IsAvailableOnTheEmulatedRuntime) {
   const Availability availability = xpu->availability();
   EXPECT_TRUE(availability.available) << availability.reason;
   EXPECT_EQ(availability.reason, "");
-  EXPECT_NE(xpu->describe().find(fmt::format("xpu: {} devices", testing::emulated_device_count())),
-            std::string::npos)
+  EXPECT_NE(xpu->describe().find(fmt::format("xpu: {} devices", testing::emulated_device_count())), std::string::npos)
       << xpu->describe();
 }
 
@@ -78,8 +77,8 @@ TEST(XpuAccelerator, MovesBatches) {
   auto example = move_batch(torch::data::Example<>(x, y), *xpu, kXpu1);
   EXPECT_EQ(example.data.device(), kXpu1);
   EXPECT_TRUE(torch::equal(example.target.cpu(), y));
-  auto nested = move_batch(std::make_tuple(std::vector<torch::Tensor>{x}, std::map<std::string, torch::Tensor>{{"y", y}}),
-                           *xpu, kXpu1);
+  auto nested = move_batch(
+      std::make_tuple(std::vector<torch::Tensor>{x}, std::map<std::string, torch::Tensor>{{"y", y}}), *xpu, kXpu1);
   EXPECT_EQ(std::get<0>(nested).at(0).device(), kXpu1);
   EXPECT_EQ(std::get<1>(nested).at("y").device(), kXpu1);
 }

@@ -37,8 +37,10 @@ using Named = std::vector<std::pair<std::string, torch::Tensor>>;
 // Every parameter and buffer, recursively, in a stable order.
 Named state_of(torch::nn::Module& module) {
   Named state;
-  for (const auto& item : module.named_parameters(/*recurse=*/true)) state.emplace_back("parameter " + item.key(), item.value());
-  for (const auto& item : module.named_buffers(/*recurse=*/true)) state.emplace_back("buffer " + item.key(), item.value());
+  for (const auto& item : module.named_parameters(/*recurse=*/true))
+    state.emplace_back("parameter " + item.key(), item.value());
+  for (const auto& item : module.named_buffers(/*recurse=*/true))
+    state.emplace_back("buffer " + item.key(), item.value());
   return state;
 }
 
@@ -134,7 +136,8 @@ std::string check_device_count(const Accelerator& accelerator) {
 
 std::string check_parse_devices(const Accelerator& accelerator) {
   const int64_t count = accelerator.device_count();
-  require_devices(accelerator, "auto", parse(accelerator, "auto"), static_cast<size_t>(accelerator.auto_device_count()));
+  require_devices(accelerator, "auto", parse(accelerator, "auto"),
+                  static_cast<size_t>(accelerator.auto_device_count()));
   const std::vector<torch::Device> by_count = parse(accelerator, count);
   require_devices(accelerator, count, by_count, static_cast<size_t>(count));
   if (parse(accelerator, std::to_string(count)) != by_count)
@@ -245,7 +248,8 @@ constexpr int kSteps = 2;
 // Everything the CPU and the device must agree on while training: the first
 // forward output and gradients, each step's loss, and the final parameters and
 // buffers (SGD with momentum, so optimizer state is exercised too).
-Named train(torch::nn::Sequential& model, const torch::Tensor& input, const torch::Tensor& target, LossFunction loss_of) {
+Named train(torch::nn::Sequential& model, const torch::Tensor& input, const torch::Tensor& target,
+            LossFunction loss_of) {
   torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   Named trace;
   for (int step = 1; step <= kSteps; ++step) {
@@ -256,8 +260,8 @@ Named train(torch::nn::Sequential& model, const torch::Tensor& input, const torc
     if (step == 1) {
       trace.emplace_back("the forward output", output.detach());
       for (const auto& item : model->named_parameters())
-        trace.emplace_back("the gradient of " + item.key(), item.value().grad().defined() ? item.value().grad().clone()
-                                                                                            : torch::Tensor());
+        trace.emplace_back("the gradient of " + item.key(),
+                           item.value().grad().defined() ? item.value().grad().clone() : torch::Tensor());
     }
     trace.emplace_back(fmt::format("the loss at step {}", step), loss.detach());
     optimizer.step();
@@ -268,8 +272,8 @@ Named train(torch::nn::Sequential& model, const torch::Tensor& input, const torc
 }
 
 std::string check_training_step(const Accelerator& accelerator, torch::Device device, const Tolerance& tolerance,
-                                torch::nn::Sequential (*make)(), const torch::Tensor& input, const torch::Tensor& target,
-                                LossFunction loss_of) {
+                                torch::nn::Sequential (*make)(), const torch::Tensor& input,
+                                const torch::Tensor& target, LossFunction loss_of) {
   torch::nn::Sequential on_cpu = make();
   torch::nn::Sequential on_device = copy_of(on_cpu);
   accelerator.move_module(*on_device, device);
@@ -277,7 +281,8 @@ std::string check_training_step(const Accelerator& accelerator, torch::Device de
 
   const Named expected = train(on_cpu, input, target, loss_of);
   const Named actual = train(on_device, batch.data, batch.target, loss_of);
-  for (size_t i = 0; i < expected.size(); ++i) require_matches(actual[i].first, actual[i].second, expected[i].second, device, tolerance);
+  for (size_t i = 0; i < expected.size(); ++i)
+    require_matches(actual[i].first, actual[i].second, expected[i].second, device, tolerance);
   return fmt::format("forward, backward and {} SGD steps", kSteps);
 }
 
@@ -329,7 +334,8 @@ std::string check_state_dict(const Accelerator& accelerator, torch::Device devic
   for (size_t i = 0; i < after.size(); ++i) {
     if (after[i].second.unsafeGetTensorImpl() != before[i].second.unsafeGetTensorImpl())
       fail(fmt::format("loading replaced {} instead of filling it in", after[i].first));
-    require_matches(after[i].first + " loaded back on the device", after[i].second, cpu_state[i].second, device, kExact);
+    require_matches(after[i].first + " loaded back on the device", after[i].second, cpu_state[i].second, device,
+                    kExact);
   }
   return "saved on the device, loaded on the CPU and back";
 }
