@@ -8,6 +8,8 @@
 #include <map>
 #include <mutex>
 
+#include "fulgor/error.h"
+
 namespace fulgor {
 
 Availability DeviceGuardAccelerator::availability() const {
@@ -26,8 +28,38 @@ int64_t DeviceGuardAccelerator::device_count() const {
   return c10::impl::getDeviceGuardImpl(device_type())->deviceCount();
 }
 
+// Note [Preparing the runtime on first use]
+// A vendor runtime registers the device type with LibTorch when its library
+// is loaded, which prepare_runtime() does. Until then LibTorch cannot even
+// allocate on the device, and fails with messages that blame the LibTorch
+// build. So every method that reaches the device prepares the runtime first,
+// rather than relying on the caller to have asked about availability.
+void DeviceGuardAccelerator::require_available() const {
+  if (ready_) return;
+  const Availability a = availability();
+  if (!a.available) throw DeviceError(fmt::format("accelerator '{}' is not available: {}", name(), a.reason));
+  ready_ = true;
+}
+
 void DeviceGuardAccelerator::setup_device(torch::Device device) {
+  require_available();
   c10::impl::getDeviceGuardImpl(device_type())->setDevice(device);
+}
+
+torch::Tensor DeviceGuardAccelerator::move_tensor(const torch::Tensor& tensor, torch::Device device,
+                                                  bool non_blocking) const {
+  require_available();
+  return Accelerator::move_tensor(tensor, device, non_blocking);
+}
+
+torch::Tensor DeviceGuardAccelerator::get_rng_state(torch::Device device) const {
+  require_available();
+  return Accelerator::get_rng_state(device);
+}
+
+void DeviceGuardAccelerator::set_rng_state(torch::Device device, const torch::Tensor& state) const {
+  require_available();
+  Accelerator::set_rng_state(device, state);
 }
 
 std::string DeviceGuardAccelerator::load_runtime_library(const char* env_var, const std::string& default_library) {

@@ -13,11 +13,19 @@ namespace fulgor {
 ///
 /// Subclasses give name, device type, description, priority and distributed
 /// backend; they override prepare_runtime() to load or check a vendor runtime.
+///
+/// The runtime is prepared by whichever comes first: an availability check or
+/// a method that reaches the device (setup_device, move_tensor and so
+/// move_module and move_batch, get_rng_state, set_rng_state). Those throw
+/// DeviceError with the reason when the accelerator is unavailable.
 class DeviceGuardAccelerator : public Accelerator {
  public:
   Availability availability() const override;
   int64_t device_count() const override;
   void setup_device(torch::Device device) override;
+  torch::Tensor move_tensor(const torch::Tensor& tensor, torch::Device device, bool non_blocking) const override;
+  torch::Tensor get_rng_state(torch::Device device) const override;
+  void set_rng_state(torch::Device device, const torch::Tensor& state) const override;
 
  protected:
   /// Makes the vendor runtime usable (for example, loads its library). Returns
@@ -30,6 +38,13 @@ class DeviceGuardAccelerator : public Accelerator {
   /// the process with global symbols, once per path. Returns "" on success or
   /// the loader's error naming the file and the variable.
   static std::string load_runtime_library(const char* env_var, const std::string& default_library);
+
+  /// Prepares the runtime; throws DeviceError with the reason when unavailable.
+  /// Cheap once it has succeeded: a loaded runtime stays loaded.
+  void require_available() const;
+
+ private:
+  mutable bool ready_ = false;  // require_available() succeeded; moves sit on the hot path
 };
 
 }  // namespace fulgor

@@ -302,6 +302,29 @@ void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool de
   compat::cpu_fallback(op, stack);
 }
 
+// Runs op's CPU kernel on host aliases of its device arguments, then moves
+// the results to the device. Unlike the fallback, which computes on copies and
+// copies back only the arguments the schema marks as written, the kernel works
+// on the device memory itself, so every update it makes lands there.
+void run_on_host_memory(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const c10::optional<c10::Device> device = device_of_arguments(op, *stack);
+  const std::size_t arguments = op.schema().arguments().size();
+  for (std::size_t i = stack->size() - arguments; i < stack->size(); ++i) {
+    c10::IValue& value = (*stack)[i];
+    if (value.isTensor() && value.toTensor().defined()) {
+      value = host_alias(value.toTensor());
+    }
+  }
+  op.callBoxed(stack);
+  const std::size_t returns = op.schema().returns().size();
+  for (std::size_t i = stack->size() - returns; i < stack->size(); ++i) {
+    c10::IValue& value = (*stack)[i];
+    if (device && value.isTensor() && value.toTensor().defined()) {
+      value = value.toTensor().to(*device);
+    }
+  }
+}
+
 }  // namespace
 
 int device_count() noexcept { return device_count_setting().count; }
@@ -403,6 +426,14 @@ void register_native_kernels(torch::Library& library) {
   // CPU kernel then resizes with a deprecation warning; the CPU's own
   // functional kernel does not.
   library.impl("mse_loss", torch::CppFunction::makeFromBoxedFunction<&cpu_fallback>());
+  // On 1.13 native_batch_norm's schema does not mark the running statistics
+  // it updates as written, so the fallback would drop the update.
+  library.impl("native_batch_norm", torch::CppFunction::makeFromBoxedFunction<&run_on_host_memory>());
+  // Their composite kernels pick a backend by device type and end in
+  // *_overrideable operators whose default kernels throw for devices LibTorch
+  // does not know; the CPU kernels serve instead.
+  library.impl("convolution", torch::CppFunction::makeFromBoxedFunction<&run_on_host_memory>());
+  library.impl("convolution_backward", torch::CppFunction::makeFromBoxedFunction<&run_on_host_memory>());
 }
 
 void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {

@@ -17,7 +17,11 @@
 // the CPU is a memcpy through a CPU tensor that aliases the device storage.
 // View operators must never take the fallback: they would return a copy and
 // silently stop aliasing their input. Arguments on two devices of the same
-// type are refused there, as a real accelerator would.
+// type are refused there, as a real accelerator would. A few operators run
+// their CPU kernel directly on the device memory instead (run_on_host_memory
+// in emulated_device.cpp): those whose composite kernels would reach an
+// operator unknown devices cannot run, and one that updates arguments its
+// schema does not mark as written.
 //
 // Note [Emulated device count]
 // FULGOR_EMULATED_DEVICE_COUNT (default 2, at most kMaxDevices) is read once,
