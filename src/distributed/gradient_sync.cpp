@@ -5,6 +5,7 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <algorithm>
 #include <mutex>
 
 #include "process_group_state.h"
@@ -158,13 +159,13 @@ GradientSynchronizer::GradientSynchronizer(ProcessGroup group, torch::nn::Module
   group_.broadcast_module(module);
 
   // See Note [Gradient buckets].
-  const int64_t cap = options_.bucket_cap_mb << 20;
+  const auto cap = static_cast<int64_t>(options_.bucket_cap_mb * (1 << 20));
   impl.bucket_of.assign(impl.params.size(), 0);
   int64_t bucket_bytes = 0;
   for (size_t i = impl.params.size(); i-- > 0;) {
     const torch::Tensor& p = impl.params[i];
     const int64_t bytes = p.numel() * static_cast<int64_t>(p.element_size());
-    const int64_t limit = impl.buckets.size() == 1 ? kFirstBucketBytes : cap;
+    const int64_t limit = impl.buckets.size() == 1 ? std::min(kFirstBucketBytes, cap) : cap;
     const bool fits = !impl.buckets.empty() && bucket_bytes + bytes <= limit;
     const torch::Tensor* first = impl.buckets.empty() ? nullptr : &impl.params[impl.buckets.back().params.front()];
     if (!fits || first->scalar_type() != p.scalar_type() || first->device() != p.device()) {

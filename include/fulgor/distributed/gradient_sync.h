@@ -14,8 +14,8 @@ namespace fulgor {
 struct GradientSyncOptions {
   /// Gradients travel in buckets of about this many MiB; a bucket's all_reduce
   /// starts as soon as backward has produced all its gradients. The first
-  /// bucket is kept at 1 MiB so communication starts early. PyTorch's default.
-  int64_t bucket_cap_mb = 25;
+  /// bucket holds at most 1 MiB so communication starts early. PyTorch's default.
+  double bucket_cap_mb = 25;
   /// Whether before_forward() copies the buffers (e.g. batch-norm statistics)
   /// from rank 0 on synchronized steps, as PyTorch's DDP does.
   bool broadcast_buffers = true;
