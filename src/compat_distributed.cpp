@@ -39,6 +39,12 @@ c10::intrusive_ptr<c10d::Store> make_tcp_store(const std::string& host, int port
   options.numWorkers = static_cast<std::size_t>(world_size);
   options.waitWorkers = true;
   options.timeout = timeout;
+#if FULGOR_TORCH_AT_LEAST(2, 2)
+  // From 2.4 on the server defaults to libuv, which distribution builds may
+  // lack ("use_libuv was requested but PyTorch was build without libuv
+  // support"); the classic server works in every build.
+  options.useLibUV = false;
+#endif
   return c10::make_intrusive<c10d::TCPStore>(host, options);
 }
 

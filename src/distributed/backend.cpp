@@ -12,6 +12,7 @@
 #include <mutex>
 
 #include "fulgor/error.h"
+#include "process_group_state.h"
 
 namespace fulgor {
 namespace {
@@ -125,7 +126,7 @@ c10::intrusive_ptr<detail::compat::CollectiveBackend> make_distributed_backend(
     throw;
   } catch (const std::exception& e) {
     throw DistributedError(fmt::format("distributed backend '{}' could not be created on rank {} of {}: {}", name,
-                                       context.rank, context.world_size, e.what()));
+                                       context.rank, context.world_size, detail::message_of(e)));
   }
 }
 

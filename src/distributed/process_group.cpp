@@ -37,6 +37,11 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
 
 }  // namespace
 
+std::string detail::message_of(const std::exception& error) {
+  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&error)) return c10_error->what_without_backtrace();
+  return error.what();
+}
+
 DistributedError ProcessGroup::State::failure(const std::string& collective, const std::string& reason) const {
   const std::string peers =
       size == 2 ? fmt::format("the other rank ({})", 1 - rank) : fmt::format("one of the other {} ranks", size - 1);
@@ -58,7 +63,7 @@ void ProcessGroup::State::run(const std::string& collective, const std::function
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
-    throw failure(collective, e.what());
+    throw failure(collective, detail::message_of(e));
   }
 }
 
@@ -87,7 +92,8 @@ ProcessGroup::ProcessGroup(const DistributedEnvironment& environment, const Acce
     throw DistributedError(fmt::format("rank {} of {} could not meet the others at the rendezvous store {}:{} ({}) "
                                        "within {} ms: {}",
                                        s.rank, s.size, environment.master_addr, environment.master_port,
-                                       s.rank == 0 ? "hosting it" : "hosted by rank 0", s.timeout.count(), e.what()));
+                                       s.rank == 0 ? "hosting it" : "hosted by rank 0", s.timeout.count(),
+                                       detail::message_of(e)));
   }
   DistributedBackendContext context;
   context.store = s.store;

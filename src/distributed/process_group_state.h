@@ -31,6 +31,9 @@ struct ProcessGroup::State {
 };
 
 namespace detail {
+/// An exception's message without the C++ backtrace c10::Error appends.
+std::string message_of(const std::exception& error);
+
 struct ProcessGroupAccess {
   static ProcessGroup::State& state(const ProcessGroup& group) { return *group.state_; }
 };
