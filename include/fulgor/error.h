@@ -36,4 +36,11 @@ class DeviceError : public Error {
   using Error::Error;
 };
 
+/// A collective of a distributed job failed: a peer exited, stopped answering
+/// within the timeout, or could not be reached.
+class DistributedError : public Error {
+ public:
+  using Error::Error;
+};
+
 }  // namespace fulgor

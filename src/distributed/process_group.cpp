@@ -1,0 +1,173 @@
+#include "fulgor/distributed/process_group.h"
+
+#include <fmt/format.h>
+#include <torch/csrc/distributed/c10d/comm.hpp>
+
+#include <algorithm>
+#include <cctype>
+
+#include "fulgor/distributed/backend.h"
+#include "process_group_state.h"
+
+namespace fulgor {
+namespace {
+
+// broadcast_coalesced's message size: large enough that a model takes a few
+// messages, small enough not to double peak memory for big ones.
+constexpr size_t kBroadcastBucketBytes = size_t(256) << 20;
+
+bool mentions(const std::string& text, std::initializer_list<const char*> words) {
+  std::string lower = text;
+  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+  return std::any_of(words.begin(), words.end(), [&](const char* w) { return lower.find(w) != std::string::npos; });
+}
+
+c10d::ReduceOp to_c10d(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::max:
+      return c10d::ReduceOp::MAX;
+    case ReduceOp::min:
+      return c10d::ReduceOp::MIN;
+    case ReduceOp::sum:
+    case ReduceOp::mean:
+      break;
+  }
+  return c10d::ReduceOp::SUM;
+}
+
+}  // namespace
+
+std::string detail::message_of(const std::exception& error) {
+  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&error)) return c10_error->what_without_backtrace();
+  return error.what();
+}
+
+DistributedError ProcessGroup::State::failure(const std::string& collective, const std::string& reason) const {
+  const std::string peers =
+      size == 2 ? fmt::format("the other rank ({})", 1 - rank) : fmt::format("one of the other {} ranks", size - 1);
+  std::string what;
+  if (mentions(reason, {"timed out", "timeout", "time out"}))
+    what = fmt::format("{} did not answer within the timeout of {} ms", peers, timeout.count());
+  else if (mentions(reason, {"connection closed", "connection reset", "broken pipe", "closed by peer", "eof",
+                             "connection refused"}))
+    what = fmt::format("{} is gone: its connection closed", peers);
+  else
+    what = "the collective failed";
+  return DistributedError(fmt::format("{} failed on rank {} of {} (backend {}): {}. c10d reported: {}", collective, rank,
+                                      size, backend, what, reason));
+}
+
+void ProcessGroup::State::run(const std::string& collective, const std::function<void()>& body) const {
+  try {
+    body();
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw failure(collective, detail::message_of(e));
+  }
+}
+
+void ProcessGroup::State::wait(const c10::intrusive_ptr<c10d::Work>& work) const { work->wait(timeout); }
+
+ProcessGroup::ProcessGroup(const DistributedEnvironment& environment, const Accelerator& accelerator,
+                           torch::Device device, ProcessGroupOptions options)
+    : state_(std::make_shared<State>()) {
+  State& s = *state_;
+  s.rank = environment.rank;
+  s.size = environment.world_size;
+  s.backend = options.backend.empty() ? accelerator.distributed_backend() : options.backend;
+  s.timeout = options.timeout;
+  s.device = device;
+  if (s.timeout.count() <= 0)
+    throw ConfigError(fmt::format("process group timeout {} ms is not accepted: it must be positive", s.timeout.count()));
+  if (s.size < 1 || s.rank < 0 || s.rank >= s.size)
+    throw ConfigError(fmt::format("rank {} of world size {} is not accepted: expected 0 <= rank < world size", s.rank,
+                                  s.size));
+  require_distributed_backend(s.backend);
+
+  try {
+    s.store = detail::compat::make_tcp_store(environment.master_addr, environment.master_port, s.rank == 0,
+                                             static_cast<int>(s.size), s.timeout);
+  } catch (const std::exception& e) {
+    throw DistributedError(fmt::format("rank {} of {} could not meet the others at the rendezvous store {}:{} ({}) "
+                                       "within {} ms: {}",
+                                       s.rank, s.size, environment.master_addr, environment.master_port,
+                                       s.rank == 0 ? "hosting it" : "hosted by rank 0", s.timeout.count(),
+                                       detail::message_of(e)));
+  }
+  DistributedBackendContext context;
+  context.store = s.store;
+  context.rank = static_cast<int>(s.rank);
+  context.world_size = static_cast<int>(s.size);
+  context.device = device;
+  context.master_addr = environment.master_addr;
+  context.timeout = s.timeout;
+  s.group = detail::compat::make_process_group(s.store, context.rank, context.world_size, s.backend,
+                                               make_distributed_backend(s.backend, context), device.type());
+}
+
+int64_t ProcessGroup::rank() const { return state_->rank; }
+int64_t ProcessGroup::size() const { return state_->size; }
+const std::string& ProcessGroup::backend() const { return state_->backend; }
+std::chrono::milliseconds ProcessGroup::timeout() const { return state_->timeout; }
+torch::Device ProcessGroup::device() const { return state_->device; }
+
+void ProcessGroup::broadcast(torch::Tensor& tensor, int64_t root) {
+  std::vector<torch::Tensor> tensors{tensor};
+  broadcast(tensors, root);
+}
+
+void ProcessGroup::broadcast(std::vector<torch::Tensor>& tensors, int64_t root) {
+  if (root < 0 || root >= state_->size)
+    throw ConfigError(fmt::format("broadcast root {} is not accepted: expected a rank from 0 to {}", root,
+                                  state_->size - 1));
+  if (tensors.empty()) return;
+  torch::NoGradGuard no_grad;
+  // broadcast_coalesced flattens the tensors into few messages and copies the
+  // result back into them, whatever their layout.
+  state_->run("broadcast", [&] {
+    c10d::broadcast_coalesced(state_->group, tensors, kBroadcastBucketBytes, static_cast<int>(root));
+  });
+}
+
+void ProcessGroup::broadcast_module(torch::nn::Module& module, int64_t root) {
+  std::vector<torch::Tensor> tensors;
+  for (const torch::Tensor& p : module.parameters(/*recurse=*/true))
+    if (p.defined()) tensors.push_back(p);
+  for (const torch::Tensor& b : module.buffers(/*recurse=*/true))
+    if (b.defined()) tensors.push_back(b);
+  broadcast(tensors, root);
+}
+
+void ProcessGroup::all_reduce(torch::Tensor& tensor, ReduceOp op) {
+  if (op == ReduceOp::mean && !tensor.is_floating_point())
+    throw ConfigError(fmt::format("all_reduce mean of a {} tensor is not accepted: it needs a floating-point tensor",
+                                  c10::toString(tensor.scalar_type())));
+  torch::NoGradGuard no_grad;
+  // c10d backends reduce contiguous buffers in place.
+  std::vector<torch::Tensor> buffer{tensor.is_contiguous() ? tensor : tensor.contiguous()};
+  c10d::AllreduceOptions options;
+  options.reduceOp = to_c10d(op);
+  options.timeout = state_->timeout;
+  state_->run("all_reduce", [&] { state_->wait(state_->group->allreduce(buffer, options)); });
+  if (op == ReduceOp::mean) buffer[0].div_(state_->size);
+  if (!buffer[0].is_same(tensor)) tensor.copy_(buffer[0]);
+}
+
+double ProcessGroup::all_reduce(double value, ReduceOp op) {
+  torch::Tensor tensor = torch::full({1}, value, torch::TensorOptions().dtype(torch::kFloat64).device(state_->device));
+  all_reduce(tensor, op);
+  return tensor.item<double>();
+}
+
+void ProcessGroup::barrier() {
+  // An all_reduce of one number: every backend has it, on every device, and it
+  // honours the timeout like the other collectives.
+  torch::Tensor token = torch::zeros({1}, torch::TensorOptions().dtype(torch::kFloat32).device(state_->device));
+  std::vector<torch::Tensor> buffer{token};
+  c10d::AllreduceOptions options;
+  options.timeout = state_->timeout;
+  state_->run("barrier", [&] { state_->wait(state_->group->allreduce(buffer, options)); });
+}
+
+}  // namespace fulgor

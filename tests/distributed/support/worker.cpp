@@ -1,0 +1,200 @@
+// The program the distributed tests start as every rank (through fulgor-run or
+// directly with the launcher's variables set):
+//
+//   fulgor_distributed_worker SCENARIO OUTDIR [ARGS...]
+//
+// Each scenario writes what the test checks into OUTDIR. Exits 0 on success,
+// 3 with the message on a fulgor::Error, 4 on any other exception.
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <thread>
+
+#include "fulgor/distributed/environment.h"
+#include "fulgor/distributed/gradient_sync.h"
+#include "fulgor/distributed/process_group.h"
+#include "fulgor/error.h"
+#include "fulgor/registry.h"
+#include "scenarios.h"
+
+namespace {
+
+using fulgor::test::kGlobalBatch;
+
+struct Context {
+  fulgor::DistributedEnvironment env;
+  std::string out;
+  std::string file(const std::string& name) const { return out + "/" + name + "_rank" + std::to_string(env.rank) + ".pt"; }
+};
+
+fulgor::ProcessGroup make_group(const Context& c, std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+  auto cpu = fulgor::make_accelerator("cpu");
+  return fulgor::ProcessGroup(c.env, *cpu, torch::Device(torch::kCPU), {/*backend=*/"", timeout});
+}
+
+void save(const std::string& path, const std::vector<std::pair<std::string, torch::Tensor>>& tensors) {
+  torch::serialize::OutputArchive archive;
+  for (const auto& [name, tensor] : tensors) archive.write(name, tensor);
+  archive.save_to(path);
+}
+
+torch::Tensor flat_parameters(torch::nn::Module& module) {
+  std::vector<torch::Tensor> flat;
+  for (const auto& p : module.parameters()) flat.push_back(p.detach().reshape({-1}));
+  return torch::cat(flat).clone();
+}
+
+torch::Tensor flat_gradients(torch::nn::Module& module) {
+  std::vector<torch::Tensor> flat;
+  for (const auto& p : module.parameters()) flat.push_back(p.grad().detach().reshape({-1}));
+  return torch::cat(flat).clone();
+}
+
+// The launcher's view of this process.
+void scenario_env(const Context& c) {
+  std::ofstream(c.out + "/env_rank" + std::to_string(c.env.rank) + ".txt")
+      << c.env.rank << ' ' << c.env.local_rank << ' ' << c.env.world_size << ' ' << c.env.local_world_size << ' '
+      << c.env.node_rank << ' ' << c.env.master_addr << ' ' << c.env.master_port << ' ' << c.env.source << '\n';
+}
+
+// Rank `failing` exits with `code` at once; the others wait to be stopped.
+void scenario_fail(const Context& c, int64_t failing, int code) {
+  if (c.env.rank == failing) std::exit(code);
+  std::ofstream(c.out + "/started_rank" + std::to_string(c.env.rank));
+  std::this_thread::sleep_for(std::chrono::seconds(60));
+  std::ofstream(c.out + "/finished_rank" + std::to_string(c.env.rank));
+}
+
+void scenario_collectives(const Context& c) {
+  fulgor::ProcessGroup group = make_group(c);
+  const double r = static_cast<double>(c.env.rank);
+  const auto values = [&] { return torch::tensor({r + 1, 10 * (r + 1)}, torch::kFloat32); };
+  torch::Tensor sum = values(), mean = values(), max = values(), min = values();
+  group.all_reduce(sum, fulgor::ReduceOp::sum);
+  group.all_reduce(mean, fulgor::ReduceOp::mean);
+  group.all_reduce(max, fulgor::ReduceOp::max);
+  group.all_reduce(min, fulgor::ReduceOp::min);
+  const double metric = group.all_reduce(0.5 * (r + 1), fulgor::ReduceOp::mean);
+  torch::Tensor from_one = torch::full({3}, r + 5);
+  group.broadcast(from_one, 1);
+  torch::manual_seed(fulgor::test::init_seed(c.env.rank));
+  torch::nn::Linear linear(3, 2);
+  group.broadcast_module(*linear);
+  group.barrier();
+  save(c.file("collectives"), {{"sum", sum},
+                               {"mean", mean},
+                               {"max", max},
+                               {"min", min},
+                               {"metric", torch::tensor(metric, torch::kFloat64)},
+                               {"broadcast", from_one},
+                               {"module", flat_parameters(*linear)}});
+}
+
+// Data-parallel SGD: each rank trains on its half of every global batch.
+void scenario_train(const Context& c, int64_t steps) {
+  fulgor::ProcessGroup group = make_group(c);
+  auto model = fulgor::test::make_model(fulgor::test::init_seed(c.env.rank));
+  // A tiny bucket cap, so the parameters form several buckets.
+  fulgor::GradientSynchronizer sync(group, *model, {/*bucket_cap_mb=*/64.0 / (1 << 20)});
+  const torch::Tensor initial = flat_parameters(*model);
+  auto [x, y] = fulgor::test::make_data(steps);
+  torch::optim::SGD optimizer(model->parameters(), fulgor::test::kLearningRate);
+  const int64_t local = kGlobalBatch / c.env.world_size;
+  for (int64_t step = 0; step < steps; ++step) {
+    const int64_t begin = step * kGlobalBatch + c.env.rank * local;
+    optimizer.zero_grad();
+    sync.before_forward();
+    torch::Tensor loss = torch::mse_loss(model->forward(x.narrow(0, begin, local)), y.narrow(0, begin, local));
+    sync.backward(loss);
+    optimizer.step();
+  }
+  save(c.file("train"), {{"initial", initial},
+                         {"final", flat_parameters(*model)},
+                         {"buckets", torch::tensor(sync.bucket_count())},
+                         {"reductions", torch::tensor(sync.reductions_started())}});
+}
+
+// Two micro-batches accumulated without communication, then one synchronized.
+void scenario_nosync(const Context& c) {
+  fulgor::ProcessGroup group = make_group(c);
+  auto model = fulgor::test::make_model(fulgor::test::init_seed(c.env.rank));
+  fulgor::GradientSynchronizer sync(group, *model, {/*bucket_cap_mb=*/64.0 / (1 << 20)});
+  auto [x, y] = fulgor::test::make_data(1);
+  // Micro-batch m of rank r: 8 rows of the global batch.
+  const auto batch = [&](int64_t m) { return c.env.rank * 16 + m * 8; };
+  for (int64_t m = 0; m < 2; ++m) {
+    auto guard = sync.no_sync();
+    sync.before_forward();
+    sync.backward(torch::mse_loss(model->forward(x.narrow(0, batch(m), 8)), y.narrow(0, batch(m), 8)));
+  }
+  const torch::Tensor local = flat_gradients(*model);
+  const int64_t reductions_before = sync.reductions_started();
+  sync.before_forward();
+  sync.backward(torch::mse_loss(model->forward(x.narrow(0, batch(0), 8)), y.narrow(0, batch(0), 8)));
+  save(c.file("nosync"), {{"local", local},
+                          {"synced", flat_gradients(*model)},
+                          {"reductions_before", torch::tensor(reductions_before)},
+                          {"reductions_after", torch::tensor(sync.reductions_started())},
+                          {"buckets", torch::tensor(sync.bucket_count())}});
+}
+
+// One good step; then the last rank dies ("kill") or freezes ("stop"), and the
+// others keep training until a collective fails.
+void scenario_die(const Context& c, const std::string& mode, int64_t timeout_ms) {
+  fulgor::ProcessGroup group = make_group(c, std::chrono::milliseconds(timeout_ms));
+  auto model = fulgor::test::make_model(fulgor::test::init_seed(0));
+  fulgor::GradientSynchronizer sync(group, *model);
+  auto [x, y] = fulgor::test::make_data(1);
+  torch::optim::SGD optimizer(model->parameters(), fulgor::test::kLearningRate);
+  for (int step = 0; step < 100000; ++step) {
+    if (step == 1 && c.env.rank == c.env.world_size - 1) {
+      std::ofstream(c.out + "/victim_ready");
+      raise(mode == "stop" ? SIGSTOP : SIGKILL);
+    }
+    optimizer.zero_grad();
+    sync.backward(torch::mse_loss(model->forward(x.narrow(0, 0, 8)), y.narrow(0, 0, 8)));
+    optimizer.step();
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string scenario = argc > 1 ? argv[1] : "";
+  Context c;
+  try {
+    torch::set_num_threads(1);
+    c.env = fulgor::detect_distributed_environment();
+    c.out = argc > 2 ? argv[2] : ".";
+    if (scenario == "env" && argc == 3) {
+      scenario_env(c);
+    } else if (scenario == "fail" && argc == 5) {
+      scenario_fail(c, std::stoll(argv[3]), std::stoi(argv[4]));
+    } else if (scenario == "sleep" && argc == 3) {
+      std::this_thread::sleep_for(std::chrono::seconds(60));
+    } else if (scenario == "collectives" && argc == 3) {
+      scenario_collectives(c);
+    } else if (scenario == "train" && argc == 4) {
+      scenario_train(c, std::stoll(argv[3]));
+    } else if (scenario == "nosync" && argc == 3) {
+      scenario_nosync(c);
+    } else if (scenario == "die" && argc == 5) {
+      scenario_die(c, argv[3], std::stoll(argv[4]));
+    } else {
+      std::cerr << "usage: fulgor_distributed_worker env|fail|sleep|collectives|train|nosync|die OUTDIR [ARGS...]\n";
+      return 2;
+    }
+  } catch (const fulgor::Error& e) {
+    std::cerr << "worker rank " << c.env.rank << ": " << e.what() << std::endl;
+    return 3;
+  } catch (const std::exception& e) {
+    std::cerr << "worker rank " << c.env.rank << ": unexpected " << e.what() << std::endl;
+    return 4;
+  }
+  return 0;
+}
