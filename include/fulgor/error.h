@@ -43,4 +43,11 @@ class DistributedError : public Error {
   using Error::Error;
 };
 
+/// A checkpoint file cannot be written, or is missing, truncated, corrupted or
+/// not a fulgor checkpoint. The message names the file and what is wrong.
+class CheckpointError : public Error {
+ public:
+  using Error::Error;
+};
+
 }  // namespace fulgor

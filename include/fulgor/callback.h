@@ -1,0 +1,79 @@
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <torch/optim/optimizer.h>
+#include <torch/types.h>
+
+#include <cstdint>
+#include <exception>
+#include <string>
+
+namespace fulgor {
+
+class Trainer;
+class ModuleBase;
+
+/// A small object the Trainer calls at fixed points of its loops (Lightning's
+/// Callback). Every hook has a no-op default; override the ones you need. Any
+/// hook may stop training with `trainer.request_stop(reason)`.
+///
+/// Contract: hooks are called in Lightning's order, on the thread that called
+/// fit/validate/test/predict. A callback with state that must survive a resume
+/// returns it from state_dict() and takes it back in load_state_dict(); the
+/// checkpoint files it under state_key(), which must differ between the
+/// callbacks of one Trainer.
+class Callback {
+ public:
+  virtual ~Callback() = default;
+
+  /// The key of this callback's state in checkpoints (default: its type's name).
+  virtual std::string state_key() const;
+  virtual nlohmann::json state_dict() const { return nlohmann::json(); }
+  virtual void load_state_dict(const nlohmann::json& /*state*/) {}
+
+  /// `stage` is "fit", "validate", "test" or "predict".
+  virtual void setup(Trainer&, ModuleBase&, const std::string& /*stage*/) {}
+  virtual void teardown(Trainer&, ModuleBase&, const std::string& /*stage*/) {}
+
+  virtual void on_fit_start(Trainer&, ModuleBase&) {}
+  virtual void on_fit_end(Trainer&, ModuleBase&) {}
+  virtual void on_sanity_check_start(Trainer&, ModuleBase&) {}
+  virtual void on_sanity_check_end(Trainer&, ModuleBase&) {}
+  virtual void on_train_start(Trainer&, ModuleBase&) {}
+  virtual void on_train_end(Trainer&, ModuleBase&) {}
+  virtual void on_train_epoch_start(Trainer&, ModuleBase&) {}
+  /// After the module's on_train_epoch_end, with the epoch's metrics aggregated.
+  virtual void on_train_epoch_end(Trainer&, ModuleBase&) {}
+  virtual void on_train_batch_start(Trainer&, ModuleBase&, int64_t /*batch_idx*/) {}
+  /// `loss` is what training_step returned (undefined when it skipped the batch).
+  virtual void on_train_batch_end(Trainer&, ModuleBase&, const torch::Tensor& /*loss*/, int64_t /*batch_idx*/) {}
+  virtual void on_before_backward(Trainer&, ModuleBase&, const torch::Tensor& /*loss*/) {}
+  virtual void on_after_backward(Trainer&, ModuleBase&) {}
+  virtual void on_before_optimizer_step(Trainer&, ModuleBase&, torch::optim::Optimizer&) {}
+
+  virtual void on_validation_start(Trainer&, ModuleBase&) {}
+  /// After the validation metrics are aggregated.
+  virtual void on_validation_end(Trainer&, ModuleBase&) {}
+  virtual void on_validation_epoch_start(Trainer&, ModuleBase&) {}
+  virtual void on_validation_epoch_end(Trainer&, ModuleBase&) {}
+  virtual void on_validation_batch_end(Trainer&, ModuleBase&, int64_t /*batch_idx*/) {}
+
+  virtual void on_test_start(Trainer&, ModuleBase&) {}
+  virtual void on_test_end(Trainer&, ModuleBase&) {}
+  virtual void on_test_epoch_start(Trainer&, ModuleBase&) {}
+  virtual void on_test_epoch_end(Trainer&, ModuleBase&) {}
+  virtual void on_test_batch_end(Trainer&, ModuleBase&, int64_t /*batch_idx*/) {}
+
+  virtual void on_predict_start(Trainer&, ModuleBase&) {}
+  virtual void on_predict_end(Trainer&, ModuleBase&) {}
+  virtual void on_predict_batch_end(Trainer&, ModuleBase&, int64_t /*batch_idx*/) {}
+
+  /// Adds to / reads from the checkpoint's callback section (besides state_dict).
+  virtual void on_save_checkpoint(Trainer&, ModuleBase&, nlohmann::json& /*checkpoint*/) {}
+  virtual void on_load_checkpoint(Trainer&, ModuleBase&, const nlohmann::json& /*checkpoint*/) {}
+
+  /// A loop is ending with an exception (which the Trainer rethrows).
+  virtual void on_exception(Trainer&, ModuleBase&, const std::exception&) {}
+};
+
+}  // namespace fulgor

@@ -1,0 +1,30 @@
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "fulgor/callback.h"
+#include "fulgor/scheduler.h"
+
+namespace fulgor {
+
+/// Logs each optimizer's learning rates (Lightning's LearningRateMonitor) as
+/// `lr-<Optimizer>` (`lr-<Optimizer>/pg<N>` for parameter groups past the first,
+/// or the scheduler's name when it has one).
+///
+/// Contract: with `logging_interval` unset, logs at the interval of each
+/// optimizer's scheduler (at epoch start without one); Interval::step logs
+/// every training batch, Interval::epoch at every epoch start.
+class LearningRateMonitor : public Callback {
+ public:
+  explicit LearningRateMonitor(std::optional<Interval> logging_interval = std::nullopt)
+      : logging_interval_(logging_interval) {}
+  void on_train_epoch_start(Trainer& trainer, ModuleBase& module) override;
+  void on_train_batch_start(Trainer& trainer, ModuleBase& module, int64_t batch_idx) override;
+
+ private:
+  void log(Trainer& trainer, Interval interval);
+  std::optional<Interval> logging_interval_;
+};
+
+}  // namespace fulgor

@@ -1,0 +1,76 @@
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "fulgor/callback.h"
+
+namespace fulgor {
+
+/// Options of ModelCheckpoint, with Lightning's names and defaults.
+struct ModelCheckpointOptions {
+  /// Folder of the checkpoints (default: the Trainer's default_root_dir/checkpoints).
+  std::string dirpath;
+  /// File name without ".ckpt": `{epoch}`, `{step}` and logged metric names,
+  /// with an optional format (`{val_loss:.3f}`). With auto_insert_metric_name,
+  /// `{epoch}` becomes `epoch=3`. Default "{epoch}-{step}".
+  std::string filename;
+  /// The metric that ranks checkpoints (empty: keep the latest).
+  std::string monitor;
+  /// "min" or "max": which monitored values are better.
+  std::string mode = "min";
+  /// How many checkpoints to keep: the k best (or latest), -1 all, 0 none.
+  int64_t save_top_k = 1;
+  /// Also write last.ckpt on every save.
+  bool save_last = false;
+  /// Saves at the end of every N-th training epoch (default 1, unless
+  /// every_n_train_steps is set).
+  std::optional<int64_t> every_n_epochs;
+  /// Saves after every N optimizer steps.
+  std::optional<int64_t> every_n_train_steps;
+  bool auto_insert_metric_name = true;
+};
+
+/// Saves checkpoints while fitting and keeps the best (Lightning's ModelCheckpoint).
+///
+/// Contract: saves at the end of training epochs (after validation) and/or
+/// every N optimizer steps; keeps save_top_k files ranked by `monitor`
+/// (deleting the others it wrote), and writes last.ckpt when save_last. Throws
+/// ConfigError at a save when the monitored metric was never logged, listing
+/// the metrics that were. Its bookkeeping is saved in checkpoints, so a resumed
+/// run keeps ranking the earlier files.
+class ModelCheckpoint : public Callback {
+ public:
+  explicit ModelCheckpoint(ModelCheckpointOptions options = {});
+
+  std::string state_key() const override;
+  nlohmann::json state_dict() const override;
+  void load_state_dict(const nlohmann::json& state) override;
+  void setup(Trainer& trainer, ModuleBase& module, const std::string& stage) override;
+  void on_train_batch_end(Trainer& trainer, ModuleBase& module, const torch::Tensor& loss,
+                          int64_t batch_idx) override;
+  void on_train_epoch_end(Trainer& trainer, ModuleBase& module) override;
+
+  const std::string& dirpath() const { return dirpath_; }
+  const std::string& best_model_path() const { return best_model_path_; }
+  std::optional<double> best_model_score() const;
+  const std::string& last_model_path() const { return last_model_path_; }
+  /// The kept checkpoints and their monitored scores (0 without a monitor).
+  const std::map<std::string, double>& best_k_models() const { return best_k_models_; }
+  /// The file name `filename` gives with these metrics, without the folder.
+  std::string format_checkpoint_name(const std::map<std::string, double>& metrics) const;
+
+ private:
+  void save(Trainer& trainer);
+  bool better(double a, double b) const;
+
+  ModelCheckpointOptions options_;
+  std::string dirpath_;
+  std::map<std::string, double> best_k_models_;
+  std::string best_model_path_, last_model_path_;
+  int64_t last_saved_step_ = -1;
+};
+
+}  // namespace fulgor

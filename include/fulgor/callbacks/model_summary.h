@@ -1,0 +1,29 @@
+#pragma once
+
+#include <torch/nn/module.h>
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+
+#include "fulgor/callback.h"
+
+namespace fulgor {
+
+/// A table of a module's layers down to `max_depth` (name, type, parameter
+/// count), then trainable, non-trainable and total parameters and their size in
+/// MB, as Lightning's ModelSummary prints.
+std::string summarize(const torch::nn::Module& module, int64_t max_depth = 1);
+
+/// Prints summarize(module) when fit starts.
+class ModelSummary : public Callback {
+ public:
+  explicit ModelSummary(int64_t max_depth = 1, std::ostream* out = nullptr) : max_depth_(max_depth), out_(out) {}
+  void on_fit_start(Trainer& trainer, ModuleBase& module) override;
+
+ private:
+  int64_t max_depth_;
+  std::ostream* out_;  // nullptr: std::cout
+};
+
+}  // namespace fulgor

@@ -1,0 +1,53 @@
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <ostream>
+#include <string>
+
+#include "fulgor/callback.h"
+
+namespace fulgor {
+
+/// Shows progress (Lightning's TQDMProgressBar): on a terminal, one line
+/// redrawn in place with the epoch, a bar, batches done of the total, the rate,
+/// the time left and the prog_bar metrics; otherwise plain lines every
+/// `refresh_lines` percent of an epoch (or every 50 batches when the length is
+/// unknown) and one per finished epoch and evaluation.
+class ProgressBar : public Callback {
+ public:
+  /// `out`: where to write (nullptr: std::cout, a terminal when stdout is one).
+  explicit ProgressBar(std::ostream* out = nullptr, int64_t refresh_lines = 10);
+
+  void on_train_epoch_start(Trainer& trainer, ModuleBase& module) override;
+  void on_train_batch_end(Trainer& trainer, ModuleBase& module, const torch::Tensor& loss,
+                          int64_t batch_idx) override;
+  void on_train_epoch_end(Trainer& trainer, ModuleBase& module) override;
+  void on_validation_start(Trainer& trainer, ModuleBase& module) override;
+  void on_validation_batch_end(Trainer& trainer, ModuleBase& module, int64_t batch_idx) override;
+  void on_validation_end(Trainer& trainer, ModuleBase& module) override;
+  void on_test_start(Trainer& trainer, ModuleBase& module) override;
+  void on_test_batch_end(Trainer& trainer, ModuleBase& module, int64_t batch_idx) override;
+  void on_test_end(Trainer& trainer, ModuleBase& module) override;
+  void on_predict_start(Trainer& trainer, ModuleBase& module) override;
+  void on_predict_batch_end(Trainer& trainer, ModuleBase& module, int64_t batch_idx) override;
+  void on_predict_end(Trainer& trainer, ModuleBase& module) override;
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  std::ostream& out() const;
+  void begin(const std::string& label);
+  void update(Trainer& trainer, int64_t done, std::optional<int64_t> total, bool final);
+  std::string metrics_text(const Trainer& trainer) const;
+
+  std::ostream* out_;
+  bool terminal_;
+  int64_t refresh_lines_;
+  std::string label_;
+  Clock::time_point start_, last_draw_;
+  int64_t next_line_ = 0;
+  bool in_eval_during_fit_ = false;
+};
+
+}  // namespace fulgor

@@ -1,0 +1,59 @@
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
+
+#include <cstdint>
+#include <string>
+
+namespace fulgor {
+
+class ModuleBase;
+class Accelerator;
+
+// Note [Checkpoint files]
+// A checkpoint is one file: a 28-byte header, then a LibTorch archive
+// (torch::serialize::OutputArchive, the same zip container on every LibTorch
+// version).
+//   bytes 0..7    "FULGORCK"
+//   bytes 8..11   container version, little-endian uint32 (1)
+//   bytes 12..19  archive length in bytes, little-endian uint64
+//   bytes 20..27  FNV-1a 64 hash of the archive, little-endian uint64
+// The header lets a truncated, corrupted or foreign file be recognised before
+// LibTorch parses it. The archive holds:
+//   "meta"        a JSON string: format, fulgor and LibTorch versions, loop
+//                 progress, callback states, scheduler states, hyper-parameters
+//                 and the module's on_save_checkpoint state
+//   "model"       the module's parameters and buffers (ModuleBase::save)
+//   "optimizer_N" each optimizer's state
+//   "rng_cpu", "rng_device", "rng_epoch_start"
+//                 generator states: the CPU's and the accelerator's now, and
+//                 the CPU's when the epoch began (the sampler's shuffle)
+// Files are written atomically: a temporary file in the same folder, written,
+// flushed and fsync'ed, then renamed over the destination, then the folder is
+// fsync'ed. A crash or a full disk leaves the previous file intact.
+
+/// Writes `archive` to `path` as a checkpoint file, atomically.
+/// Throws CheckpointError naming the file and the system's reason.
+void write_checkpoint_file(const std::string& path, torch::serialize::OutputArchive& archive);
+
+/// Reads a checkpoint file onto the CPU. Throws CheckpointError naming the
+/// file when it is missing, truncated, corrupted, of another format or version.
+torch::serialize::InputArchive read_checkpoint_file(const std::string& path);
+
+/// The "meta" JSON of a checkpoint file (versions, epoch, global step, ...).
+nlohmann::json read_checkpoint_meta(const std::string& path);
+
+/// Copies the parameters and buffers saved in the checkpoint at `path` into
+/// `module`, wherever its tensors live (Lightning's load_from_checkpoint for
+/// the weights). Throws CheckpointError naming a missing or misshapen tensor.
+void load_module_weights(ModuleBase& module, const std::string& path);
+
+namespace detail {
+// Copies the tensors of `archive` (read onto the CPU) into the module's
+// parameters and buffers in place.
+void load_module_state(torch::nn::Module& module, torch::serialize::InputArchive& archive, const std::string& path);
+}  // namespace detail
+
+}  // namespace fulgor

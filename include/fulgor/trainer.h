@@ -1,0 +1,320 @@
+#pragma once
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "fulgor/accelerator.h"
+#include "fulgor/batch.h"
+#include "fulgor/batch_size.h"
+#include "fulgor/callback.h"
+#include "fulgor/data.h"
+#include "fulgor/error.h"
+#include "fulgor/logger.h"
+#include "fulgor/module.h"
+#include "fulgor/trainer_options.h"
+
+namespace fulgor {
+
+class ModelCheckpoint;
+
+/// Why fit returned.
+enum class StopReason {
+  max_epochs,  ///< max_epochs (or fast_dev_run's one epoch) completed
+  max_steps,   ///< max_steps optimizer steps taken
+  requested,   ///< a hook called request_stop (EarlyStopping, Timer, ...)
+  signal,      ///< SIGINT or SIGTERM: a checkpoint was saved first
+};
+std::string to_string(StopReason reason);
+
+struct FitOptions {
+  /// A checkpoint to resume from: a path, "last" (the checkpoint folder's
+  /// last.ckpt, else its newest checkpoint) or "best" (the ModelCheckpoint's
+  /// best_model_path). Empty: start fresh.
+  std::string ckpt_path;
+};
+
+struct EvalOptions {
+  /// A checkpoint whose weights to evaluate (a path, "last" or "best").
+  std::string ckpt_path;
+};
+
+struct FitResult {
+  StopReason reason = StopReason::max_epochs;
+  std::string message;  ///< the reason in words
+  int64_t epochs_completed = 0;
+  int64_t global_step = 0;
+  /// The checkpoint saved because of a signal; empty otherwise.
+  std::string checkpoint_path;
+};
+
+namespace detail {
+
+enum class Stage { train, validate, test, predict };
+
+// A loader and a module's steps for it, with the batch type erased, so that
+// the loops are compiled once in src/trainer.cpp.
+class StepRunner {
+ public:
+  explicit StepRunner(std::optional<int64_t> length) : length_(length) {}
+  virtual ~StepRunner() = default;
+  // Batches per epoch, when the loader tells.
+  std::optional<int64_t> length() const { return length_; }
+  void bind(const Accelerator& accelerator, torch::Device device) {
+    accelerator_ = &accelerator;
+    device_ = device;
+  }
+  // Keeps the first `n` batches and replays them every later epoch.
+  void cache_first(int64_t n) { cache_limit_ = n; }
+  virtual void start_epoch() = 0;
+  // Fetches the next batch, onto the device when `move`; false at the end.
+  virtual bool next(bool move) = 0;
+  // The fetched batch's size (-1: unknown).
+  virtual int64_t batch_size() const = 0;
+  // Runs the module's step for `stage` on the fetched batch.
+  virtual torch::Tensor step(Stage stage, int64_t batch_idx) = 0;
+
+ protected:
+  const Accelerator* accelerator_ = nullptr;
+  std::optional<torch::Device> device_;
+  int64_t cache_limit_ = 0;
+
+ private:
+  std::optional<int64_t> length_;
+};
+
+template <typename Batch, typename Loader>
+class LoaderRunner final : public StepRunner {
+  using Iterator = decltype(std::declval<Loader&>().begin());
+  using LoaderBatch = std::decay_t<decltype(*std::declval<Iterator&>())>;
+  static_assert(std::is_constructible_v<Batch, LoaderBatch&&>,
+                "the loader's batches do not convert to the module's batch type: derive the module from "
+                "fulgor::BasicModule<B> with B the type the loader yields");
+
+ public:
+  LoaderRunner(BasicModule<Batch>& module, Loader& loader)
+      : StepRunner(loader_length(loader)), module_(module), loader_(loader) {}
+
+  void start_epoch() override {
+    fetched_.reset();
+    replay_ = cache_limit_ > 0 && static_cast<int64_t>(cache_.size()) == cache_limit_;
+    position_ = 0;
+    if (replay_) return;
+    cache_.clear();
+    it_.reset();
+    end_.reset();
+    it_.emplace(loader_.begin());
+    end_.emplace(loader_.end());
+    started_ = false;
+  }
+
+  bool next(bool move) override {
+    fetched_.reset();
+    if (replay_) {
+      if (position_ >= cache_.size()) return false;
+      if constexpr (std::is_copy_constructible_v<Batch>) fetched_.emplace(cache_[position_++]);
+    } else {
+      if (started_) ++*it_;
+      started_ = true;
+      if (*it_ == *end_) return false;
+      fetched_.emplace(Batch(std::move(**it_)));
+      if (cache_limit_ > 0 && static_cast<int64_t>(cache_.size()) < cache_limit_) {
+        if constexpr (std::is_copy_constructible_v<Batch>)
+          cache_.push_back(*fetched_);
+        else
+          throw ConfigError("overfit_batches keeps batches to replay them, which needs a copyable batch type");
+      }
+    }
+    if (move) fetched_.emplace(move_batch(std::move(*fetched_), *accelerator_, *device_));
+    return true;
+  }
+
+  int64_t batch_size() const override { return fetched_ ? batch_size_of(*fetched_) : -1; }
+
+  torch::Tensor step(Stage stage, int64_t batch_idx) override {
+    Batch batch = std::move(*fetched_);
+    fetched_.reset();
+    switch (stage) {
+      case Stage::train:
+        return module_.training_step(std::move(batch), batch_idx);
+      case Stage::validate:
+        module_.validation_step(std::move(batch), batch_idx);
+        return {};
+      case Stage::test:
+        module_.test_step(std::move(batch), batch_idx);
+        return {};
+      case Stage::predict:
+        return module_.predict_step(std::move(batch), batch_idx);
+    }
+    return {};
+  }
+
+ private:
+  BasicModule<Batch>& module_;
+  Loader& loader_;
+  std::optional<Iterator> it_, end_;
+  bool started_ = false;
+  std::optional<Batch> fetched_;
+  std::vector<Batch> cache_;
+  bool replay_ = false;
+  size_t position_ = 0;
+};
+
+template <typename T>
+T& deref(T& loader) {
+  return loader;
+}
+template <typename T>
+T& deref(std::unique_ptr<T>& loader) {
+  return *loader;
+}
+template <typename T>
+T& deref(const std::shared_ptr<T>& loader) {
+  return *loader;
+}
+
+template <typename Batch, typename L>
+auto make_runner(BasicModule<Batch>& module, L& loader) {
+  auto& l = deref(loader);
+  return LoaderRunner<Batch, std::remove_reference_t<decltype(l)>>(module, l);
+}
+
+struct TrainerState;
+}  // namespace detail
+
+/// PyTorch Lightning's Trainer: runs a module's training, validation, test and
+/// predict loops on any registered accelerator, with callbacks, loggers,
+/// checkpoints and exact resume.
+///
+///   fulgor::Trainer trainer({.accelerator = "auto", .max_epochs = 5});
+///   trainer.fit(model, train_loader, val_loader);
+///   auto metrics = trainer.test(model, test_loader);
+///
+/// Loaders are any LibTorch data loader (or std::unique_ptr to one), or any
+/// object with begin()/end() yielding the module's batch type. A loader with a
+/// size() member (fulgor::make_data_loader) also allows fractional limits and
+/// val_check_interval.
+///
+/// Contract:
+///   - Options are checked when a loop starts; bad values throw ConfigError.
+///   - The module is moved onto the accelerator's device and stays there.
+///   - Each loop calls Accelerator::teardown when it ends, also on exceptions
+///     (which are rethrown after callbacks' on_exception).
+///   - During fit, a first SIGINT or SIGTERM lets the current batch finish,
+///     saves `last.ckpt` in checkpoint_dir() and returns StopReason::signal; a
+///     second one terminates the process at once.
+///   - Resuming from a checkpoint gives bit-identical results to an
+///     uninterrupted run on the same accelerator when the loader's order
+///     depends only on LibTorch's CPU generator (RandomSampler does), except
+///     that gradients of an unfinished accumulate_grad_batches window are not
+///     saved.
+class Trainer {
+ public:
+  explicit Trainer(TrainerOptions options = {});
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  template <typename Batch, typename TrainLoader, typename ValLoader>
+  FitResult fit(BasicModule<Batch>& model, TrainLoader& train_loader, ValLoader& val_loader,
+                const FitOptions& options = {}) {
+    auto train = detail::make_runner(model, train_loader);
+    auto val = detail::make_runner(model, val_loader);
+    return run_fit(model, train, &val, options);
+  }
+  template <typename Batch, typename TrainLoader>
+  FitResult fit(BasicModule<Batch>& model, TrainLoader& train_loader, const FitOptions& options = {}) {
+    auto train = detail::make_runner(model, train_loader);
+    return run_fit(model, train, nullptr, options);
+  }
+
+  /// Runs the validation loop; returns the epoch-level metrics it logged.
+  template <typename Batch, typename Loader>
+  std::map<std::string, double> validate(BasicModule<Batch>& model, Loader& loader, const EvalOptions& options = {}) {
+    auto runner = detail::make_runner(model, loader);
+    return run_eval(detail::Stage::validate, model, runner, options);
+  }
+  /// Runs the test loop; returns the epoch-level metrics it logged.
+  template <typename Batch, typename Loader>
+  std::map<std::string, double> test(BasicModule<Batch>& model, Loader& loader, const EvalOptions& options = {}) {
+    auto runner = detail::make_runner(model, loader);
+    return run_eval(detail::Stage::test, model, runner, options);
+  }
+  /// Runs predict_step over the loader; returns its outputs in order.
+  template <typename Batch, typename Loader>
+  std::vector<torch::Tensor> predict(BasicModule<Batch>& model, Loader& loader, const EvalOptions& options = {}) {
+    auto runner = detail::make_runner(model, loader);
+    return run_predict(model, runner, options);
+  }
+
+  // ---- State, for hooks and after a loop -----------------------------------
+  const TrainerOptions& options() const;
+  /// The epoch being run (0-based), or the number completed after fit.
+  int64_t current_epoch() const;
+  /// Optimizer steps taken.
+  int64_t global_step() const;
+  /// Training batches finished in the current epoch.
+  int64_t batches_in_epoch() const;
+  /// Training batches per epoch after limits (nullopt: the loader does not tell).
+  std::optional<int64_t> num_training_batches() const;
+  /// Batches the current evaluation loop will run (nullopt: unknown).
+  std::optional<int64_t> num_eval_batches() const;
+  /// The epoch limit in force (-1: none).
+  int64_t max_epochs() const;
+  /// "fit", "validate", "test", "predict" or "" between loops.
+  std::string stage() const;
+  /// The loop running now: "train", "validate", "test", "predict", "sanity_check" or "".
+  std::string running_loop() const;
+  bool sanity_checking() const;
+
+  /// Asks the loops to stop after the current batch (training respects min_epochs).
+  void request_stop(std::string reason);
+  bool should_stop() const;
+  const std::string& stop_reason() const;
+
+  /// Every metric logged, for callbacks (monitors): step values while an epoch
+  /// runs, epoch aggregates once it ends.
+  const std::map<std::string, double>& callback_metrics() const;
+  /// The metrics last sent to the loggers.
+  const std::map<std::string, double>& logged_metrics() const;
+  /// The metrics logged with prog_bar.
+  const std::map<std::string, double>& progress_bar_metrics() const;
+  /// Sends metrics to the loggers now (and into logged_metrics); for callbacks.
+  void log_metrics(const std::map<std::string, double>& metrics);
+
+  const std::vector<std::shared_ptr<Callback>>& callbacks() const;
+  const std::vector<std::shared_ptr<Logger>>& loggers() const;
+  /// The first ModelCheckpoint among the callbacks, or nullptr.
+  ModelCheckpoint* checkpoint_callback() const;
+  const std::vector<std::shared_ptr<torch::optim::Optimizer>>& optimizers() const;
+  const std::vector<SchedulerConfig>& lr_schedulers() const;
+  /// The accelerator and device of the current or last loop; throws Error before any.
+  const Accelerator& accelerator() const;
+  torch::Device device() const;
+  /// default_root_dir, or "." when empty.
+  std::string default_root_dir() const;
+  /// Where checkpoints go: the ModelCheckpoint's dirpath, else default_root_dir/checkpoints.
+  std::string checkpoint_dir() const;
+  /// The first logger's log_dir, else default_root_dir.
+  std::string log_dir() const;
+
+  /// Saves the state of the module being (or last) fitted to `path`, atomically.
+  void save_checkpoint(const std::string& path);
+
+ private:
+  FitResult run_fit(ModuleBase& model, detail::StepRunner& train, detail::StepRunner* val, const FitOptions& options);
+  std::map<std::string, double> run_eval(detail::Stage stage, ModuleBase& model, detail::StepRunner& runner,
+                                         const EvalOptions& options);
+  std::vector<torch::Tensor> run_predict(ModuleBase& model, detail::StepRunner& runner, const EvalOptions& options);
+
+  std::unique_ptr<detail::TrainerState> state_;
+};
+
+}  // namespace fulgor

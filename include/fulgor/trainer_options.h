@@ -1,0 +1,145 @@
+#pragma once
+
+#include <nlohmann/json_fwd.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fulgor/devices.h"
+
+namespace fulgor {
+
+class Callback;
+class Logger;
+
+/// A number of batches given either as a count or as a fraction of a loader's
+/// batches, as Lightning's `limit_train_batches=10` (count) and `=0.25`
+/// (fraction). An integer is a count, a floating-point number a fraction:
+/// `Limit(1)` is one batch, `Limit(1.0)` all of them.
+///
+/// Requires: a count >= 0, a fraction in [0, 1] (checked where it is used,
+/// with a ConfigError naming the option).
+class Limit {
+ public:
+  Limit() = default;  ///< all batches
+  Limit(int count) : count_(count) {}
+  Limit(int64_t count) : count_(count) {}
+  Limit(double fraction) : fraction_(fraction) {}
+
+  bool is_count() const { return count_.has_value(); }
+  int64_t count() const { return count_.value_or(0); }
+  double fraction() const { return fraction_; }
+  /// Whether the limit lets every batch through (the fraction 1.0).
+  bool is_all() const { return !count_ && fraction_ == 1.0; }
+
+  /// The number of batches out of `total` (nullopt: unknown). A count is
+  /// returned as is (capped at a known total); a fraction of an unknown total
+  /// is nullopt unless it is 1.0 (all) or 0.0 (none).
+  std::optional<int64_t> of(std::optional<int64_t> total) const;
+
+  /// The value as a user would type it: `3` or `0.5`.
+  std::string str() const;
+
+  friend bool operator==(const Limit& a, const Limit& b) {
+    return a.count_ == b.count_ && (a.count_ || a.fraction_ == b.fraction_);
+  }
+  friend bool operator!=(const Limit& a, const Limit& b) { return !(a == b); }
+
+ private:
+  std::optional<int64_t> count_;
+  double fraction_ = 1.0;
+};
+
+/// Everything a Trainer can be told, with PyTorch Lightning's names, defaults
+/// and meanings. A plain aggregate: C++20 code writes
+/// `fulgor::Trainer trainer({.accelerator = "cpu", .max_epochs = 5});`.
+///
+/// Options convert to and from JSON (to_json/from_json below; callbacks and
+/// loggers are objects and stay out of JSON), and parse_command_line fills them
+/// from `--trainer.<name>=<value>` arguments. The Trainer checks the values
+/// when a loop starts and throws ConfigError naming the option.
+struct TrainerOptions {
+  /// A registered accelerator, "auto" (highest priority available) or "gpu".
+  std::string accelerator = "auto";
+  /// "auto" or "single_device" (multi-device strategies are not available yet).
+  std::string strategy = "auto";
+  Devices devices = "auto";
+  /// "32-true" (or "32"); the mixed and reduced precisions are not supported yet.
+  std::string precision = "32-true";
+  /// Whether to add the default CSVLogger (under default_root_dir) when
+  /// `loggers` is empty.
+  bool logger = true;
+  std::vector<std::shared_ptr<Logger>> loggers;
+  std::vector<std::shared_ptr<Callback>> callbacks;
+  /// Runs N batches (true: 1) of training, validation and test in one epoch,
+  /// with no sanity check, checkpoints or loggers: a smoke test of the code.
+  int64_t fast_dev_run = 0;
+  /// Stops after this many epochs; unset means 1000 when max_steps is -1 and
+  /// unlimited otherwise, -1 means unlimited.
+  std::optional<int64_t> max_epochs;
+  /// Training continues at least this many epochs even when asked to stop.
+  std::optional<int64_t> min_epochs;
+  /// Stops after this many optimizer steps; -1 is unlimited.
+  int64_t max_steps = -1;
+  Limit limit_train_batches = 1.0;
+  Limit limit_val_batches = 1.0;
+  Limit limit_test_batches = 1.0;
+  Limit limit_predict_batches = 1.0;
+  /// Trains on this many batches, the same ones every epoch, and validates on
+  /// them too (0: off).
+  Limit overfit_batches = 0.0;
+  /// How often to validate within an epoch: a fraction of the epoch or every
+  /// N training batches.
+  Limit val_check_interval = 1.0;
+  /// Validates every N epochs (unset: only as val_check_interval says).
+  std::optional<int64_t> check_val_every_n_epoch = 1;
+  /// Validation batches run before training to catch bugs early (-1: all).
+  int64_t num_sanity_val_steps = 2;
+  /// Loggers receive step metrics every N training batches.
+  int64_t log_every_n_steps = 50;
+  /// Adds a default ModelCheckpoint when none is among `callbacks`.
+  bool enable_checkpointing = true;
+  /// Adds a ProgressBar when none is among `callbacks`.
+  bool enable_progress_bar = true;
+  /// Adds a ModelSummary when none is among `callbacks`.
+  bool enable_model_summary = true;
+  /// Sums gradients over N batches before each optimizer step.
+  int64_t accumulate_grad_batches = 1;
+  /// Clips gradients before each optimizer step (unset: no clipping).
+  std::optional<double> gradient_clip_val;
+  /// "norm" (the total 2-norm) or "value" (each element).
+  std::string gradient_clip_algorithm = "norm";
+  /// Asks LibTorch for deterministic algorithms during the loops.
+  bool deterministic = false;
+  /// Runs training steps under autograd's anomaly detection.
+  bool detect_anomaly = false;
+  /// Where logs and checkpoints go by default ("" is the working directory).
+  std::string default_root_dir;
+  /// Seeds LibTorch's generators when a loop starts.
+  std::optional<uint64_t> seed;
+};
+
+/// Converts options to JSON. Callbacks and loggers are left out.
+void to_json(nlohmann::json& json, const TrainerOptions& options);
+/// Fills options from a JSON object holding any subset of the option names.
+/// Throws ConfigError naming the key for an unknown key (listing the known
+/// ones) or an ill-typed value (naming the expected type).
+void from_json(const nlohmann::json& json, TrainerOptions& options);
+
+void to_json(nlohmann::json& json, const Limit& limit);
+void from_json(const nlohmann::json& json, Limit& limit);
+void to_json(nlohmann::json& json, const Devices& devices);
+void from_json(const nlohmann::json& json, Devices& devices);
+
+/// Sets one option from its textual form as typed on a command line
+/// (`max_epochs`, `"3"`). Throws ConfigError naming the key and the expected
+/// type when the key is unknown or the text does not parse.
+void set_option(TrainerOptions& options, const std::string& key, const std::string& value);
+
+/// The names of all options JSON and the command line accept, in declaration order.
+std::vector<std::string> trainer_option_names();
+
+}  // namespace fulgor

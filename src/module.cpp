@@ -1,0 +1,147 @@
+#include "fulgor/module.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "fulgor/error.h"
+
+namespace fulgor {
+
+void ModuleBase::log(const std::string& name, const torch::Tensor& value, LogOptions options) {
+  if (!value.defined() || value.numel() != 1)
+    throw ConfigError(fmt::format("log('{}', ...): expected a tensor with one element, got {}", name,
+                                  value.defined() ? fmt::format("shape [{}]", fmt::join(value.sizes(), ", ")) : "an undefined tensor"));
+  log(name, value.detach().item<double>(), options);
+}
+
+void ModuleBase::log(const std::string& name, double value, LogOptions options) {
+  if (sink_ == nullptr)
+    throw Error(fmt::format("log('{}', ...) was called on {} while no Trainer loop is running it", name,
+                            torch::nn::Module::name()));
+  sink_->log(name, value, options);
+}
+
+void ModuleBase::log_dict(const std::map<std::string, double>& values, LogOptions options) {
+  for (const auto& [name, value] : values) log(name, value, options);
+}
+
+Trainer& ModuleBase::trainer() const {
+  if (trainer_ == nullptr) throw Error(fmt::format("{} is not attached to a Trainer", torch::nn::Module::name()));
+  return *trainer_;
+}
+
+namespace detail {
+void throw_step_not_implemented(const ModuleBase& module, const char* step) {
+  throw ConfigError(fmt::format("{} does not override {}, which this loop needs", module.name(), step));
+}
+}  // namespace detail
+
+// ---- Schedulers -------------------------------------------------------------
+
+LRScheduler::LRScheduler(torch::optim::Optimizer& optimizer) : optimizer_(optimizer) {
+  for (auto& group : optimizer_.param_groups()) base_lrs_.push_back(group.options().get_lr());
+}
+
+void LRScheduler::step(std::optional<double>) {
+  ++last_epoch_;
+  apply(compute_lrs(last_epoch_));
+}
+
+std::vector<double> LRScheduler::get_last_lr() const {
+  std::vector<double> lrs;
+  for (auto& group : optimizer_.param_groups()) lrs.push_back(group.options().get_lr());
+  return lrs;
+}
+
+void LRScheduler::apply(const std::vector<double>& lrs) {
+  auto& groups = optimizer_.param_groups();
+  for (size_t i = 0; i < groups.size() && i < lrs.size(); ++i) groups[i].options().set_lr(lrs[i]);
+}
+
+nlohmann::json LRScheduler::state_dict() const { return {{"last_epoch", last_epoch_}, {"base_lrs", base_lrs_}}; }
+
+void LRScheduler::load_state_dict(const nlohmann::json& state) {
+  last_epoch_ = state.at("last_epoch").get<int64_t>();
+  base_lrs_ = state.at("base_lrs").get<std::vector<double>>();
+  apply(compute_lrs(last_epoch_));
+}
+
+StepLR::StepLR(torch::optim::Optimizer& optimizer, int64_t step_size, double gamma)
+    : LRScheduler(optimizer), step_size_(step_size), gamma_(gamma) {
+  if (step_size <= 0) throw ConfigError(fmt::format("StepLR: step_size must be positive, got {}", step_size));
+}
+
+std::vector<double> StepLR::compute_lrs(int64_t count) const {
+  std::vector<double> lrs;
+  for (double base : base_lrs_) lrs.push_back(base * std::pow(gamma_, static_cast<double>(count / step_size_)));
+  return lrs;
+}
+
+LambdaLR::LambdaLR(torch::optim::Optimizer& optimizer, std::function<double(int64_t)> factor)
+    : LRScheduler(optimizer), factor_(std::move(factor)) {
+  apply(compute_lrs(0));
+}
+
+std::vector<double> LambdaLR::compute_lrs(int64_t count) const {
+  std::vector<double> lrs;
+  for (double base : base_lrs_) lrs.push_back(base * factor_(count));
+  return lrs;
+}
+
+ReduceLROnPlateau::ReduceLROnPlateau(torch::optim::Optimizer& optimizer, PlateauOptions options)
+    : LRScheduler(optimizer), options_(std::move(options)) {
+  if (options_.mode != "min" && options_.mode != "max")
+    throw ConfigError(fmt::format("ReduceLROnPlateau: mode must be \"min\" or \"max\", got \"{}\"", options_.mode));
+  if (options_.factor >= 1.0)
+    throw ConfigError(fmt::format("ReduceLROnPlateau: factor must be below 1, got {}", options_.factor));
+  best_ = options_.mode == "min" ? std::numeric_limits<double>::infinity() : -std::numeric_limits<double>::infinity();
+}
+
+void ReduceLROnPlateau::step(std::optional<double> metric) {
+  if (!metric) throw ConfigError("ReduceLROnPlateau needs a monitored metric: set SchedulerConfig::monitor");
+  ++last_epoch_;
+  const double v = *metric;
+  const bool improved = options_.mode == "min" ? v < best_ * (1.0 - options_.threshold)
+                                               : v > best_ * (1.0 + options_.threshold);
+  if (improved) {
+    best_ = v;
+    num_bad_ = 0;
+  } else {
+    ++num_bad_;
+  }
+  if (cooldown_left_ > 0) {
+    --cooldown_left_;
+    num_bad_ = 0;
+  }
+  if (num_bad_ > options_.patience) {
+    std::vector<double> lrs = get_last_lr();
+    for (double& lr : lrs) lr = std::max(lr * options_.factor, options_.min_lr);
+    apply(lrs);
+    cooldown_left_ = options_.cooldown;
+    num_bad_ = 0;
+  }
+}
+
+std::vector<double> ReduceLROnPlateau::compute_lrs(int64_t) const { return get_last_lr(); }
+
+nlohmann::json ReduceLROnPlateau::state_dict() const {
+  nlohmann::json s = LRScheduler::state_dict();
+  // JSON has no infinity: the initial best is stored as null.
+  s["best"] = std::isfinite(best_) ? nlohmann::json(best_) : nlohmann::json(nullptr);
+  s["num_bad"] = num_bad_;
+  s["cooldown_left"] = cooldown_left_;
+  s["lrs"] = get_last_lr();
+  return s;
+}
+
+void ReduceLROnPlateau::load_state_dict(const nlohmann::json& state) {
+  last_epoch_ = state.at("last_epoch").get<int64_t>();
+  base_lrs_ = state.at("base_lrs").get<std::vector<double>>();
+  if (!state.at("best").is_null()) best_ = state.at("best").get<double>();
+  num_bad_ = state.at("num_bad").get<int64_t>();
+  cooldown_left_ = state.at("cooldown_left").get<int64_t>();
+  apply(state.at("lrs").get<std::vector<double>>());
+}
+
+}  // namespace fulgor

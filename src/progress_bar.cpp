@@ -1,0 +1,141 @@
+#include "fulgor/callbacks/progress_bar.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <iostream>
+#include <optional>
+
+#include "fulgor/trainer.h"
+
+namespace fulgor {
+namespace {
+
+std::string clock_text(double seconds) {
+  if (!(seconds >= 0) || seconds > 360000) return "--:--";
+  const auto s = static_cast<int64_t>(seconds + 0.5);
+  return s >= 3600 ? fmt::format("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
+                   : fmt::format("{:02}:{:02}", s / 60, s % 60);
+}
+
+}  // namespace
+
+ProgressBar::ProgressBar(std::ostream* out, int64_t refresh_lines)
+    : out_(out), terminal_(out == nullptr && ::isatty(STDOUT_FILENO) == 1), refresh_lines_(refresh_lines) {}
+
+std::ostream& ProgressBar::out() const { return out_ ? *out_ : std::cout; }
+
+std::string ProgressBar::metrics_text(const Trainer& trainer) const {
+  std::string text;
+  for (const auto& [name, value] : trainer.progress_bar_metrics()) text += fmt::format(" {}={:.4g}", name, value);
+  return text;
+}
+
+void ProgressBar::begin(const std::string& label) {
+  label_ = label;
+  start_ = last_draw_ = Clock::now();
+  next_line_ = 0;
+}
+
+void ProgressBar::update(Trainer& trainer, int64_t done, std::optional<int64_t> total, bool final) {
+  const auto now = Clock::now();
+  const double elapsed = std::chrono::duration<double>(now - start_).count();
+  const double rate = elapsed > 0 ? static_cast<double>(done) / elapsed : 0.0;
+  if (terminal_) {
+    // Redrawing costs a write per batch; ten a second is enough to look live.
+    if (!final && now - last_draw_ < std::chrono::milliseconds(100)) return;
+    last_draw_ = now;
+    std::string bar;
+    if (total && *total > 0) {
+      const int width = 25;
+      const auto filled = static_cast<int>(width * std::min<int64_t>(done, *total) / *total);
+      bar = fmt::format(" [{}{}] {}/{}", std::string(filled, '='), std::string(width - filled, ' '), done, *total);
+    } else {
+      bar = fmt::format(" {}", done);
+    }
+    const std::string eta = total && rate > 0 ? clock_text(static_cast<double>(*total - done) / rate) : "--:--";
+    out() << "\r\033[K" << label_ << bar << fmt::format(" {:.1f}it/s ETA {} elapsed {}", rate, eta, clock_text(elapsed))
+          << metrics_text(trainer);
+    if (final) out() << "\n";
+    out() << std::flush;
+    return;
+  }
+  // Plain lines: every refresh_lines percent of a known length, else every 50 batches.
+  bool due = final;
+  if (!due && total && *total > 0 && refresh_lines_ > 0) {
+    const int64_t step = std::max<int64_t>(1, *total * refresh_lines_ / 100);
+    due = done >= next_line_ + step;
+    if (due) next_line_ = done;
+  } else if (!due && !total) {
+    due = done % 50 == 0;
+  }
+  if (!due) return;
+  out() << label_ << (total ? fmt::format(" {}/{}", done, *total) : fmt::format(" {}", done))
+        << fmt::format(" {:.1f}it/s elapsed {}", rate, clock_text(elapsed))
+        << (total && rate > 0 && !final ? " ETA " + clock_text(static_cast<double>(*total - done) / rate) : "")
+        << metrics_text(trainer) << "\n"
+        << std::flush;
+}
+
+void ProgressBar::on_train_epoch_start(Trainer& trainer, ModuleBase&) {
+  const int64_t max = trainer.max_epochs();
+  begin(max > 0 ? fmt::format("Epoch {}/{}", trainer.current_epoch() + 1, max)
+                : fmt::format("Epoch {}", trainer.current_epoch() + 1));
+  // A resumed epoch starts part-way.
+  next_line_ = trainer.batches_in_epoch();
+}
+
+void ProgressBar::on_train_batch_end(Trainer& trainer, ModuleBase&, const torch::Tensor&, int64_t) {
+  update(trainer, trainer.batches_in_epoch(), trainer.num_training_batches(), false);
+}
+
+void ProgressBar::on_train_epoch_end(Trainer& trainer, ModuleBase&) {
+  update(trainer, trainer.batches_in_epoch(), trainer.num_training_batches(), true);
+}
+
+void ProgressBar::on_validation_start(Trainer& trainer, ModuleBase&) {
+  in_eval_during_fit_ = trainer.stage() == "fit";
+  if (!in_eval_during_fit_) begin("Validation");
+}
+
+void ProgressBar::on_validation_batch_end(Trainer& trainer, ModuleBase&, int64_t batch_idx) {
+  // Inside fit, validation shows only on a terminal, briefly, over the epoch line.
+  if (in_eval_during_fit_ && !terminal_) return;
+  if (in_eval_during_fit_) {
+    const auto now = Clock::now();
+    if (now - last_draw_ < std::chrono::milliseconds(100)) return;
+    last_draw_ = now;
+    const auto total = trainer.num_eval_batches();
+    out() << "\r\033[K" << label_ << " validating " << (batch_idx + 1)
+          << (total ? fmt::format("/{}", *total) : std::string()) << std::flush;
+    return;
+  }
+  update(trainer, batch_idx + 1, trainer.num_eval_batches(), false);
+}
+
+void ProgressBar::on_validation_end(Trainer& trainer, ModuleBase&) {
+  if (!in_eval_during_fit_) out() << "Validation done" << metrics_text(trainer) << "\n" << std::flush;
+  in_eval_during_fit_ = false;
+}
+
+void ProgressBar::on_test_start(Trainer&, ModuleBase&) { begin("Testing"); }
+
+void ProgressBar::on_test_batch_end(Trainer& trainer, ModuleBase&, int64_t batch_idx) {
+  update(trainer, batch_idx + 1, trainer.num_eval_batches(), false);
+}
+
+void ProgressBar::on_test_end(Trainer& trainer, ModuleBase&) {
+  out() << (terminal_ ? "\r\033[K" : "") << "Testing done" << metrics_text(trainer) << "\n" << std::flush;
+}
+
+void ProgressBar::on_predict_start(Trainer&, ModuleBase&) { begin("Predicting"); }
+
+void ProgressBar::on_predict_batch_end(Trainer& trainer, ModuleBase&, int64_t batch_idx) {
+  update(trainer, batch_idx + 1, trainer.num_eval_batches(), false);
+}
+
+void ProgressBar::on_predict_end(Trainer&, ModuleBase&) {
+  if (terminal_) out() << "\n" << std::flush;
+}
+
+}  // namespace fulgor

@@ -1,0 +1,1048 @@
+#include "fulgor/trainer.h"
+
+#include <ATen/Context.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
+#include <torch/torch.h>
+#include <torch/version.h>
+
+#include <algorithm>
+#include <csignal>
+#include <cmath>
+#include <filesystem>
+#include <functional>
+
+#include "fulgor/callbacks/model_checkpoint.h"
+#include "fulgor/callbacks/model_summary.h"
+#include "fulgor/callbacks/progress_bar.h"
+#include "fulgor/checkpoint.h"
+#include "fulgor/registry.h"
+#include "fulgor/version.h"
+#include "signals.h"
+
+namespace fulgor {
+
+std::string to_string(StopReason reason) {
+  switch (reason) {
+    case StopReason::max_epochs:
+      return "max_epochs";
+    case StopReason::max_steps:
+      return "max_steps";
+    case StopReason::requested:
+      return "requested";
+    case StopReason::signal:
+      return "signal";
+  }
+  return "unknown";
+}
+
+namespace detail {
+
+struct ModuleAccess {
+  static void attach(ModuleBase& module, MetricSink* sink, Trainer* trainer) {
+    module.sink_ = sink;
+    module.trainer_ = trainer;
+  }
+};
+
+namespace {
+
+constexpr const char* kFormat = "fulgor-checkpoint";
+constexpr int kFormatVersion = 1;
+
+// Which defaults log() applies, by the hook that calls it.
+enum class LogContext { none, train_step, eval_step };
+
+struct Accumulator {
+  double sum = 0, weight = 0, extreme = 0;
+  bool any = false, both = false;
+  LogOptions options;
+};
+
+torch::Tensor cpu_rng_state() {
+  auto generator = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  return generator.get_state();
+}
+
+void set_cpu_rng_state(const torch::Tensor& state) {
+  auto generator = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  generator.set_state(state);
+}
+
+// Optimizer state read from a checkpoint lives on the CPU; LibTorch's
+// optimizers keep it in typed structs, so the known ones are moved here.
+void move_optimizer_state(torch::optim::Optimizer& optimizer, const Accelerator& accelerator, torch::Device device) {
+  auto mv = [&](const torch::Tensor& t) {
+    return t.defined() && t.device() != device ? accelerator.move_tensor(t, device, false) : t;
+  };
+  for (auto& entry : optimizer.state()) {
+    auto* state = entry.second.get();
+    if (auto* s = dynamic_cast<torch::optim::SGDParamState*>(state)) {
+      s->momentum_buffer(mv(s->momentum_buffer()));
+    } else if (auto* s = dynamic_cast<torch::optim::AdamParamState*>(state)) {
+      s->exp_avg(mv(s->exp_avg()));
+      s->exp_avg_sq(mv(s->exp_avg_sq()));
+      s->max_exp_avg_sq(mv(s->max_exp_avg_sq()));
+    } else if (auto* s = dynamic_cast<torch::optim::AdamWParamState*>(state)) {
+      s->exp_avg(mv(s->exp_avg()));
+      s->exp_avg_sq(mv(s->exp_avg_sq()));
+      s->max_exp_avg_sq(mv(s->max_exp_avg_sq()));
+    } else if (auto* s = dynamic_cast<torch::optim::RMSpropParamState*>(state)) {
+      s->square_avg(mv(s->square_avg()));
+      s->momentum_buffer(mv(s->momentum_buffer()));
+      s->grad_avg(mv(s->grad_avg()));
+    } else if (auto* s = dynamic_cast<torch::optim::AdagradParamState*>(state)) {
+      s->sum(mv(s->sum()));
+    }
+  }
+}
+
+void check_limit(const Limit& limit, const char* name) {
+  if (limit.is_count() ? limit.count() < 0 : (limit.fraction() < 0 || limit.fraction() > 1))
+    throw ConfigError(fmt::format("{}={}: expected a batch count >= 0 or a fraction in [0.0, 1.0]", name, limit.str()));
+}
+
+void check_options(const TrainerOptions& o) {
+  if (o.strategy != "auto" && o.strategy != "single_device")
+    throw ConfigError(fmt::format("unknown strategy '{}'; known strategies: auto, single_device", o.strategy));
+  static const std::vector<std::string> known_precisions = {
+      "32-true", "32", "64-true", "64", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "16", "bf16",
+      "transformer-engine", "transformer-engine-float16"};
+  if (o.precision != "32-true" && o.precision != "32") {
+    if (std::find(known_precisions.begin(), known_precisions.end(), o.precision) == known_precisions.end())
+      throw ConfigError(fmt::format("unknown precision '{}'; known precisions: {}", o.precision,
+                                    fmt::join(known_precisions, ", ")));
+    throw ConfigError(fmt::format("precision '{}' is not supported yet; supported: 32-true (also written 32)",
+                                  o.precision));
+  }
+  auto at_least = [](int64_t value, int64_t min, const char* name) {
+    if (value < min) throw ConfigError(fmt::format("{}={}: expected an integer >= {}", name, value, min));
+  };
+  if (o.max_epochs) at_least(*o.max_epochs, -1, "max_epochs");
+  if (o.min_epochs) at_least(*o.min_epochs, 0, "min_epochs");
+  at_least(o.max_steps, -1, "max_steps");
+  at_least(o.fast_dev_run, 0, "fast_dev_run");
+  at_least(o.num_sanity_val_steps, -1, "num_sanity_val_steps");
+  at_least(o.log_every_n_steps, 1, "log_every_n_steps");
+  at_least(o.accumulate_grad_batches, 1, "accumulate_grad_batches");
+  if (o.check_val_every_n_epoch) at_least(*o.check_val_every_n_epoch, 1, "check_val_every_n_epoch");
+  check_limit(o.limit_train_batches, "limit_train_batches");
+  check_limit(o.limit_val_batches, "limit_val_batches");
+  check_limit(o.limit_test_batches, "limit_test_batches");
+  check_limit(o.limit_predict_batches, "limit_predict_batches");
+  check_limit(o.overfit_batches, "overfit_batches");
+  check_limit(o.val_check_interval, "val_check_interval");
+  if (o.val_check_interval.is_count() ? o.val_check_interval.count() < 1 : o.val_check_interval.fraction() <= 0)
+    throw ConfigError(fmt::format("val_check_interval={}: expected a batch count >= 1 or a fraction in (0.0, 1.0]",
+                                  o.val_check_interval.str()));
+  if (o.gradient_clip_algorithm != "norm" && o.gradient_clip_algorithm != "value")
+    throw ConfigError(fmt::format("unknown gradient_clip_algorithm '{}'; known: norm, value", o.gradient_clip_algorithm));
+  if (o.gradient_clip_val && !(*o.gradient_clip_val >= 0))
+    throw ConfigError(fmt::format("gradient_clip_val={}: expected a number >= 0", *o.gradient_clip_val));
+}
+
+}  // namespace
+
+struct LoadedCheckpoint {
+  std::string path;
+  torch::serialize::InputArchive archive;
+  nlohmann::json meta;
+};
+
+struct TrainerState final : MetricSink {
+  TrainerState(Trainer& owner, TrainerOptions opts) : trainer(owner), options(std::move(opts)) {}
+
+  Trainer& trainer;
+  TrainerOptions options;
+  std::vector<std::shared_ptr<Callback>> callbacks;
+  std::vector<std::shared_ptr<Logger>> loggers;
+  std::unique_ptr<Accelerator> accelerator;
+  std::optional<torch::Device> device;
+  ModuleBase* module = nullptr;
+  OptimizerConfig optim;
+
+  // Progress.
+  int64_t epoch = 0, global_step = 0, batches_in_epoch = 0, total_train_batches = 0;
+  bool epoch_finished = false;
+  std::optional<int64_t> train_batches;
+  int64_t max_epochs = -1;
+  std::string stage, loop;
+  bool sanity = false;
+  bool should_stop = false;
+  std::string stop_reason;
+  torch::Tensor rng_epoch_start;
+
+  // Metrics.
+  LogContext context = LogContext::none;
+  int64_t current_batch_size = -1;
+  std::map<std::string, double> callback_metrics, logged_metrics, progress_bar_metrics, pending_step;
+  std::map<std::string, Accumulator> train_accumulators, eval_accumulators;
+
+  // ---- Hooks ----------------------------------------------------------------
+  template <typename F>
+  void each_callback(F&& f) {
+    for (auto& cb : callbacks) f(*cb);
+  }
+
+  // ---- Logging --------------------------------------------------------------
+  void log(const std::string& name, double value, const LogOptions& o) override {
+    if (sanity || loop == "predict") return;
+    if (context == LogContext::none) {
+      record_now({{name, value}}, o.prog_bar, o.logger);
+      return;
+    }
+    const bool step_default = context == LogContext::train_step;
+    const bool on_step = o.on_step.value_or(step_default), on_epoch = o.on_epoch.value_or(!step_default);
+    if (on_step) {
+      const std::string step_name = on_epoch ? name + "_step" : name;
+      callback_metrics[step_name] = value;
+      if (on_epoch) callback_metrics[name] = value;
+      if (o.prog_bar) progress_bar_metrics[step_name] = value;
+      if (o.logger) pending_step[step_name] = value;
+    }
+    if (on_epoch) {
+      auto& acc = (loop == "train" ? train_accumulators : eval_accumulators)[name];
+      const double weight = static_cast<double>(
+          o.batch_size.value_or(current_batch_size > 0 ? current_batch_size : 1));
+      switch (o.reduce) {
+        case Reduce::mean:
+          acc.sum += value * weight;
+          acc.weight += weight;
+          break;
+        case Reduce::sum:
+          acc.sum += value;
+          break;
+        case Reduce::max:
+          acc.extreme = acc.any ? std::max(acc.extreme, value) : value;
+          break;
+        case Reduce::min:
+          acc.extreme = acc.any ? std::min(acc.extreme, value) : value;
+          break;
+      }
+      acc.any = true;
+      acc.both = on_step;
+      acc.options = o;
+    }
+  }
+
+  void send_to_loggers(std::map<std::string, double> metrics) {
+    if (metrics.empty()) return;
+    for (const auto& [k, v] : metrics) logged_metrics[k] = v;
+    metrics["epoch"] = static_cast<double>(epoch);
+    for (auto& logger : loggers) logger->log_metrics(metrics, global_step);
+  }
+
+  void record_now(const std::map<std::string, double>& metrics, bool prog_bar, bool logger) {
+    for (const auto& [k, v] : metrics) {
+      callback_metrics[k] = v;
+      if (prog_bar) progress_bar_metrics[k] = v;
+    }
+    if (logger) send_to_loggers(metrics);
+  }
+
+  // Sends the step values logged in the last batch when the interval says so.
+  void flush_step_logs(bool due) {
+    if (due) send_to_loggers(pending_step);
+    pending_step.clear();
+  }
+
+  std::map<std::string, double> aggregate(std::map<std::string, Accumulator>& accumulators) {
+    std::map<std::string, double> result, to_log;
+    for (const auto& [name, acc] : accumulators) {
+      if (!acc.any) continue;
+      double value = acc.options.reduce == Reduce::mean  ? (acc.weight > 0 ? acc.sum / acc.weight : 0.0)
+                     : acc.options.reduce == Reduce::sum ? acc.sum
+                                                         : acc.extreme;
+      const std::string epoch_name = acc.both ? name + "_epoch" : name;
+      callback_metrics[epoch_name] = value;
+      if (acc.both) callback_metrics[name] = value;
+      if (acc.options.prog_bar) progress_bar_metrics[epoch_name] = value;
+      if (acc.options.logger) to_log[epoch_name] = value;
+      result[epoch_name] = value;
+    }
+    accumulators.clear();
+    send_to_loggers(to_log);
+    return result;
+  }
+
+  // ---- Setup ----------------------------------------------------------------
+  int64_t resolved_max_epochs() const {
+    if (options.fast_dev_run > 0) return 1;
+    if (options.max_epochs) return *options.max_epochs;
+    return options.max_steps == -1 ? 1000 : -1;
+  }
+
+  void begin(const std::string& name) {
+    check_options(options);
+    accelerator = make_accelerator(options.accelerator);
+    auto devices = accelerator->parse_devices(options.devices);
+    if (devices.size() != 1) {
+      throw ConfigError(fmt::format(
+          "devices={} selects {} devices of accelerator '{}', but strategy '{}' runs on one device; multi-device "
+          "strategies (ddp) are not available yet: use devices=1",
+          options.devices.str(), devices.size(), accelerator->name(), options.strategy));
+    }
+    auto supported = accelerator->supported_precisions();
+    if (std::find(supported.begin(), supported.end(), "32-true") == supported.end())
+      throw ConfigError(fmt::format("accelerator '{}' does not support precision 32-true; it supports: {}",
+                                    accelerator->name(), fmt::join(supported, ", ")));
+    device = devices.front();
+    stage = name;
+    should_stop = false;
+    stop_reason.clear();
+    callback_metrics.clear();
+    progress_bar_metrics.clear();
+    max_epochs = resolved_max_epochs();
+  }
+
+  void attach(ModuleBase& model) {
+    module = &model;
+    accelerator->setup_device(*device);
+    if (options.seed) torch::manual_seed(*options.seed);
+    accelerator->move_module(model, *device);
+    ModuleAccess::attach(model, this, &trainer);
+  }
+
+  void end() {
+    if (module) ModuleAccess::attach(*module, nullptr, &trainer);
+    loop.clear();
+    context = LogContext::none;
+    if (accelerator) accelerator->teardown();
+  }
+
+  std::optional<int64_t> eval_limit(Stage s, const StepRunner& runner) const {
+    if (options.fast_dev_run > 0) return options.fast_dev_run;
+    const Limit& limit = s == Stage::validate ? (options.overfit_batches.of(std::nullopt) != 0 ? options.overfit_batches
+                                                                                               : options.limit_val_batches)
+                         : s == Stage::test   ? options.limit_test_batches
+                                              : options.limit_predict_batches;
+    return resolve_limit(limit, runner, s == Stage::validate ? "limit_val_batches"
+                                        : s == Stage::test   ? "limit_test_batches"
+                                                             : "limit_predict_batches");
+  }
+
+  static std::optional<int64_t> resolve_limit(const Limit& limit, const StepRunner& runner, const char* name) {
+    auto n = limit.of(runner.length());
+    if (!n && !limit.is_all())
+      throw ConfigError(fmt::format("{}={} is a fraction, but the loader does not tell its length: give a count of "
+                                    "batches, or make the loader with fulgor::make_data_loader",
+                                    name, limit.str()));
+    return n;
+  }
+
+  // ---- Checkpoints ----------------------------------------------------------
+  std::string resolve_checkpoint(const std::string& path) const {
+    namespace fs = std::filesystem;
+    if (path == "best") {
+      auto* mc = trainer.checkpoint_callback();
+      if (!mc || mc->best_model_path().empty())
+        throw CheckpointError("ckpt_path=\"best\": no ModelCheckpoint has saved a best checkpoint in this Trainer");
+      return mc->best_model_path();
+    }
+    if (path != "last") return path;
+    const fs::path dir = trainer.checkpoint_dir();
+    if (fs::exists(dir / "last.ckpt")) return (dir / "last.ckpt").string();
+    std::error_code ec;
+    std::optional<fs::path> newest;
+    fs::file_time_type newest_time;
+    for (const auto& entry : fs::directory_iterator(dir, ec)) {
+      if (entry.path().extension() != ".ckpt" || !entry.is_regular_file()) continue;
+      auto t = entry.last_write_time();
+      if (!newest || t > newest_time) newest = entry.path(), newest_time = t;
+    }
+    if (!newest)
+      throw CheckpointError(fmt::format("ckpt_path=\"last\": no checkpoint in '{}'", dir.string()));
+    return newest->string();
+  }
+
+  LoadedCheckpoint read_checkpoint(const std::string& requested) const {
+    LoadedCheckpoint ckpt;
+    ckpt.path = resolve_checkpoint(requested);
+    ckpt.archive = read_checkpoint_file(ckpt.path);
+    ckpt.meta = read_checkpoint_meta_from(ckpt.archive, ckpt.path);
+    return ckpt;
+  }
+
+  static nlohmann::json read_checkpoint_meta_from(torch::serialize::InputArchive& archive, const std::string& path) {
+    c10::IValue meta;
+    if (!archive.try_read("meta", meta) || !meta.isString())
+      throw CheckpointError(fmt::format("checkpoint '{}' has no metadata entry", path));
+    auto json = nlohmann::json::parse(meta.toStringRef(), nullptr, /*allow_exceptions=*/false);
+    if (json.is_discarded() || !json.is_object() || json.value("format", "") != kFormat)
+      throw CheckpointError(fmt::format("'{}' is not a fulgor training checkpoint (its metadata has no format \"{}\")",
+                                        path, kFormat));
+    if (json.value("format_version", 0) != kFormatVersion)
+      throw CheckpointError(fmt::format("checkpoint '{}' has format version {}; this fulgor reads version {}", path,
+                                        json.value("format_version", 0), kFormatVersion));
+    return json;
+  }
+
+  void load_weights(LoadedCheckpoint& ckpt) {
+    torch::serialize::InputArchive model_archive;
+    if (!ckpt.archive.try_read("model", model_archive))
+      throw CheckpointError(fmt::format("checkpoint '{}' has no model state", ckpt.path));
+    load_module_state(*module, model_archive, ckpt.path);
+  }
+
+  // Restores everything but the generators, which restore_rng sets when the
+  // first epoch begins.
+  void restore(LoadedCheckpoint& ckpt) {
+    const auto& meta = ckpt.meta;
+    load_weights(ckpt);
+    const auto n_optimizers = meta.at("optimizers").get<size_t>();
+    if (n_optimizers != optim.optimizers.size())
+      throw CheckpointError(fmt::format("checkpoint '{}' holds {} optimizer states; configure_optimizers returned {}",
+                                        ckpt.path, n_optimizers, optim.optimizers.size()));
+    for (size_t i = 0; i < n_optimizers; ++i) {
+      torch::serialize::InputArchive archive;
+      try {
+        ckpt.archive.read("optimizer_" + std::to_string(i), archive);
+        optim.optimizers[i]->load(archive);
+      } catch (const c10::Error& e) {
+        throw CheckpointError(fmt::format("checkpoint '{}': optimizer {} state does not fit: {}", ckpt.path, i,
+                                          e.what_without_backtrace()));
+      }
+      move_optimizer_state(*optim.optimizers[i], *accelerator, *device);
+    }
+    const auto& schedulers = meta.at("schedulers");
+    if (schedulers.size() != optim.schedulers.size())
+      throw CheckpointError(fmt::format("checkpoint '{}' holds {} scheduler states; configure_optimizers returned {}",
+                                        ckpt.path, schedulers.size(), optim.schedulers.size()));
+    for (size_t i = 0; i < schedulers.size(); ++i) optim.schedulers[i].scheduler->load_state_dict(schedulers[i]);
+    const auto& loop_state = meta.at("loop");
+    epoch = loop_state.at("epoch").get<int64_t>();
+    global_step = loop_state.at("global_step").get<int64_t>();
+    batches_in_epoch = loop_state.at("batches_in_epoch").get<int64_t>();
+    epoch_finished = loop_state.at("epoch_finished").get<bool>();
+    total_train_batches = loop_state.at("total_train_batches").get<int64_t>();
+    const auto& states = meta.at("callbacks");
+    for (auto& cb : callbacks) {
+      auto it = states.find(cb->state_key());
+      if (it != states.end()) cb->load_state_dict(*it);
+      cb->on_load_checkpoint(trainer, *module, meta);
+    }
+    module->on_load_checkpoint(meta.at("module"));
+  }
+
+  void restore_rng(LoadedCheckpoint& ckpt, const char* cpu_key) {
+    torch::Tensor state;
+    if (ckpt.archive.try_read(cpu_key, state)) set_cpu_rng_state(state);
+    torch::Tensor device_state;
+    if (std::string(cpu_key) == "rng_cpu" && ckpt.archive.try_read("rng_device", device_state))
+      accelerator->set_rng_state(*device, device_state);
+  }
+
+  void save_checkpoint(const std::string& path) {
+    if (!module) throw Error(fmt::format("save_checkpoint('{}'): this Trainer has not fitted a module", path));
+    nlohmann::json meta;
+    meta["format"] = kFormat;
+    meta["format_version"] = kFormatVersion;
+    meta["fulgor_version"] = fulgor::version();
+    meta["torch_version"] = TORCH_VERSION;
+    meta["accelerator"] = accelerator ? accelerator->name() : "";
+    meta["loop"] = {{"epoch", epoch},
+                    {"global_step", global_step},
+                    {"batches_in_epoch", batches_in_epoch},
+                    {"epoch_finished", epoch_finished},
+                    {"total_train_batches", total_train_batches}};
+    meta["optimizers"] = optim.optimizers.size();
+    meta["schedulers"] = nlohmann::json::array();
+    for (const auto& s : optim.schedulers) meta["schedulers"].push_back(s.scheduler->state_dict());
+    meta["hparams"] = module->hparams();
+    meta["module"] = nlohmann::json::object();
+    module->on_save_checkpoint(meta["module"]);
+    meta["callbacks"] = nlohmann::json::object();
+    for (auto& cb : callbacks) {
+      auto state = cb->state_dict();
+      if (!state.is_null()) meta["callbacks"][cb->state_key()] = state;
+      cb->on_save_checkpoint(trainer, *module, meta);
+    }
+    torch::serialize::OutputArchive archive;
+    archive.write("meta", c10::IValue(meta.dump()));
+    torch::serialize::OutputArchive model_archive;
+    module->save(model_archive);
+    archive.write("model", model_archive);
+    for (size_t i = 0; i < optim.optimizers.size(); ++i) {
+      torch::serialize::OutputArchive o;
+      optim.optimizers[i]->save(o);
+      archive.write("optimizer_" + std::to_string(i), o);
+    }
+    archive.write("rng_cpu", cpu_rng_state());
+    if (accelerator && device) {
+      torch::Tensor device_state = accelerator->get_rng_state(*device);
+      if (device_state.defined()) archive.write("rng_device", device_state);
+    }
+    if (rng_epoch_start.defined()) archive.write("rng_epoch_start", rng_epoch_start);
+    write_checkpoint_file(path, archive);
+  }
+
+  // ---- Loops ----------------------------------------------------------------
+  double monitored(const SchedulerConfig& config, bool& found) const {
+    auto it = callback_metrics.find(config.monitor);
+    found = it != callback_metrics.end();
+    if (!found && config.strict) {
+      std::vector<std::string> names;
+      for (const auto& [k, v] : callback_metrics) names.push_back(k);
+      throw ConfigError(fmt::format("the scheduler monitors '{}', which was not logged; logged metrics: {}",
+                                    config.monitor, names.empty() ? "none" : fmt::format("{}", fmt::join(names, ", "))));
+    }
+    return found ? it->second : 0.0;
+  }
+
+  void step_schedulers(Interval interval, int64_t count) {
+    for (auto& config : optim.schedulers) {
+      if (config.interval != interval || count % config.frequency != 0) continue;
+      if (config.monitor.empty()) {
+        config.scheduler->step();
+        continue;
+      }
+      bool found = false;
+      double value = monitored(config, found);
+      if (found) config.scheduler->step(value);
+    }
+  }
+
+  void optimizer_step() {
+    for (auto& optimizer : optim.optimizers) {
+      each_callback([&](Callback& cb) { cb.on_before_optimizer_step(trainer, *module, *optimizer); });
+      module->on_before_optimizer_step(*optimizer);
+      if (options.gradient_clip_val) {
+        std::vector<torch::Tensor> params;
+        for (auto& group : optimizer->param_groups())
+          for (auto& p : group.params())
+            if (p.grad().defined()) params.push_back(p);
+        if (options.gradient_clip_algorithm == "norm")
+          torch::nn::utils::clip_grad_norm_(params, *options.gradient_clip_val);
+        else
+          torch::nn::utils::clip_grad_value_(params, *options.gradient_clip_val);
+      }
+      optimizer->step();
+      module->on_before_zero_grad(*optimizer);
+      optimizer->zero_grad();
+    }
+    ++global_step;
+    step_schedulers(Interval::step, global_step);
+  }
+
+  void eval_batches(StepRunner& runner, Stage s, std::optional<int64_t> limit, std::vector<torch::Tensor>* outputs) {
+    runner.start_epoch();
+    for (int64_t i = 0; !limit || i < *limit; ++i) {
+      if (!runner.next(true)) break;
+      current_batch_size = runner.batch_size();
+      context = LogContext::eval_step;
+      torch::Tensor out = runner.step(s, i);
+      if (outputs) outputs->push_back(out);
+      switch (s) {
+        case Stage::validate:
+          module->on_validation_batch_end(i);
+          if (!sanity) each_callback([&](Callback& cb) { cb.on_validation_batch_end(trainer, *module, i); });
+          break;
+        case Stage::test:
+          module->on_test_batch_end(i);
+          each_callback([&](Callback& cb) { cb.on_test_batch_end(trainer, *module, i); });
+          break;
+        case Stage::predict:
+          each_callback([&](Callback& cb) { cb.on_predict_batch_end(trainer, *module, i); });
+          break;
+        case Stage::train:
+          break;
+      }
+      flush_step_logs(true);
+      context = LogContext::none;
+    }
+  }
+
+  // One validation run inside fit (or the sanity check).
+  void validation_run(StepRunner& runner, std::optional<int64_t> limit) {
+    const bool was_training = module->is_training();
+    const std::string previous_loop = loop;
+    loop = sanity ? "sanity_check" : "validate";
+    eval_batches_count = limit;
+    module->eval();
+    {
+      torch::NoGradGuard no_grad;
+      if (!sanity) {
+        each_callback([&](Callback& cb) { cb.on_validation_start(trainer, *module); });
+        each_callback([&](Callback& cb) { cb.on_validation_epoch_start(trainer, *module); });
+      }
+      module->on_validation_epoch_start();
+      eval_batches(runner, Stage::validate, limit, nullptr);
+      module->on_validation_epoch_end();
+      if (!sanity) {
+        each_callback([&](Callback& cb) { cb.on_validation_epoch_end(trainer, *module); });
+        aggregate(eval_accumulators);
+        each_callback([&](Callback& cb) { cb.on_validation_end(trainer, *module); });
+      }
+      eval_accumulators.clear();
+    }
+    module->train(was_training);
+    loop = previous_loop;
+  }
+
+  std::optional<int64_t> eval_batches_count;
+};
+
+}  // namespace detail
+
+using detail::LogContext;
+using detail::Stage;
+
+Trainer::Trainer(TrainerOptions options) : state_(std::make_unique<detail::TrainerState>(*this, std::move(options))) {
+  auto& s = *state_;
+  const auto& o = s.options;
+  auto has = [&](auto* probe) {
+    using T = std::remove_pointer_t<decltype(probe)>;
+    return std::any_of(o.callbacks.begin(), o.callbacks.end(),
+                       [](const auto& cb) { return dynamic_cast<T*>(cb.get()) != nullptr; });
+  };
+  if (o.enable_model_summary && !has(static_cast<ModelSummary*>(nullptr)))
+    s.callbacks.push_back(std::make_shared<ModelSummary>());
+  if (o.enable_progress_bar && !has(static_cast<ProgressBar*>(nullptr)))
+    s.callbacks.push_back(std::make_shared<ProgressBar>());
+  // Checkpointing callbacks go last, so that they save what the others did.
+  for (const auto& cb : o.callbacks)
+    if (!dynamic_cast<ModelCheckpoint*>(cb.get())) s.callbacks.push_back(cb);
+  for (const auto& cb : o.callbacks)
+    if (dynamic_cast<ModelCheckpoint*>(cb.get())) s.callbacks.push_back(cb);
+  if (o.enable_checkpointing && o.fast_dev_run == 0 && !has(static_cast<ModelCheckpoint*>(nullptr)))
+    s.callbacks.push_back(std::make_shared<ModelCheckpoint>());
+  if (o.fast_dev_run == 0) {
+    s.loggers = o.loggers;
+    if (s.loggers.empty() && o.logger)
+      s.loggers.push_back(std::make_shared<CSVLogger>(default_root_dir()));
+  }
+}
+
+Trainer::~Trainer() = default;
+
+FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail::StepRunner* val,
+                           const FitOptions& fit_options) {
+  auto& s = *state_;
+  const auto& o = s.options;
+  s.begin("fit");
+  // Read the checkpoint before anything is written, so a bad one changes nothing.
+  std::optional<detail::LoadedCheckpoint> ckpt;
+  if (!fit_options.ckpt_path.empty()) ckpt = s.read_checkpoint(fit_options.ckpt_path);
+
+  struct Scope {
+    detail::TrainerState& s;
+    bool deterministic;
+    ~Scope() {
+      s.end();
+      at::globalContext().setDeterministicAlgorithms(deterministic, false);
+    }
+  } scope{s, at::globalContext().deterministicAlgorithms()};
+  if (o.deterministic) at::globalContext().setDeterministicAlgorithms(true, false);
+
+  FitResult result;
+  try {
+    s.attach(model);
+    s.optim = model.configure_optimizers();
+    if (s.optim.optimizers.empty() || !s.optim.optimizers.front())
+      throw ConfigError(fmt::format("{}::configure_optimizers returned no optimizer", model.name()));
+    for (const auto& sc : s.optim.schedulers) {
+      if (!sc.scheduler) throw ConfigError("configure_optimizers returned a SchedulerConfig without a scheduler");
+      if (sc.frequency < 1) throw ConfigError(fmt::format("scheduler frequency={}: expected >= 1", sc.frequency));
+      if (sc.scheduler->needs_metric() && sc.monitor.empty())
+        throw ConfigError("configure_optimizers returned a scheduler that needs a metric, without `monitor`");
+    }
+    s.epoch = s.global_step = s.batches_in_epoch = s.total_train_batches = 0;
+    s.epoch_finished = false;
+    s.rng_epoch_start = torch::Tensor();
+    if (ckpt) s.restore(*ckpt);
+    train.bind(*s.accelerator, *s.device);
+    if (val) val->bind(*s.accelerator, *s.device);
+
+    // Batches per epoch.
+    if (o.fast_dev_run > 0) {
+      s.train_batches = train.length() ? std::min(o.fast_dev_run, *train.length()) : o.fast_dev_run;
+    } else if (o.overfit_batches.of(std::nullopt) != 0) {
+      s.train_batches = detail::TrainerState::resolve_limit(o.overfit_batches, train, "overfit_batches");
+      train.cache_first(*s.train_batches);
+    } else {
+      s.train_batches = detail::TrainerState::resolve_limit(o.limit_train_batches, train, "limit_train_batches");
+    }
+    // overfit_batches validates on the training batches.
+    detail::StepRunner* val_runner = o.overfit_batches.of(std::nullopt) != 0 && o.fast_dev_run == 0 ? &train : val;
+    std::optional<int64_t> val_limit;
+    if (val_runner) val_limit = s.eval_limit(Stage::validate, *val_runner);
+    if (val_runner == &train) val_limit = s.train_batches;
+    const bool validating = val_runner && val_limit != 0;
+    std::optional<int64_t> val_every;  // validate after every N training batches
+    const Limit& vci = o.fast_dev_run > 0 ? Limit(1.0) : o.val_check_interval;
+    if (validating) {
+      if (vci.is_count()) {
+        val_every = vci.count();
+      } else if (!vci.is_all()) {
+        if (!s.train_batches)
+          throw ConfigError(fmt::format("val_check_interval={} is a fraction, but the training loader does not tell "
+                                        "its length: give a count of batches, or make the loader with "
+                                        "fulgor::make_data_loader",
+                                        vci.str()));
+        val_every = std::max<int64_t>(1, static_cast<int64_t>(std::floor(*s.train_batches * vci.fraction())));
+      }
+    }
+    auto validation_due = [&](int64_t done_in_epoch, bool epoch_end) {
+      if (!validating) return false;
+      if (o.fast_dev_run == 0 && o.check_val_every_n_epoch && (s.epoch + 1) % *o.check_val_every_n_epoch != 0)
+        return false;
+      if (val_every) {
+        if (epoch_end) return false;
+        const int64_t counter = o.check_val_every_n_epoch ? done_in_epoch : s.total_train_batches;
+        return counter % *val_every == 0;
+      }
+      // Once per epoch, after its last batch.
+      if (s.train_batches) return !epoch_end && done_in_epoch == *s.train_batches;
+      return epoch_end;
+    };
+
+    detail::SignalTrap trap;
+    s.each_callback([&](Callback& cb) { cb.setup(*this, model, "fit"); });
+    for (auto& logger : s.loggers) logger->log_hyperparams(model.hparams());
+    s.each_callback([&](Callback& cb) { cb.on_fit_start(*this, model); });
+    model.on_fit_start();
+
+    // The sanity check leaves the generators as it found them, so that it
+    // changes nothing in training.
+    const int64_t sanity_steps = o.fast_dev_run > 0 ? 0 : o.num_sanity_val_steps;
+    if (validating && sanity_steps != 0) {
+      torch::Tensor cpu_state = detail::cpu_rng_state(), device_state = s.accelerator->get_rng_state(*s.device);
+      s.sanity = true;
+      s.each_callback([&](Callback& cb) { cb.on_sanity_check_start(*this, model); });
+      std::optional<int64_t> limit = val_limit;
+      if (sanity_steps > 0) limit = limit ? std::min(*limit, sanity_steps) : sanity_steps;
+      s.validation_run(*val_runner, limit);
+      s.sanity = false;
+      s.each_callback([&](Callback& cb) { cb.on_sanity_check_end(*this, model); });
+      detail::set_cpu_rng_state(cpu_state);
+      s.accelerator->set_rng_state(*s.device, device_state);
+    }
+
+    model.train();
+    s.each_callback([&](Callback& cb) { cb.on_train_start(*this, model); });
+    model.on_train_start();
+
+    const int64_t max_steps = o.fast_dev_run > 0 ? o.fast_dev_run : o.max_steps;
+    const int64_t accumulate = o.accumulate_grad_batches;
+    const int64_t min_epochs = o.min_epochs.value_or(0);
+    bool resuming_mid_epoch = ckpt && !s.epoch_finished && s.batches_in_epoch > 0;
+    bool first_after_resume = ckpt.has_value();
+    if (ckpt && s.epoch_finished) ++s.epoch;
+    result.reason = StopReason::max_epochs;
+    bool stopped = false;
+    while (!stopped) {
+      if (s.max_epochs != -1 && s.epoch >= s.max_epochs) {
+        result.reason = StopReason::max_epochs;
+        break;
+      }
+      if (max_steps != -1 && s.global_step >= max_steps) {
+        result.reason = StopReason::max_steps;
+        break;
+      }
+      if (s.should_stop) {
+        if (s.epoch >= min_epochs) {
+          result.reason = StopReason::requested;
+          break;
+        }
+        s.should_stop = false;
+      }
+      const int64_t skip = resuming_mid_epoch ? s.batches_in_epoch : 0;
+      s.epoch_finished = false;
+      s.batches_in_epoch = 0;
+      s.loop = "train";
+      s.train_accumulators.clear();
+      model.train();
+      s.each_callback([&](Callback& cb) { cb.on_train_epoch_start(*this, model); });
+      model.on_train_epoch_start();
+
+      // Note [Resuming mid-epoch]
+      // A shuffling sampler draws its order from the CPU generator when the
+      // epoch begins. The checkpoint holds that generator's state from the
+      // epoch's start as well as its current state: the epoch is begun again
+      // from the first, the batches already trained on are fetched and
+      // dropped, and then the current state is put back.
+      if (first_after_resume && resuming_mid_epoch) s.restore_rng(*ckpt, "rng_epoch_start");
+      else if (first_after_resume) s.restore_rng(*ckpt, "rng_cpu");
+      s.rng_epoch_start = detail::cpu_rng_state();
+      train.start_epoch();
+      bool exhausted = false;
+      for (int64_t i = 0; i < skip; ++i)
+        if (!train.next(false)) exhausted = true;
+      if (first_after_resume && resuming_mid_epoch) s.restore_rng(*ckpt, "rng_cpu");
+      s.batches_in_epoch = skip;
+      first_after_resume = resuming_mid_epoch = false;
+
+      int64_t window = 0;
+      bool broke_early = false;
+      while (!exhausted) {
+        if (s.train_batches && s.batches_in_epoch >= *s.train_batches) break;
+        if (!train.next(true)) break;
+        const int64_t batch_idx = s.batches_in_epoch;
+        s.current_batch_size = train.batch_size();
+        s.context = LogContext::train_step;
+        s.each_callback([&](Callback& cb) { cb.on_train_batch_start(*this, model, batch_idx); });
+        model.on_train_batch_start(batch_idx);
+        torch::Tensor loss;
+        {
+          std::optional<torch::autograd::DetectAnomalyGuard> anomaly;
+          if (o.detect_anomaly) anomaly.emplace();
+          loss = train.step(Stage::train, batch_idx);
+          if (loss.defined()) {
+            if (loss.numel() != 1 || !loss.requires_grad())
+              throw ConfigError(fmt::format(
+                  "{}::training_step must return a scalar loss that requires grad; got shape [{}]{}", model.name(),
+                  fmt::join(loss.sizes(), ", "), loss.requires_grad() ? "" : " without grad"));
+            torch::Tensor scaled = accumulate > 1 ? loss / static_cast<double>(accumulate) : loss;
+            s.each_callback([&](Callback& cb) { cb.on_before_backward(*this, model, scaled); });
+            model.on_before_backward(scaled);
+            scaled.backward();
+            s.each_callback([&](Callback& cb) { cb.on_after_backward(*this, model); });
+            model.on_after_backward();
+            ++window;
+          }
+        }
+        const bool last = s.train_batches && batch_idx + 1 == *s.train_batches;
+        if (window > 0 && (window == accumulate || last)) {
+          s.optimizer_step();
+          window = 0;
+        }
+        s.batches_in_epoch = batch_idx + 1;
+        ++s.total_train_batches;
+        const torch::Tensor detached = loss.defined() ? loss.detach() : loss;
+        s.each_callback([&](Callback& cb) { cb.on_train_batch_end(*this, model, detached, batch_idx); });
+        model.on_train_batch_end(detached, batch_idx);
+        s.flush_step_logs(s.total_train_batches % o.log_every_n_steps == 0);
+        s.context = LogContext::none;
+
+        if (validation_due(s.batches_in_epoch, false)) s.validation_run(*val_runner, val_limit);
+        if (int sig = detail::SignalTrap::pending()) {
+          result.reason = StopReason::signal;
+          result.message = fmt::format("stopped by signal {} ({})", sig, sig == SIGINT ? "SIGINT" : "SIGTERM");
+          result.checkpoint_path = (std::filesystem::path(checkpoint_dir()) / "last.ckpt").string();
+          s.save_checkpoint(result.checkpoint_path);
+          stopped = true;
+          break;
+        }
+        if (max_steps != -1 && s.global_step >= max_steps) {
+          broke_early = !(s.train_batches && s.batches_in_epoch == *s.train_batches);
+          if (broke_early) result.reason = StopReason::max_steps;
+          break;
+        }
+        if (s.should_stop && s.epoch + 1 >= min_epochs) {
+          broke_early = !(s.train_batches && s.batches_in_epoch == *s.train_batches);
+          if (broke_early) result.reason = StopReason::requested;
+          break;
+        }
+      }
+      if (stopped) break;
+      if (window > 0) s.optimizer_step();
+      const bool complete = !broke_early;
+      if (complete && validation_due(s.batches_in_epoch, true)) s.validation_run(*val_runner, val_limit);
+      s.loop = "train";
+      model.on_train_epoch_end();
+      s.aggregate(s.train_accumulators);
+      if (complete) {
+        s.step_schedulers(Interval::epoch, s.epoch + 1);
+        s.epoch_finished = true;
+      }
+      s.each_callback([&](Callback& cb) { cb.on_train_epoch_end(*this, model); });
+      if (!complete) {
+        stopped = true;
+        break;
+      }
+      // Between epochs the state is "at the start of the next one".
+      ++s.epoch;
+      s.batches_in_epoch = 0;
+      s.epoch_finished = false;
+    }
+    if (result.message.empty()) {
+      switch (result.reason) {
+        case StopReason::max_epochs:
+          result.message = fmt::format("max_epochs={} reached", s.max_epochs);
+          break;
+        case StopReason::max_steps:
+          result.message = fmt::format("max_steps={} reached", max_steps);
+          break;
+        case StopReason::requested:
+          result.message = s.stop_reason.empty() ? "stop requested" : s.stop_reason;
+          break;
+        case StopReason::signal:
+          break;
+      }
+    }
+    s.loop.clear();
+    s.each_callback([&](Callback& cb) { cb.on_train_end(*this, model); });
+    model.on_train_end();
+    s.each_callback([&](Callback& cb) { cb.on_fit_end(*this, model); });
+    model.on_fit_end();
+    for (auto& logger : s.loggers) logger->finalize(result.reason == StopReason::signal ? "interrupted" : "success");
+    s.each_callback([&](Callback& cb) { cb.teardown(*this, model, "fit"); });
+  } catch (const std::exception& e) {
+    s.each_callback([&](Callback& cb) { cb.on_exception(*this, model, e); });
+    for (auto& logger : s.loggers) logger->finalize("failed");
+    throw;
+  }
+  result.epochs_completed = s.epoch;
+  result.global_step = s.global_step;
+  return result;
+}
+
+std::map<std::string, double> Trainer::run_eval(Stage stage, ModuleBase& model, detail::StepRunner& runner,
+                                                const EvalOptions& eval_options) {
+  auto& s = *state_;
+  const std::string name = stage == Stage::validate ? "validate" : "test";
+  s.begin(name);
+  std::optional<detail::LoadedCheckpoint> ckpt;
+  if (!eval_options.ckpt_path.empty()) ckpt = s.read_checkpoint(eval_options.ckpt_path);
+  struct Scope {
+    detail::TrainerState& s;
+    ~Scope() { s.end(); }
+  } scope{s};
+  std::map<std::string, double> result;
+  try {
+    s.attach(model);
+    if (ckpt) s.load_weights(*ckpt);
+    runner.bind(*s.accelerator, *s.device);
+    const auto limit = s.eval_limit(stage, runner);
+    s.each_callback([&](Callback& cb) { cb.setup(*this, model, name); });
+    s.loop = name;
+    s.eval_batches_count = limit;
+    const bool was_training = model.is_training();
+    model.eval();
+    {
+      torch::NoGradGuard no_grad;
+      if (stage == Stage::validate) {
+        s.each_callback([&](Callback& cb) { cb.on_validation_start(*this, model); });
+        s.each_callback([&](Callback& cb) { cb.on_validation_epoch_start(*this, model); });
+        model.on_validation_epoch_start();
+      } else {
+        s.each_callback([&](Callback& cb) { cb.on_test_start(*this, model); });
+        s.each_callback([&](Callback& cb) { cb.on_test_epoch_start(*this, model); });
+        model.on_test_epoch_start();
+      }
+      s.eval_batches(runner, stage, limit, nullptr);
+      if (stage == Stage::validate) {
+        model.on_validation_epoch_end();
+        s.each_callback([&](Callback& cb) { cb.on_validation_epoch_end(*this, model); });
+        result = s.aggregate(s.eval_accumulators);
+        s.each_callback([&](Callback& cb) { cb.on_validation_end(*this, model); });
+      } else {
+        model.on_test_epoch_end();
+        s.each_callback([&](Callback& cb) { cb.on_test_epoch_end(*this, model); });
+        result = s.aggregate(s.eval_accumulators);
+        s.each_callback([&](Callback& cb) { cb.on_test_end(*this, model); });
+      }
+    }
+    model.train(was_training);
+    for (auto& logger : s.loggers) logger->finalize("success");
+    s.each_callback([&](Callback& cb) { cb.teardown(*this, model, name); });
+  } catch (const std::exception& e) {
+    s.each_callback([&](Callback& cb) { cb.on_exception(*this, model, e); });
+    throw;
+  }
+  return result;
+}
+
+std::vector<torch::Tensor> Trainer::run_predict(ModuleBase& model, detail::StepRunner& runner,
+                                                const EvalOptions& eval_options) {
+  auto& s = *state_;
+  s.begin("predict");
+  std::optional<detail::LoadedCheckpoint> ckpt;
+  if (!eval_options.ckpt_path.empty()) ckpt = s.read_checkpoint(eval_options.ckpt_path);
+  struct Scope {
+    detail::TrainerState& s;
+    ~Scope() { s.end(); }
+  } scope{s};
+  std::vector<torch::Tensor> outputs;
+  try {
+    s.attach(model);
+    if (ckpt) s.load_weights(*ckpt);
+    runner.bind(*s.accelerator, *s.device);
+    const auto limit = s.eval_limit(Stage::predict, runner);
+    s.each_callback([&](Callback& cb) { cb.setup(*this, model, "predict"); });
+    s.loop = "predict";
+    s.eval_batches_count = limit;
+    const bool was_training = model.is_training();
+    model.eval();
+    {
+      torch::NoGradGuard no_grad;
+      s.each_callback([&](Callback& cb) { cb.on_predict_start(*this, model); });
+      model.on_predict_epoch_start();
+      s.eval_batches(runner, Stage::predict, limit, &outputs);
+      model.on_predict_epoch_end();
+      s.each_callback([&](Callback& cb) { cb.on_predict_end(*this, model); });
+    }
+    model.train(was_training);
+    s.each_callback([&](Callback& cb) { cb.teardown(*this, model, "predict"); });
+  } catch (const std::exception& e) {
+    s.each_callback([&](Callback& cb) { cb.on_exception(*this, model, e); });
+    throw;
+  }
+  return outputs;
+}
+
+// ---- Accessors ----------------------------------------------------------------
+
+const TrainerOptions& Trainer::options() const { return state_->options; }
+int64_t Trainer::current_epoch() const { return state_->epoch; }
+int64_t Trainer::global_step() const { return state_->global_step; }
+int64_t Trainer::batches_in_epoch() const { return state_->batches_in_epoch; }
+std::optional<int64_t> Trainer::num_training_batches() const { return state_->train_batches; }
+std::optional<int64_t> Trainer::num_eval_batches() const { return state_->eval_batches_count; }
+int64_t Trainer::max_epochs() const { return state_->max_epochs; }
+std::string Trainer::stage() const { return state_->stage; }
+std::string Trainer::running_loop() const { return state_->loop; }
+bool Trainer::sanity_checking() const { return state_->sanity; }
+
+void Trainer::request_stop(std::string reason) {
+  state_->should_stop = true;
+  state_->stop_reason = std::move(reason);
+}
+bool Trainer::should_stop() const { return state_->should_stop; }
+const std::string& Trainer::stop_reason() const { return state_->stop_reason; }
+
+const std::map<std::string, double>& Trainer::callback_metrics() const { return state_->callback_metrics; }
+const std::map<std::string, double>& Trainer::logged_metrics() const { return state_->logged_metrics; }
+const std::map<std::string, double>& Trainer::progress_bar_metrics() const { return state_->progress_bar_metrics; }
+void Trainer::log_metrics(const std::map<std::string, double>& metrics) { state_->send_to_loggers(metrics); }
+
+const std::vector<std::shared_ptr<Callback>>& Trainer::callbacks() const { return state_->callbacks; }
+const std::vector<std::shared_ptr<Logger>>& Trainer::loggers() const { return state_->loggers; }
+ModelCheckpoint* Trainer::checkpoint_callback() const {
+  for (const auto& cb : state_->callbacks)
+    if (auto* mc = dynamic_cast<ModelCheckpoint*>(cb.get())) return mc;
+  return nullptr;
+}
+const std::vector<std::shared_ptr<torch::optim::Optimizer>>& Trainer::optimizers() const {
+  return state_->optim.optimizers;
+}
+const std::vector<SchedulerConfig>& Trainer::lr_schedulers() const { return state_->optim.schedulers; }
+
+const Accelerator& Trainer::accelerator() const {
+  if (!state_->accelerator) throw Error("the Trainer has not run a loop yet, so it has no accelerator");
+  return *state_->accelerator;
+}
+torch::Device Trainer::device() const {
+  if (!state_->device) throw Error("the Trainer has not run a loop yet, so it has no device");
+  return *state_->device;
+}
+
+std::string Trainer::default_root_dir() const {
+  return state_->options.default_root_dir.empty() ? "." : state_->options.default_root_dir;
+}
+
+std::string Trainer::checkpoint_dir() const {
+  if (auto* mc = checkpoint_callback(); mc && !mc->dirpath().empty()) return mc->dirpath();
+  return (std::filesystem::path(default_root_dir()) / "checkpoints").string();
+}
+
+std::string Trainer::log_dir() const {
+  if (!state_->loggers.empty() && !state_->loggers.front()->log_dir().empty()) return state_->loggers.front()->log_dir();
+  return default_root_dir();
+}
+
+void Trainer::save_checkpoint(const std::string& path) { state_->save_checkpoint(path); }
+
+}  // namespace fulgor

@@ -1,0 +1,125 @@
+// The built-in callbacks and loggers.
+
+#include <fstream>
+#include <sstream>
+
+#include "tiny.h"
+
+namespace fulgor::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::vector<std::string> lines_of(const fs::path& path) {
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+TEST(Loggers, CsvAndJsonLinesWriteVersionedRuns) {
+  TempDir dir;
+  auto train = sequential_loader(16, 4);
+  auto val = sequential_loader(8, 4);
+  for (int run = 0; run < 2; ++run) {
+    TinyNet model;
+    model.save_hyperparameters({{"hidden", 8}, {"run", run}});
+    auto options = quiet(dir.str());
+    options.max_epochs = 2;
+    options.log_every_n_steps = 2;
+    options.loggers = {std::make_shared<CSVLogger>(dir.str()),
+                       std::make_shared<JsonLinesLogger>(FileLoggerOptions{.save_dir = dir.str(), .name = "jsonl"})};
+    Trainer trainer(options);
+    trainer.fit(model, train, val);
+    EXPECT_EQ(trainer.log_dir(), (dir.path / "lightning_logs" / ("version_" + std::to_string(run))).string());
+  }
+  const fs::path run1 = dir.path / "lightning_logs" / "version_1";
+  auto csv = lines_of(run1 / "metrics.csv");
+  ASSERT_FALSE(csv.empty());
+  EXPECT_EQ(csv[0], "step,epoch,train_loss,val_loss");
+  // 8 training steps logged every 2, and one validation row per epoch.
+  EXPECT_EQ(csv.size(), 1u + 4 + 2);
+  std::ifstream hparams(run1 / "hparams.json");
+  EXPECT_EQ(nlohmann::json::parse(hparams).at("run"), 1);
+  auto jsonl = lines_of(dir.path / "jsonl" / "version_1" / "metrics.jsonl");
+  ASSERT_EQ(jsonl.size(), 6u);
+  auto last = nlohmann::json::parse(jsonl.back());
+  EXPECT_EQ(last.at("step"), 8);
+  EXPECT_EQ(last.at("epoch"), 1);
+  EXPECT_TRUE(last.contains("val_loss"));
+}
+
+TEST(Callbacks, LearningRateMonitorLogsRates) {
+  TempDir dir;
+  TinyNet model;
+  model.make_optimizers = [](TinyNet& m) {
+    auto sgd = std::make_shared<torch::optim::SGD>(m.parameters(), torch::optim::SGDOptions(0.4));
+    return fulgor::OptimizerConfig(sgd, {.scheduler = std::make_shared<StepLR>(*sgd, 1, 0.5)});
+  };
+  auto train = sequential_loader(8, 4);
+  auto options = quiet(dir.str());
+  options.max_epochs = 3;
+  options.callbacks = {std::make_shared<LearningRateMonitor>()};
+  Trainer trainer(options);
+  trainer.fit(model, train);
+  // Logged at the start of the third epoch, after two epoch steps.
+  EXPECT_DOUBLE_EQ(trainer.logged_metrics().at("lr-SGD"), 0.1);
+}
+
+TEST(Callbacks, ModelSummaryCountsParameters) {
+  TinyNet model;
+  const std::string text = summarize(model);
+  EXPECT_NE(text.find("l1"), std::string::npos);
+  EXPECT_NE(text.find("Linear"), std::string::npos);
+  EXPECT_NE(text.find("49        Total params"), std::string::npos) << text;  // 4*8+8 + 8+1
+  {
+    torch::NoGradGuard g;
+    model.l1->weight.set_requires_grad(false);
+  }
+  EXPECT_NE(summarize(model).find("32        Non-trainable params"), std::string::npos);
+}
+
+TEST(Callbacks, TimerStopsCleanly) {
+  TempDir dir;
+  TinyNet model;
+  auto train = sequential_loader(8, 4);
+  auto timer = std::make_shared<Timer>(Timer::Duration(0.0));
+  auto options = quiet(dir.str());
+  options.max_epochs = 100;
+  options.callbacks = {timer};
+  Trainer trainer(options);
+  auto result = trainer.fit(model, train);
+  EXPECT_EQ(result.reason, StopReason::requested);
+  EXPECT_EQ(model.training_steps, 1);
+  EXPECT_NE(result.message.find("Timer"), std::string::npos);
+  EXPECT_THROW(Timer("1 hour"), ConfigError);
+  EXPECT_DOUBLE_EQ(Timer("00:01:00:00").time_remaining(), 3600.0);
+}
+
+TEST(Callbacks, ProgressBarWritesPlainLinesWhenNotATerminal) {
+  TempDir dir;
+  TinyNet model;
+  auto train = sequential_loader(40, 4);
+  auto val = sequential_loader(8, 4);
+  std::ostringstream out;
+  struct ShowLoss : TinyNet {
+    torch::Tensor training_step(torch::data::Example<> b, int64_t i) override {
+      auto loss = TinyNet::training_step(std::move(b), i);
+      log("loss", loss, {.prog_bar = true});
+      return loss;
+    }
+  } shown;
+  auto options = quiet(dir.str());
+  options.max_epochs = 2;
+  options.callbacks = {std::make_shared<ProgressBar>(&out, 50)};
+  Trainer trainer(options);
+  trainer.fit(shown, train, val);
+  const std::string text = out.str();
+  EXPECT_NE(text.find("Epoch 1/2 5/10"), std::string::npos) << text;
+  EXPECT_NE(text.find("Epoch 2/2 10/10"), std::string::npos) << text;
+  EXPECT_NE(text.find("loss="), std::string::npos) << text;
+  EXPECT_EQ(text.find('\r'), std::string::npos);
+}
+
+}  // namespace
+}  // namespace fulgor::testing

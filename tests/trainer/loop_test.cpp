@@ -1,0 +1,349 @@
+// The training loop against hand-written LibTorch loops, and its options.
+
+#include "tiny.h"
+
+namespace fulgor::testing {
+namespace {
+
+TEST(TrainerLoop, FitEqualsHandWrittenLoop) {
+  TempDir dir;
+  torch::manual_seed(3);
+  TinyNet model(/*dropout=*/0.2), reference(0.2);
+  copy_parameters(model, reference);
+  auto train = shuffled_loader(40, 8);
+  auto val = sequential_loader(16, 8);
+  auto options = quiet(dir.str());
+  options.max_epochs = 3;
+  options.num_sanity_val_steps = 2;  // must not disturb the generators
+  Trainer trainer(options);
+  torch::manual_seed(11);
+  trainer.fit(model, train, val);
+
+  auto loader = shuffled_loader(40, 8);  // RandomSampler draws an order when constructed
+  torch::manual_seed(11);
+  torch::optim::SGD sgd(reference.parameters(), torch::optim::SGDOptions(0.1));
+  reference.train();
+  for (int epoch = 0; epoch < 3; ++epoch) {
+    for (auto& batch : loader) {
+      sgd.zero_grad();
+      auto loss = torch::mse_loss(reference.forward(batch.data), batch.target);
+      loss.backward();
+      sgd.step();
+    }
+  }
+  EXPECT_TRUE(same_parameters(model, reference));
+  EXPECT_EQ(trainer.global_step(), 15);
+  EXPECT_EQ(trainer.current_epoch(), 3);
+}
+
+TEST(TrainerLoop, LimitTrainBatchesRunsExactlyThatManySteps) {
+  TempDir dir;
+  TinyNet model;
+  auto train = sequential_loader(64, 4);
+  auto options = quiet(dir.str());
+  options.max_epochs = 2;
+  options.limit_train_batches = 3;
+  Trainer trainer(options);
+  trainer.fit(model, train);
+  EXPECT_EQ(model.training_steps, 6);
+  EXPECT_EQ(trainer.global_step(), 6);
+
+  TinyNet fraction_model;
+  options.limit_train_batches = 0.25;  // of 16 batches
+  options.max_epochs = 1;
+  Trainer fraction(options);
+  fraction.fit(fraction_model, train);
+  EXPECT_EQ(fraction_model.training_steps, 4);
+}
+
+TEST(TrainerLoop, AccumulationStepsAQuarterAsOftenAndMatchesHandWritten) {
+  TempDir dir;
+  torch::manual_seed(5);
+  TinyNet model, reference;
+  copy_parameters(model, reference);
+  auto train = sequential_loader(64, 4);  // 16 batches
+  auto options = quiet(dir.str());
+  options.max_epochs = 1;
+  options.accumulate_grad_batches = 4;
+  Trainer trainer(options);
+  trainer.fit(model, train);
+  EXPECT_EQ(model.training_steps, 16);
+  EXPECT_EQ(trainer.global_step(), 4);
+
+  auto loader = sequential_loader(64, 4);
+  torch::optim::SGD sgd(reference.parameters(), torch::optim::SGDOptions(0.1));
+  int i = 0;
+  sgd.zero_grad();
+  for (auto& batch : loader) {
+    (torch::mse_loss(reference.forward(batch.data), batch.target) / 4.0).backward();
+    if (++i % 4 == 0) {
+      sgd.step();
+      sgd.zero_grad();
+    }
+  }
+  EXPECT_TRUE(same_parameters(model, reference));
+}
+
+// Records the gradient norm the optimizer steps with (after clipping).
+struct GradNorm : TinyNet {
+  double max_norm = 0;
+  void on_before_zero_grad(torch::optim::Optimizer&) override {
+    double sq = 0;
+    for (auto& p : parameters()) sq += p.grad().pow(2).sum().item<double>();
+    max_norm = std::max(max_norm, std::sqrt(sq));
+  }
+  fulgor::OptimizerConfig configure_optimizers() override {
+    return std::make_shared<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(1e-4));
+  }
+};
+
+TEST(TrainerLoop, GradientClippingBoundsTheNorm) {
+  TempDir dir;
+  auto train = sequential_loader(32, 8);
+  auto run = [&](std::optional<double> clip, const std::string& algorithm) {
+    torch::manual_seed(1);
+    GradNorm model;
+    {
+      torch::NoGradGuard g;
+      for (auto& p : model.parameters()) p.mul_(30);  // large gradients
+    }
+    auto options = quiet(dir.str());
+    options.max_epochs = 1;
+    options.gradient_clip_val = clip;
+    options.gradient_clip_algorithm = algorithm;
+    Trainer trainer(options);
+    trainer.fit(model, train);
+    return model.max_norm;
+  };
+  EXPECT_GT(run(std::nullopt, "norm"), 1.0);
+  EXPECT_LE(run(0.5, "norm"), 0.5 + 1e-4);
+  // Clipping each element to 0.01 bounds the norm by 0.01 * sqrt(#elements).
+  EXPECT_LE(run(0.01, "value"), 0.01 * std::sqrt(4.0 * 8 + 8 + 8 + 1) + 1e-6);
+}
+
+TEST(TrainerLoop, ValCheckIntervalHalfValidatesTwicePerEpoch) {
+  TempDir dir;
+  TinyNet model;
+  auto train = sequential_loader(40, 4);  // 10 batches
+  auto val = sequential_loader(8, 4);
+  auto options = quiet(dir.str());
+  options.max_epochs = 2;
+  options.val_check_interval = 0.5;
+  Trainer trainer(options);
+  trainer.fit(model, train, val);
+  EXPECT_EQ(model.validation_runs, 4);
+  EXPECT_EQ(model.validation_steps, 8);
+
+  TinyNet every3;
+  options.val_check_interval = 3;  // batches
+  options.max_epochs = 1;
+  Trainer by_count(options);
+  by_count.fit(every3, train, val);
+  EXPECT_EQ(every3.validation_runs, 3);
+}
+
+TEST(TrainerLoop, FastDevRunRunsOneBatchOfEachLoop) {
+  TempDir dir;
+  TinyNet model;
+  auto train = sequential_loader(40, 4);
+  auto val = sequential_loader(40, 4);
+  auto options = quiet(dir.str());
+  options.fast_dev_run = 1;
+  options.max_epochs = 10;
+  options.num_sanity_val_steps = 2;
+  options.enable_checkpointing = true;
+  options.logger = true;
+  Trainer trainer(options);
+  auto result = trainer.fit(model, train, val);
+  EXPECT_EQ(model.training_steps, 1);
+  EXPECT_EQ(model.validation_steps, 1);
+  EXPECT_EQ(trainer.global_step(), 1);
+  trainer.test(model, val);
+  EXPECT_EQ(model.test_steps, 1);
+  // No checkpoints or logs.
+  EXPECT_TRUE(std::filesystem::is_empty(dir.path));
+  EXPECT_EQ(result.reason, StopReason::max_epochs);
+}
+
+// Logs constants so the epoch aggregation can be checked exactly.
+struct Constants : TinyNet {
+  torch::Tensor training_step(torch::data::Example<> batch, int64_t i) override {
+    log("idx", static_cast<double>(i));
+    return TinyNet::training_step(std::move(batch), i);
+  }
+  void validation_step(torch::data::Example<> batch, int64_t i) override {
+    log("v", static_cast<double>(i));  // batches of 4, 4, 2
+    log("v_sum", 1.0, {.reduce = Reduce::sum});
+    log("v_max", static_cast<double>(i), {.reduce = Reduce::max});
+    log("v_both", static_cast<double>(i), {.on_step = true, .on_epoch = true});
+    log("v_weighted", static_cast<double>(i), {.batch_size = 1});
+    (void)batch;
+  }
+};
+
+TEST(TrainerLoop, LogDefaultsAndBatchSizeWeightedEpochMeans) {
+  TempDir dir;
+  Constants model;
+  auto train = sequential_loader(12, 4);
+  auto val = sequential_loader(10, 4);
+  Trainer trainer(quiet(dir.str()));
+  auto metrics = trainer.validate(model, val);
+  EXPECT_DOUBLE_EQ(metrics.at("v"), (0 * 4 + 1 * 4 + 2 * 2) / 10.0);
+  EXPECT_DOUBLE_EQ(metrics.at("v_sum"), 3.0);
+  EXPECT_DOUBLE_EQ(metrics.at("v_max"), 2.0);
+  EXPECT_DOUBLE_EQ(metrics.at("v_weighted"), 1.0);
+  EXPECT_DOUBLE_EQ(metrics.at("v_both_epoch"), 0.8);
+  EXPECT_EQ(metrics.count("v_both_step"), 0u);
+  EXPECT_DOUBLE_EQ(trainer.callback_metrics().at("v_both_step"), 2.0);
+
+  auto options = quiet(dir.str());
+  options.max_epochs = 1;
+  Trainer fit(options);
+  fit.fit(model, train);
+  // training_step logs per step by default: the last step's value, no epoch mean.
+  EXPECT_DOUBLE_EQ(fit.callback_metrics().at("idx"), 2.0);
+  EXPECT_EQ(fit.callback_metrics().count("idx_epoch"), 0u);
+}
+
+TEST(TrainerLoop, SchedulersStepOnTheirInterval) {
+  TempDir dir;
+  auto train = sequential_loader(16, 4);  // 4 batches
+  auto lr_after = [&](Interval interval, int64_t frequency, int64_t epochs) {
+    TinyNet model;
+    model.make_optimizers = [=](TinyNet& m) {
+      auto sgd = std::make_shared<torch::optim::SGD>(m.parameters(), torch::optim::SGDOptions(0.1));
+      return fulgor::OptimizerConfig(sgd, {.scheduler = std::make_shared<StepLR>(*sgd, 1, 0.5),
+                                           .interval = interval,
+                                           .frequency = frequency});
+    };
+    auto options = quiet(dir.str());
+    options.max_epochs = epochs;
+    Trainer trainer(options);
+    trainer.fit(model, train);
+    return trainer.optimizers().front()->param_groups().front().options().get_lr();
+  };
+  EXPECT_DOUBLE_EQ(lr_after(Interval::step, 1, 1), 0.1 * std::pow(0.5, 4));
+  EXPECT_DOUBLE_EQ(lr_after(Interval::epoch, 1, 1), 0.05);
+  EXPECT_DOUBLE_EQ(lr_after(Interval::epoch, 2, 3), 0.05);
+  EXPECT_DOUBLE_EQ(lr_after(Interval::step, 2, 1), 0.025);
+}
+
+TEST(TrainerLoop, PlateauSchedulerReadsTheMonitoredMetric) {
+  TempDir dir;
+  auto train = sequential_loader(8, 4);
+  auto val = sequential_loader(8, 4);
+  TinyNet model;
+  model.scripted_val = {1.0, 1.0, 1.0, 1.0};
+  model.make_optimizers = [](TinyNet& m) {
+    auto sgd = std::make_shared<torch::optim::SGD>(m.parameters(), torch::optim::SGDOptions(0.1));
+    return fulgor::OptimizerConfig(
+        sgd, {.scheduler = std::make_shared<ReduceLROnPlateau>(*sgd, PlateauOptions{.factor = 0.5, .patience = 1}),
+              .monitor = "val_loss"});
+  };
+  auto options = quiet(dir.str());
+  options.max_epochs = 4;
+  Trainer trainer(options);
+  trainer.fit(model, train, val);
+  // Epoch 1 sets the best; epochs 2 and 3 are bad, the second of them past patience.
+  EXPECT_DOUBLE_EQ(trainer.optimizers().front()->param_groups().front().options().get_lr(), 0.05);
+}
+
+TEST(TrainerLoop, EarlyStoppingStopsAtTheRightEpoch) {
+  TempDir dir;
+  TinyNet model;
+  model.scripted_val = {1.0, 0.8, 0.85, 0.9, 0.1, 0.1};
+  auto train = sequential_loader(8, 4);
+  auto val = sequential_loader(8, 4);
+  auto stopper = std::make_shared<EarlyStopping>(EarlyStoppingOptions{.monitor = "val_loss", .patience = 2});
+  auto options = quiet(dir.str());
+  options.max_epochs = 10;
+  options.callbacks = {stopper};
+  Trainer trainer(options);
+  auto result = trainer.fit(model, train, val);
+  // Improves in epochs 0 and 1, not in 2 and 3: stops after epoch 3.
+  EXPECT_EQ(result.reason, StopReason::requested);
+  EXPECT_EQ(result.epochs_completed, 4);
+  EXPECT_EQ(model.validation_runs, 4);
+  EXPECT_EQ(stopper->stopped_epoch(), 3);
+  EXPECT_NE(stopper->reason().find("did not improve in the last 2 records"), std::string::npos) << stopper->reason();
+  EXPECT_EQ(result.message, stopper->reason());
+
+  TinyNet threshold_model;
+  threshold_model.scripted_val = {1.0, 0.5, 0.05, 0.01};
+  auto threshold = std::make_shared<EarlyStopping>(
+      EarlyStoppingOptions{.monitor = "val_loss", .patience = 100, .stopping_threshold = 0.1});
+  options.callbacks = {threshold};
+  Trainer stopped(options);
+  EXPECT_EQ(stopped.fit(threshold_model, train, val).epochs_completed, 3);
+  EXPECT_NE(threshold->reason().find("Stopping threshold reached"), std::string::npos);
+
+  // min_epochs overrides a stop request.
+  TinyNet min_model;
+  min_model.scripted_val = {1.0, 0.5, 0.05, 0.01};
+  options.callbacks = {std::make_shared<EarlyStopping>(
+      EarlyStoppingOptions{.monitor = "val_loss", .patience = 100, .stopping_threshold = 0.1})};
+  options.min_epochs = 5;
+  Trainer at_least(options);
+  EXPECT_EQ(at_least.fit(min_model, train, val).epochs_completed, 5);
+}
+
+TEST(TrainerLoop, SaveTopKKeepsExactlyTheKBestFiles) {
+  TempDir dir;
+  TinyNet model;
+  model.scripted_val = {5.0, 3.0, 4.0, 1.0, 2.0, 6.0};
+  auto train = sequential_loader(8, 4);
+  auto val = sequential_loader(8, 4);
+  auto checkpoint = std::make_shared<ModelCheckpoint>(ModelCheckpointOptions{
+      .dirpath = (dir.path / "ckpt").string(), .filename = "{epoch}-{val_loss:.1f}", .monitor = "val_loss",
+      .save_top_k = 2});
+  auto options = quiet(dir.str());
+  options.max_epochs = 6;
+  options.callbacks = {checkpoint};
+  Trainer trainer(options);
+  trainer.fit(model, train, val);
+  std::set<std::string> files;
+  for (const auto& entry : std::filesystem::directory_iterator(dir.path / "ckpt"))
+    files.insert(entry.path().filename().string());
+  EXPECT_EQ(files, (std::set<std::string>{"epoch=3-val_loss=1.0.ckpt", "epoch=4-val_loss=2.0.ckpt"}));
+  EXPECT_EQ(std::filesystem::path(checkpoint->best_model_path()).filename(), "epoch=3-val_loss=1.0.ckpt");
+  EXPECT_EQ(checkpoint->best_model_score(), 1.0);
+}
+
+TEST(TrainerLoop, PredictAndTestReturnResults) {
+  TempDir dir;
+  TinyNet model;
+  auto data = sequential_loader(10, 4);
+  Trainer trainer(quiet(dir.str()));
+  auto predictions = trainer.predict(model, data);
+  ASSERT_EQ(predictions.size(), 3u);
+  EXPECT_EQ(predictions[2].size(0), 2);
+  auto metrics = trainer.test(model, data);
+  EXPECT_EQ(metrics.count("test_loss"), 1u);
+}
+
+TEST(TrainerLoop, BadOptionsAreConfigErrors) {
+  TempDir dir;
+  TinyNet model;
+  auto train = sequential_loader(8, 4);
+  auto expect_error = [&](auto change, const std::string& fragment) {
+    auto options = quiet(dir.str());
+    change(options);
+    Trainer trainer(options);
+    try {
+      trainer.fit(model, train);
+      ADD_FAILURE() << "expected a ConfigError mentioning " << fragment;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+    }
+  };
+  expect_error([](TrainerOptions& o) { o.strategy = "ddp"; }, "known strategies: auto, single_device");
+  expect_error([](TrainerOptions& o) { o.precision = "bf16-mixed"; }, "not supported yet");
+  expect_error([](TrainerOptions& o) { o.precision = "8"; }, "known precisions");
+  expect_error([](TrainerOptions& o) { o.devices = 2; o.strategy = "single_device"; }, "one device");
+  expect_error([](TrainerOptions& o) { o.accumulate_grad_batches = 0; }, "accumulate_grad_batches=0");
+  expect_error([](TrainerOptions& o) { o.gradient_clip_algorithm = "max"; }, "known: norm, value");
+  expect_error([](TrainerOptions& o) { o.limit_train_batches = 1.5; }, "limit_train_batches=1.5");
+}
+
+}  // namespace
+}  // namespace fulgor::testing
