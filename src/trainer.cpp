@@ -766,6 +766,7 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
       if (first_after_resume && resuming_mid_epoch) s.restore_rng(*ckpt, "rng_epoch_start");
       else if (first_after_resume) s.restore_rng(*ckpt, "rng_cpu");
       s.rng_epoch_start = detail::cpu_rng_state();
+      train.set_epoch(s.epoch);  // Note [Loader epochs] in trainer.h
       train.start_epoch();
       bool exhausted = false;
       for (int64_t i = 0; i < skip; ++i)
