@@ -430,7 +430,11 @@ struct TrainerState final : MetricSink {
     torch::Tensor state;
     if (ckpt.archive.try_read(cpu_key, state)) set_cpu_rng_state(state);
     torch::Tensor device_state;
-    if (std::string(cpu_key) == "rng_cpu" && ckpt.archive.try_read("rng_device", device_state))
+    // A device generator's state fits only the generator of the accelerator
+    // that saved it: resuming elsewhere (saved on the CPU, resumed on an xpu)
+    // leaves the device's generator as it is.
+    const bool same_accelerator = ckpt.meta.value("accelerator", std::string()) == accelerator->name();
+    if (std::string(cpu_key) == "rng_cpu" && same_accelerator && ckpt.archive.try_read("rng_device", device_state))
       accelerator->set_rng_state(*device, device_state);
   }
 

@@ -1,5 +1,6 @@
 // fulgor::Trainer on the built-in xpu and npu accelerators, over the emulated
-// runtimes: a short fit on device 1 must train as the same fit on the CPU does.
+// runtimes: a short fit on device 1 must train as the same fit on the CPU does,
+// and checkpoints must move between the device and the CPU.
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -136,6 +137,42 @@ TEST(NpuTrainer, FitOnDeviceOneMatchesTheCpu) {
     GTEST_SKIP() << "the npu accelerator needs LibTorch >= 2.1, where PrivateUse1 can be named \"npu\"; this is "
                  << TORCH_VERSION;
   fit_matches_the_cpu("npu", kNpu1);
+}
+
+// One epoch on `first`, saved, and the second epoch resumed from that
+// checkpoint on `second`, trains as two epochs on the CPU do.
+void resume_across(const std::string& first, Devices first_devices, const std::string& second,
+                   Devices second_devices, torch::Device second_device) {
+  TempDir dir;
+  auto straight = tiny_model();
+  auto straight_loader = regression_loader();
+  Trainer uninterrupted(quiet("cpu", 1, 2, dir));
+  uninterrupted.fit(*straight, straight_loader);
+
+  auto before = tiny_model();
+  auto first_loader = regression_loader();
+  Trainer one(quiet(first, std::move(first_devices), 1, dir));
+  one.fit(*before, first_loader);
+  const std::string path = (dir.path / "one_epoch.ckpt").string();
+  one.save_checkpoint(path);
+
+  auto after = tiny_model();
+  auto second_loader = regression_loader();
+  Trainer two(quiet(second, std::move(second_devices), 2, dir));
+  const FitResult result = two.fit(*after, second_loader, {path});
+  EXPECT_EQ(result.global_step, 8);
+  EXPECT_EQ(two.device(), second_device);
+  for (const torch::Tensor& p : after->parameters()) EXPECT_EQ(p.device(), second_device);
+  expect_close(after->losses, std::vector<double>(straight->losses.begin() + 4, straight->losses.end()));
+  expect_close(*after, *straight);
+}
+
+TEST(XpuTrainer, CheckpointSavedOnXpuResumesOnTheCpu) {
+  resume_across("xpu", std::vector<int64_t>{1}, "cpu", 1, torch::Device(torch::kCPU));
+}
+
+TEST(XpuTrainer, CheckpointSavedOnTheCpuResumesOnXpu) {
+  resume_across("cpu", 1, "xpu", std::vector<int64_t>{1}, kXpu1);
 }
 
 }  // namespace
