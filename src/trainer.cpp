@@ -430,7 +430,11 @@ struct TrainerState final : MetricSink {
     torch::Tensor state;
     if (ckpt.archive.try_read(cpu_key, state)) set_cpu_rng_state(state);
     torch::Tensor device_state;
-    if (std::string(cpu_key) == "rng_cpu" && ckpt.archive.try_read("rng_device", device_state))
+    // A device generator's state fits only the generator of the accelerator
+    // that saved it: resuming elsewhere (saved on the CPU, resumed on an xpu)
+    // leaves the device's generator as it is.
+    const bool same_accelerator = ckpt.meta.value("accelerator", std::string()) == accelerator->name();
+    if (std::string(cpu_key) == "rng_cpu" && same_accelerator && ckpt.archive.try_read("rng_device", device_state))
       accelerator->set_rng_state(*device, device_state);
   }
 
@@ -766,6 +770,7 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
       if (first_after_resume && resuming_mid_epoch) s.restore_rng(*ckpt, "rng_epoch_start");
       else if (first_after_resume) s.restore_rng(*ckpt, "rng_cpu");
       s.rng_epoch_start = detail::cpu_rng_state();
+      train.set_epoch(s.epoch);  // Note [Loader epochs] in trainer.h
       train.start_epoch();
       bool exhausted = false;
       for (int64_t i = 0; i < skip; ++i)

@@ -73,6 +73,8 @@ class StepRunner {
   }
   // Keeps the first `n` batches and replays them every later epoch.
   void cache_first(int64_t n) { cache_limit_ = n; }
+  // Tells a loader with a set_epoch member which epoch comes next.
+  virtual void set_epoch(int64_t epoch) = 0;
   virtual void start_epoch() = 0;
   // Fetches the next batch, onto the device when `move`; false at the end.
   virtual bool next(bool move) = 0;
@@ -90,6 +92,13 @@ class StepRunner {
   std::optional<int64_t> length_;
 };
 
+// Whether a loader has set_epoch(int64_t), as fulgor::TensorLoader and
+// DistributedSampler-driven loaders do.
+template <typename Loader, typename = void>
+struct has_set_epoch : std::false_type {};
+template <typename Loader>
+struct has_set_epoch<Loader, std::void_t<decltype(std::declval<Loader&>().set_epoch(int64_t{}))>> : std::true_type {};
+
 template <typename Batch, typename Loader>
 class LoaderRunner final : public StepRunner {
   using Iterator = decltype(std::declval<Loader&>().begin());
@@ -101,6 +110,14 @@ class LoaderRunner final : public StepRunner {
  public:
   LoaderRunner(BasicModule<Batch>& module, Loader& loader)
       : StepRunner(loader_length(loader)), module_(module), loader_(loader) {}
+
+  // Note [Loader epochs]
+  // A loader that shuffles by epoch number (TensorLoader) would otherwise
+  // count its own epochs, which a resumed run starts again from 0; being told
+  // the Trainer's epoch makes its order the uninterrupted run's.
+  void set_epoch(int64_t epoch) override {
+    if constexpr (has_set_epoch<Loader>::value) loader_.set_epoch(epoch);
+  }
 
   void start_epoch() override {
     fetched_.reset();
@@ -212,7 +229,9 @@ struct TrainerState;
 ///     second one terminates the process at once.
 ///   - Resuming from a checkpoint gives bit-identical results to an
 ///     uninterrupted run on the same accelerator when the loader's order
-///     depends only on LibTorch's CPU generator (RandomSampler does), except
+///     depends only on LibTorch's CPU generator (RandomSampler does) or on
+///     the epoch number given to a loader's set_epoch(int64_t) member, which
+///     the Trainer calls before each training epoch (TensorLoader), except
 ///     that gradients of an unfinished accumulate_grad_batches window are not
 ///     saved.
 class Trainer {

@@ -5,14 +5,21 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <iostream>
 #include <map>
+#include <memory>
 #include <sstream>
+#include <string>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "fulgor/batch.h"
+#include "fulgor/data/tensor_loader.h"
 #include "fulgor/error.h"
+#include "fulgor/module.h"
+#include "fulgor/trainer.h"
 
 namespace fulgor::conformance {
 namespace {
@@ -300,6 +307,75 @@ std::string check_cnn(const Accelerator& accelerator, torch::Device device, cons
   return check_training_step(accelerator, device, tolerance, &make_cnn, input, target, &cross_entropy);
 }
 
+// ---- The Trainer's training loop ----------------------------------------------
+
+// A tiny MLP that records each step's loss on the host.
+struct LossRecorder : Module {
+  torch::nn::Sequential mlp{nullptr};
+  std::vector<double> losses;
+
+  LossRecorder() {
+    mlp = register_module("mlp", torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::ReLU(),
+                                                        torch::nn::Linear(16, 4)));
+  }
+  torch::Tensor training_step(torch::data::Example<> batch, int64_t) override {
+    const torch::Tensor loss = torch::mse_loss(mlp->forward(batch.data), batch.target);
+    losses.push_back(loss.detach().to(torch::kCPU).item<double>());
+    return loss;
+  }
+  OptimizerConfig configure_optimizers() override {
+    return std::make_shared<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  }
+};
+
+constexpr int64_t kFitEpochs = 2;
+constexpr int64_t kFitBatches = 4;
+
+// Fits a freshly seeded LossRecorder through the Trainer for kFitEpochs epochs
+// of kFitBatches shuffled batches.
+std::unique_ptr<LossRecorder> fit(const std::string& accelerator, Devices devices) {
+  auto g = at::detail::createCPUGenerator(8);
+  const torch::Tensor input = torch::randn({kFitBatches * 6, 8}, g);
+  const torch::Tensor target = torch::randn({kFitBatches * 6, 4}, g);
+  TensorLoaderOptions loader_options;
+  loader_options.batch_size = 6;
+  loader_options.shuffle = true;
+  loader_options.seed = 9;
+  TensorLoader loader(input, target, loader_options);
+
+  torch::manual_seed(10);
+  auto model = std::make_unique<LossRecorder>();
+  TrainerOptions options;
+  options.accelerator = accelerator;
+  options.devices = std::move(devices);
+  options.max_epochs = kFitEpochs;
+  options.logger = false;
+  options.enable_checkpointing = false;
+  options.enable_progress_bar = false;
+  options.enable_model_summary = false;
+  Trainer trainer(options);
+  trainer.fit(*model, loader);
+  return model;
+}
+
+std::string check_fit(const Accelerator& accelerator, torch::Device device, const Tolerance& tolerance) {
+  const auto expected = fit("cpu", 1);
+  const auto actual =
+      fit(accelerator.name(), device.has_index() ? Devices(std::vector<int64_t>{device.index()}) : Devices(1));
+  if (actual->losses.size() != expected->losses.size())
+    fail(fmt::format("the fit took {} steps where the CPU took {}", actual->losses.size(), expected->losses.size()));
+  for (size_t i = 0; i < expected->losses.size(); ++i) {
+    const double got = actual->losses[i], want = expected->losses[i];
+    if (!(std::abs(got - want) <= tolerance.atol + tolerance.rtol * std::abs(want)))
+      fail(fmt::format("the loss at step {} is {:g} where the CPU has {:g}", i + 1, got, want));
+  }
+  const Named actual_state = state_of(*actual), expected_state = state_of(*expected);
+  for (size_t i = 0; i < expected_state.size(); ++i)
+    require_matches(actual_state[i].first + " after the fit", actual_state[i].second, expected_state[i].second,
+                    device, tolerance);
+  return fmt::format("{} epochs x {} batches through fulgor::Trainer", kFitEpochs, kFitBatches);
+}
+
 // ---- State, RNG, execution and memory -----------------------------------------
 
 std::string check_state_dict(const Accelerator& accelerator, torch::Device device) {
@@ -435,8 +511,8 @@ void run_checks(Accelerator& accelerator, const Options& options, Report& report
     report.check("rng_state" + on, [&] { return check_rng_state(a, device); });
     report.check("synchronize" + on, [&] { return check_synchronize(a, device); });
     report.check("memory_stats" + on, [&] { return check_memory_stats(a, device); });
+    report.check("fit" + on, [&] { return check_fit(a, device, tolerance); });
   }
-  // The Trainer's fit loop joins these checks once fulgor::Trainer exists.
 
   report.check("teardown", [&] {
     accelerator.teardown();

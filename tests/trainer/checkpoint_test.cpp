@@ -106,6 +106,47 @@ TEST(Checkpoint, ResumeMidEpochWithAShuffledLoaderIsBitIdentical) {
   EXPECT_TRUE(same_parameters(*resumed, *straight));
 }
 
+// A TensorLoader shuffles by epoch number. The resumed run makes a fresh one,
+// as a new process would, which counts its epochs from 0 unless the Trainer
+// tells it which epoch it plays.
+TEST(Checkpoint, ResumeMidEpochWithAShuffledTensorLoaderIsBitIdentical) {
+  TempDir dir;
+  const XY data(36, 7);
+  auto make_loader = [&] {
+    return TensorLoader(data.x, data.y, {.batch_size = 8, .shuffle = true, .seed = 5});
+  };
+  auto val = sequential_loader(8, 4);
+
+  auto straight = stateful_model();
+  auto straight_train = make_loader();
+  torch::manual_seed(99);
+  Trainer uninterrupted(resumable(dir, 4));
+  uninterrupted.fit(*straight, straight_train, val);
+
+  auto first = stateful_model();
+  auto train = make_loader();
+  auto stop = std::make_shared<Hooks>();
+  stop->batch_end = [](Trainer& t, int64_t) {
+    if (t.current_epoch() == 2 && t.batches_in_epoch() == 2) t.request_stop("test stop");
+  };
+  auto options = resumable(dir, 4);
+  options.callbacks = {stop};
+  torch::manual_seed(99);
+  Trainer partial(options);
+  partial.fit(*first, train, val);
+  ASSERT_EQ(partial.global_step(), 12);
+  const std::string path = (dir.path / "mid.ckpt").string();
+  partial.save_checkpoint(path);
+
+  auto resumed = stateful_model();
+  auto fresh_train = make_loader();
+  Trainer more(resumable(dir, 4));
+  more.fit(*resumed, fresh_train, val, {.ckpt_path = path});
+  EXPECT_EQ(resumed->training_steps, 20 - 12);
+  EXPECT_EQ(fresh_train.epoch(), 4);  // it played epochs 2 and 3
+  EXPECT_TRUE(same_parameters(*resumed, *straight));
+}
+
 TEST(Checkpoint, SigtermSavesAndResumes) {
   TempDir dir;
   auto straight = straight_run(dir);

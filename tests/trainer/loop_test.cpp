@@ -345,5 +345,85 @@ TEST(TrainerLoop, BadOptionsAreConfigErrors) {
   expect_error([](TrainerOptions& o) { o.limit_train_batches = 1.5; }, "limit_train_batches=1.5");
 }
 
+// Remembers the inputs of every training and validation batch.
+struct RecordingNet : TinyNet {
+  std::vector<torch::Tensor> trained_on, validated_on;
+  torch::Tensor training_step(torch::data::Example<> batch, int64_t i) override {
+    trained_on.push_back(batch.data.clone());
+    return TinyNet::training_step(std::move(batch), i);
+  }
+  void validation_step(torch::data::Example<> batch, int64_t i) override {
+    validated_on.push_back(batch.data.clone());
+    TinyNet::validation_step(std::move(batch), i);
+  }
+};
+
+TEST(TrainerLoop, OverfitBatchesReplaysTheSameBatchesEveryEpoch) {
+  TempDir dir;
+  const XY data(40, 7);
+  TensorLoaderOptions shuffled;
+  shuffled.batch_size = 4;
+  shuffled.shuffle = true;
+  shuffled.seed = 3;
+  TensorLoader train(data.x, data.y, shuffled);  // 10 batches, a new order each epoch
+  auto val = sequential_loader(8, 4);
+  RecordingNet model;
+  auto options = quiet(dir.str());
+  options.max_epochs = 3;
+  options.overfit_batches = 2;
+  Trainer trainer(options);
+  trainer.fit(model, train, val);
+
+  ASSERT_EQ(model.trained_on.size(), 6u);
+  EXPECT_EQ(trainer.global_step(), 6);
+  // The first two batches of the first epoch's order, then those again.
+  TensorLoader reference(data.x, data.y, shuffled);
+  auto first = reference.begin();
+  const torch::Tensor batch0 = first->data.clone();
+  ++first;
+  const torch::Tensor batch1 = first->data.clone();
+  EXPECT_FALSE(torch::equal(batch0, batch1));
+  for (size_t epoch = 0; epoch < 3; ++epoch) {
+    EXPECT_TRUE(torch::equal(model.trained_on[2 * epoch], batch0)) << "epoch " << epoch;
+    EXPECT_TRUE(torch::equal(model.trained_on[2 * epoch + 1], batch1)) << "epoch " << epoch;
+  }
+  // Validation runs on the same training batches, not on the validation loader.
+  ASSERT_EQ(model.validated_on.size(), 6u);
+  for (size_t i = 0; i < model.validated_on.size(); ++i)
+    EXPECT_TRUE(torch::equal(model.validated_on[i], i % 2 == 0 ? batch0 : batch1)) << "validation batch " << i;
+}
+
+TEST(TrainerLoop, CheckValEveryNEpochValidatesOnlyEveryNthEpoch) {
+  TempDir dir;
+  auto train = sequential_loader(16, 4);  // 4 batches
+  auto val = sequential_loader(8, 4);
+  std::vector<int64_t> validated_epochs;
+  struct EpochRecorder : Callback {
+    std::vector<int64_t>* epochs;
+    explicit EpochRecorder(std::vector<int64_t>* e) : epochs(e) {}
+    void on_validation_epoch_start(Trainer& t, ModuleBase&) override { epochs->push_back(t.current_epoch()); }
+  };
+  TinyNet model;
+  auto options = quiet(dir.str());
+  options.max_epochs = 5;
+  options.check_val_every_n_epoch = 2;
+  options.callbacks = {std::make_shared<EpochRecorder>(&validated_epochs)};
+  Trainer trainer(options);
+  trainer.fit(model, train, val);
+  EXPECT_EQ(validated_epochs, (std::vector<int64_t>{1, 3}));
+  EXPECT_EQ(model.validation_steps, 4);
+  EXPECT_EQ(model.training_steps, 20);
+
+  // With a count of batches, it still validates only in every Nth epoch,
+  // counting batches within that epoch.
+  validated_epochs.clear();
+  TinyNet by_count;
+  options.max_epochs = 4;
+  options.val_check_interval = 2;
+  Trainer counted(options);
+  counted.fit(by_count, train, val);
+  EXPECT_EQ(validated_epochs, (std::vector<int64_t>{1, 1, 3, 3}));
+}
+
 }  // namespace
 }  // namespace fulgor::testing

@@ -1,0 +1,179 @@
+// fulgor::Trainer on the built-in xpu and npu accelerators, over the emulated
+// runtimes: a short fit on device 1 must train as the same fit on the CPU does,
+// and checkpoints must move between the device and the CPU.
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "emulated_runtimes.h"
+#include "fulgor/detail/compat.h"
+#include "fulgor/fulgor.h"
+
+namespace fulgor {
+namespace {
+
+const torch::Device kXpu1(torch::kXPU, 1);
+const torch::Device kNpu1(torch::DeviceType::PrivateUse1, 1);
+
+// The emulated runtimes compute with the CPU's kernels, so the two fits could
+// even match exactly; the tolerance is what a real device's kernels would need
+// on this float32 model, tight enough that one wrong step shows.
+constexpr double kRtol = 1e-5;
+constexpr double kAtol = 1e-6;
+
+// Records each step's loss, read back on the host.
+struct TinyRegression : Module {
+  torch::nn::Linear l1{nullptr}, l2{nullptr};
+  std::vector<double> losses;
+
+  TinyRegression() {
+    l1 = register_module("l1", torch::nn::Linear(4, 8));
+    l2 = register_module("l2", torch::nn::Linear(8, 1));
+  }
+  torch::Tensor training_step(torch::data::Example<> batch, int64_t) override {
+    const torch::Tensor loss = torch::mse_loss(l2(torch::tanh(l1(batch.data))), batch.target);
+    losses.push_back(loss.detach().to(torch::kCPU).item<double>());
+    return loss;
+  }
+  OptimizerConfig configure_optimizers() override {
+    return std::make_shared<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  }
+};
+
+struct TempDir {
+  std::filesystem::path path;
+  TempDir() {
+    static std::atomic<int> counter{0};
+    path = std::filesystem::path(::testing::TempDir()) /
+           ("fulgor_accelerator_trainer_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    std::filesystem::remove_all(path);
+    std::filesystem::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+};
+
+TrainerOptions quiet(const std::string& accelerator, Devices devices, int64_t epochs, const TempDir& dir) {
+  TrainerOptions o;
+  o.accelerator = accelerator;
+  o.devices = std::move(devices);
+  o.max_epochs = epochs;
+  o.logger = false;
+  o.enable_checkpointing = false;
+  o.enable_progress_bar = false;
+  o.enable_model_summary = false;
+  o.default_root_dir = dir.path.string();
+  return o;
+}
+
+// 4 batches of 8 per epoch, shuffled by epoch.
+TensorLoader regression_loader() {
+  auto g = at::detail::createCPUGenerator(3);
+  const torch::Tensor x = torch::randn({32, 4}, g);
+  const torch::Tensor y = x.sum(1, true) * 0.5 + 0.1 * torch::randn({32, 1}, g);
+  TensorLoaderOptions options;
+  options.batch_size = 8;
+  options.shuffle = true;
+  options.seed = 11;
+  return TensorLoader(x, y, options);
+}
+
+std::unique_ptr<TinyRegression> tiny_model() {
+  torch::manual_seed(17);
+  return std::make_unique<TinyRegression>();
+}
+
+void expect_close(const std::vector<double>& actual, const std::vector<double>& expected) {
+  ASSERT_EQ(actual.size(), expected.size());
+  for (size_t i = 0; i < actual.size(); ++i)
+    EXPECT_NEAR(actual[i], expected[i], kAtol + kRtol * std::abs(expected[i])) << "step " << i;
+}
+
+void expect_close(torch::nn::Module& actual, torch::nn::Module& expected) {
+  const auto a = actual.named_parameters(), e = expected.named_parameters();
+  ASSERT_EQ(a.size(), e.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    const torch::Tensor on_cpu = a[i].value().detach().to(torch::kCPU);
+    EXPECT_TRUE(torch::allclose(on_cpu, e[i].value(), kRtol, kAtol))
+        << a[i].key() << " differs by " << (on_cpu - e[i].value()).abs().max().item<double>();
+  }
+}
+
+// Trains the same model on the CPU and on `device` (given to the Trainer as
+// accelerator `name` with devices={1}) and compares them.
+void fit_matches_the_cpu(const std::string& name, torch::Device device) {
+  TempDir dir;
+  auto on_cpu = tiny_model();
+  auto cpu_loader = regression_loader();
+  Trainer cpu_trainer(quiet("cpu", 1, 2, dir));
+  cpu_trainer.fit(*on_cpu, cpu_loader);
+  ASSERT_EQ(on_cpu->losses.size(), 8u);
+
+  auto on_device = tiny_model();
+  auto device_loader = regression_loader();
+  Trainer device_trainer(quiet(name, std::vector<int64_t>{1}, 2, dir));
+  const FitResult result = device_trainer.fit(*on_device, device_loader);
+  EXPECT_EQ(result.global_step, 8);
+  EXPECT_EQ(device_trainer.device(), device);
+  for (const torch::Tensor& p : on_device->parameters()) EXPECT_EQ(p.device(), device);
+  // Training changed the model, so agreeing is not agreeing on the initial values.
+  EXPECT_LT(on_cpu->losses.back(), on_cpu->losses.front());
+  expect_close(on_device->losses, on_cpu->losses);
+  expect_close(*on_device, *on_cpu);
+}
+
+TEST(XpuTrainer, FitOnDeviceOneMatchesTheCpu) { fit_matches_the_cpu("xpu", kXpu1); }
+
+TEST(NpuTrainer, FitOnDeviceOneMatchesTheCpu) {
+  if (!detail::compat::kHasNamedPrivateUse1)
+    GTEST_SKIP() << "the npu accelerator needs LibTorch >= 2.1, where PrivateUse1 can be named \"npu\"; this is "
+                 << TORCH_VERSION;
+  fit_matches_the_cpu("npu", kNpu1);
+}
+
+// One epoch on `first`, saved, and the second epoch resumed from that
+// checkpoint on `second`, trains as two epochs on the CPU do.
+void resume_across(const std::string& first, Devices first_devices, const std::string& second,
+                   Devices second_devices, torch::Device second_device) {
+  TempDir dir;
+  auto straight = tiny_model();
+  auto straight_loader = regression_loader();
+  Trainer uninterrupted(quiet("cpu", 1, 2, dir));
+  uninterrupted.fit(*straight, straight_loader);
+
+  auto before = tiny_model();
+  auto first_loader = regression_loader();
+  Trainer one(quiet(first, std::move(first_devices), 1, dir));
+  one.fit(*before, first_loader);
+  const std::string path = (dir.path / "one_epoch.ckpt").string();
+  one.save_checkpoint(path);
+
+  auto after = tiny_model();
+  auto second_loader = regression_loader();
+  Trainer two(quiet(second, std::move(second_devices), 2, dir));
+  const FitResult result = two.fit(*after, second_loader, {path});
+  EXPECT_EQ(result.global_step, 8);
+  EXPECT_EQ(two.device(), second_device);
+  for (const torch::Tensor& p : after->parameters()) EXPECT_EQ(p.device(), second_device);
+  expect_close(after->losses, std::vector<double>(straight->losses.begin() + 4, straight->losses.end()));
+  expect_close(*after, *straight);
+}
+
+TEST(XpuTrainer, CheckpointSavedOnXpuResumesOnTheCpu) {
+  resume_across("xpu", std::vector<int64_t>{1}, "cpu", 1, torch::Device(torch::kCPU));
+}
+
+TEST(XpuTrainer, CheckpointSavedOnTheCpuResumesOnXpu) {
+  resume_across("cpu", 1, "xpu", std::vector<int64_t>{1}, kXpu1);
+}
+
+}  // namespace
+}  // namespace fulgor
