@@ -212,7 +212,8 @@ struct TrainerState;
 ///
 /// Contract:
 ///   - Options are checked when a loop starts; bad values throw ConfigError.
-///   - The module is moved onto the accelerator's device and stays there.
+///   - The module is moved onto the accelerator's device and stays there; a
+///     "-true" precision other than 32 converts it there (docs/precision.md).
 ///   - Each loop calls Accelerator::teardown when it ends, also on exceptions
 ///     (which are rethrown after callbacks' on_exception).
 ///   - During fit, a first SIGINT or SIGTERM lets the current batch finish,
