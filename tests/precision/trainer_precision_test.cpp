@@ -57,7 +57,7 @@ TEST(TrainerPrecision, Bf16MixedRunsMatmulsInBf16WithFloat32Parameters) {
   fulgor::Trainer trainer(options);
   DtypeProbe model;
   auto loader = fulgor::testing::sequential_loader(32, 8);
-  trainer.fit(model, *loader);
+  trainer.fit(model, loader);
   EXPECT_EQ(trainer.precision().name, "bf16-mixed");
   EXPECT_EQ(model.matmul_dtype, torch::kBFloat16);
   EXPECT_EQ(model.input_dtype, torch::kFloat);
@@ -79,7 +79,7 @@ TEST(TrainerPrecision, Bf16TrueConvertsParametersAndInputs) {
   fulgor::Trainer trainer(options);
   DtypeProbe model;
   auto loader = fulgor::testing::sequential_loader(32, 8);
-  trainer.fit(model, *loader);
+  trainer.fit(model, loader);
   EXPECT_EQ(model.input_dtype, torch::kBFloat16);
   EXPECT_EQ(model.matmul_dtype, torch::kBFloat16);
   for (const auto& p : model.parameters()) EXPECT_EQ(p.scalar_type(), torch::kBFloat16);
@@ -93,7 +93,7 @@ TEST(TrainerPrecision, UnsupportedPrecisionsFailNamingTheAccelerator) {
   fulgor::testing::TinyNet model;
   auto loader = fulgor::testing::sequential_loader(8, 4);
   try {
-    fulgor::Trainer(options).fit(model, *loader);
+    fulgor::Trainer(options).fit(model, loader);
     FAIL() << "16-mixed on the CPU was accepted";
   } catch (const fulgor::DeviceError& e) {
     const std::string message = e.what();
@@ -103,7 +103,7 @@ TEST(TrainerPrecision, UnsupportedPrecisionsFailNamingTheAccelerator) {
   }
   options.precision = "8-true";
   try {
-    fulgor::Trainer(options).fit(model, *loader);
+    fulgor::Trainer(options).fit(model, loader);
     FAIL() << "an unknown precision was accepted";
   } catch (const fulgor::ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("8-true"), std::string::npos) << e.what();
@@ -157,8 +157,8 @@ double blob_accuracy(const std::string& precision) {
   Mlp model;
   auto train = blob_loader(1000, 11);
   auto test = blob_loader(500, 12);
-  trainer.fit(model, *train);
-  return trainer.test(model, *test).at("acc");
+  trainer.fit(model, train);
+  return trainer.test(model, test).at("acc");
 }
 
 TEST(TrainerPrecision, Bf16MixedTrainsAsWellAsFloat32) {
@@ -219,7 +219,7 @@ TEST(TrainerPrecision, SixteenMixedSkipsAnInfStepAndBacksOff) {
   recorder->scales = &scales;
   options.callbacks = {recorder};
   fulgor::Trainer recorded(options);
-  const auto result = recorded.fit(model, *loader);
+  const auto result = recorded.fit(model, loader);
   ASSERT_NE(recorded.grad_scaler(), nullptr);
   ASSERT_EQ(weights.size(), 4u);
   const double init = fulgor::GradScalerOptions{}.init_scale;
@@ -245,7 +245,7 @@ TEST(TrainerPrecision, GradScalerStateRoundTripsACheckpoint) {
   ScaledNet first;
   first.poison_steps = {0, 2};
   fulgor::Trainer trainer(options);
-  trainer.fit(first, *loader);
+  trainer.fit(first, loader);
   const double saved_scale = trainer.grad_scaler()->get_scale();
   const int64_t saved_tracker = trainer.grad_scaler()->growth_tracker();
   ASSERT_EQ(saved_scale, fulgor::GradScalerOptions{}.init_scale / 4);
@@ -260,7 +260,7 @@ TEST(TrainerPrecision, GradScalerStateRoundTripsACheckpoint) {
   fulgor::Trainer resumed(options);
   fulgor::FitOptions fit;
   fit.ckpt_path = path;
-  resumed.fit(second, *loader, fit);
+  resumed.fit(second, loader, fit);
   // One backoff from the restored scale; the three good steps after it restart the tracker.
   EXPECT_EQ(resumed.grad_scaler()->get_scale(), saved_scale / 2);
   EXPECT_EQ(resumed.grad_scaler()->growth_tracker(), 3);
