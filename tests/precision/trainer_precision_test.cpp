@@ -258,9 +258,12 @@ TEST(TrainerPrecision, GradScalerStateRoundTripsACheckpoint) {
   ScaledNet second;
   second.poison_steps = {0};
   fulgor::Trainer resumed(options);
-  fulgor::FitOptions fit;
-  fit.ckpt_path = path;
-  resumed.fit(second, loader, fit);
+  auto resume_from = [](const std::string& checkpoint) {
+    fulgor::FitOptions fit;
+    fit.ckpt_path = checkpoint;
+    return fit;
+  };
+  resumed.fit(second, loader, resume_from(path));
   // One backoff from the restored scale; the three good steps after it restart the tracker.
   EXPECT_EQ(resumed.grad_scaler()->get_scale(), saved_scale / 2);
   EXPECT_EQ(resumed.grad_scaler()->growth_tracker(), 3);
