@@ -107,16 +107,6 @@ void check_limit(const Limit& limit, const char* name) {
 void check_options(const TrainerOptions& o) {
   if (o.strategy != "auto" && o.strategy != "single_device")
     throw ConfigError(fmt::format("unknown strategy '{}'; known strategies: auto, single_device", o.strategy));
-  static const std::vector<std::string> known_precisions = {
-      "32-true", "32", "64-true", "64", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "16", "bf16",
-      "transformer-engine", "transformer-engine-float16"};
-  if (o.precision != "32-true" && o.precision != "32") {
-    if (std::find(known_precisions.begin(), known_precisions.end(), o.precision) == known_precisions.end())
-      throw ConfigError(fmt::format("unknown precision '{}'; known precisions: {}", o.precision,
-                                    fmt::join(known_precisions, ", ")));
-    throw ConfigError(fmt::format("precision '{}' is not supported yet; supported: 32-true (also written 32)",
-                                  o.precision));
-  }
   auto at_least = [](int64_t value, int64_t min, const char* name) {
     if (value < min) throw ConfigError(fmt::format("{}={}: expected an integer >= {}", name, value, min));
   };
@@ -162,6 +152,7 @@ struct TrainerState final : MetricSink {
   std::optional<torch::Device> device;
   ModuleBase* module = nullptr;
   OptimizerConfig optim;
+  PrecisionPlugin precision;
 
   // Progress.
   int64_t epoch = 0, global_step = 0, batches_in_epoch = 0, total_train_batches = 0;
@@ -284,10 +275,7 @@ struct TrainerState final : MetricSink {
           "strategies (ddp) are not available yet: use devices=1",
           options.devices.str(), devices.size(), accelerator->name(), options.strategy));
     }
-    auto supported = accelerator->supported_precisions();
-    if (std::find(supported.begin(), supported.end(), "32-true") == supported.end())
-      throw ConfigError(fmt::format("accelerator '{}' does not support precision 32-true; it supports: {}",
-                                    accelerator->name(), fmt::join(supported, ", ")));
+    precision.setup(options.precision, *accelerator);
     device = devices.front();
     stage = name;
     should_stop = false;
@@ -302,6 +290,7 @@ struct TrainerState final : MetricSink {
     accelerator->setup_device(*device);
     if (options.seed) torch::manual_seed(*options.seed);
     accelerator->move_module(model, *device);
+    precision.precision().convert_module(model);
     ModuleAccess::attach(model, this, &trainer);
   }
 
@@ -411,6 +400,7 @@ struct TrainerState final : MetricSink {
       throw CheckpointError(fmt::format("checkpoint '{}' holds {} scheduler states; configure_optimizers returned {}",
                                         ckpt.path, schedulers.size(), optim.schedulers.size()));
     for (size_t i = 0; i < schedulers.size(); ++i) optim.schedulers[i].scheduler->load_state_dict(schedulers[i]);
+    precision.load(ckpt.archive, ckpt.path);
     const auto& loop_state = meta.at("loop");
     epoch = loop_state.at("epoch").get<int64_t>();
     global_step = loop_state.at("global_step").get<int64_t>();
@@ -479,6 +469,7 @@ struct TrainerState final : MetricSink {
       if (device_state.defined()) archive.write("rng_device", device_state);
     }
     if (rng_epoch_start.defined()) archive.write("rng_epoch_start", rng_epoch_start);
+    precision.save(archive);
     write_checkpoint_file(path, archive);
   }
 
@@ -512,6 +503,7 @@ struct TrainerState final : MetricSink {
     for (auto& optimizer : optim.optimizers) {
       each_callback([&](Callback& cb) { cb.on_before_optimizer_step(trainer, *module, *optimizer); });
       module->on_before_optimizer_step(*optimizer);
+      precision.unscale(*optimizer);
       if (options.gradient_clip_val) {
         std::vector<torch::Tensor> params;
         for (auto& group : optimizer->param_groups())
@@ -522,10 +514,14 @@ struct TrainerState final : MetricSink {
         else
           torch::nn::utils::clip_grad_value_(params, *options.gradient_clip_val);
       }
-      optimizer->step();
+      precision.step(*optimizer);
       module->on_before_zero_grad(*optimizer);
       optimizer->zero_grad();
     }
+    precision.update();
+    // Note [Skipped steps]
+    // A step the GradScaler skips still counts, and per-step schedulers still
+    // step, as in Lightning: global_step counts optimizer steps attempted.
     ++global_step;
     step_schedulers(Interval::step, global_step);
   }
@@ -656,8 +652,8 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
     s.epoch_finished = false;
     s.rng_epoch_start = torch::Tensor();
     if (ckpt) s.restore(*ckpt);
-    train.bind(*s.accelerator, *s.device);
-    if (val) val->bind(*s.accelerator, *s.device);
+    train.bind(*s.accelerator, *s.device, s.precision.precision());
+    if (val) val->bind(*s.accelerator, *s.device, s.precision.precision());
 
     // Batches per epoch.
     if (o.fast_dev_run > 0) {
@@ -802,7 +798,7 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
             torch::Tensor scaled = accumulate > 1 ? loss / static_cast<double>(accumulate) : loss;
             s.each_callback([&](Callback& cb) { cb.on_before_backward(*this, model, scaled); });
             model.on_before_backward(scaled);
-            scaled.backward();
+            s.precision.scale_loss(scaled).backward();
             s.each_callback([&](Callback& cb) { cb.on_after_backward(*this, model); });
             model.on_after_backward();
             ++window;
@@ -909,7 +905,7 @@ std::map<std::string, double> Trainer::run_eval(Stage stage, ModuleBase& model, 
   try {
     s.attach(model);
     if (ckpt) s.load_weights(*ckpt);
-    runner.bind(*s.accelerator, *s.device);
+    runner.bind(*s.accelerator, *s.device, s.precision.precision());
     const auto limit = s.eval_limit(stage, runner);
     s.each_callback([&](Callback& cb) { cb.setup(*this, model, name); });
     s.loop = name;
@@ -964,7 +960,7 @@ std::vector<torch::Tensor> Trainer::run_predict(ModuleBase& model, detail::StepR
   try {
     s.attach(model);
     if (ckpt) s.load_weights(*ckpt);
-    runner.bind(*s.accelerator, *s.device);
+    runner.bind(*s.accelerator, *s.device, s.precision.precision());
     const auto limit = s.eval_limit(Stage::predict, runner);
     s.each_callback([&](Callback& cb) { cb.setup(*this, model, "predict"); });
     s.loop = "predict";
@@ -1033,6 +1029,9 @@ torch::Device Trainer::device() const {
   if (!state_->device) throw Error("the Trainer has not run a loop yet, so it has no device");
   return *state_->device;
 }
+
+const Precision& Trainer::precision() const { return state_->precision.precision(); }
+const GradScaler* Trainer::grad_scaler() const { return state_->precision.scaler(); }
 
 std::string Trainer::default_root_dir() const {
   return state_->options.default_root_dir.empty() ? "." : state_->options.default_root_dir;

@@ -1,10 +1,14 @@
 # Runs the fashion_mnist example briefly and checks its last line of output is
-# the JSON summary. -DEXAMPLE=path -DWORK_DIR=folder
+# the JSON summary. -DEXAMPLE=path -DWORK_DIR=folder [-DPRECISION=bf16-mixed]
+set(precision_args)
+if(PRECISION)
+  set(precision_args --trainer.precision=${PRECISION})
+endif()
 file(REMOVE_RECURSE "${WORK_DIR}")
 file(MAKE_DIRECTORY "${WORK_DIR}")
 execute_process(
   COMMAND "${EXAMPLE}" --trainer.max_epochs=1 --trainer.accelerator=cpu --trainer.limit_train_batches=20
-          --trainer.limit_val_batches=5 --trainer.limit_test_batches=10
+          --trainer.limit_val_batches=5 --trainer.limit_test_batches=10 ${precision_args}
   WORKING_DIRECTORY "${WORK_DIR}"
   RESULT_VARIABLE status OUTPUT_VARIABLE output ERROR_VARIABLE errors)
 if(NOT status EQUAL 0)

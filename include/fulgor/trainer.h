@@ -16,6 +16,7 @@
 #include "fulgor/batch_size.h"
 #include "fulgor/callback.h"
 #include "fulgor/data.h"
+#include "fulgor/detail/precision_plugin.h"
 #include "fulgor/error.h"
 #include "fulgor/logger.h"
 #include "fulgor/module.h"
@@ -67,9 +68,10 @@ class StepRunner {
   virtual ~StepRunner() = default;
   // Batches per epoch, when the loader tells.
   std::optional<int64_t> length() const { return length_; }
-  void bind(const Accelerator& accelerator, torch::Device device) {
+  void bind(const Accelerator& accelerator, torch::Device device, const Precision& precision) {
     accelerator_ = &accelerator;
     device_ = device;
+    precision_ = &precision;
   }
   // Keeps the first `n` batches and replays them every later epoch.
   void cache_first(int64_t n) { cache_limit_ = n; }
@@ -80,11 +82,13 @@ class StepRunner {
   virtual bool next(bool move) = 0;
   // The fetched batch's size (-1: unknown).
   virtual int64_t batch_size() const = 0;
-  // Runs the module's step for `stage` on the fetched batch.
+  // Runs the module's step for `stage` on the fetched batch, under autocast
+  // for a mixed precision.
   virtual torch::Tensor step(Stage stage, int64_t batch_idx) = 0;
 
  protected:
   const Accelerator* accelerator_ = nullptr;
+  const Precision* precision_ = nullptr;
   std::optional<torch::Device> device_;
   int64_t cache_limit_ = 0;
 
@@ -149,7 +153,10 @@ class LoaderRunner final : public StepRunner {
           throw ConfigError("overfit_batches keeps batches to replay them, which needs a copyable batch type");
       }
     }
-    if (move) fetched_.emplace(move_batch(std::move(*fetched_), *accelerator_, *device_));
+    if (move) {
+      fetched_.emplace(move_batch(std::move(*fetched_), *accelerator_, *device_));
+      if (precision_->converts_module()) fetched_.emplace(convert_batch(std::move(*fetched_), *precision_));
+    }
     return true;
   }
 
@@ -158,6 +165,7 @@ class LoaderRunner final : public StepRunner {
   torch::Tensor step(Stage stage, int64_t batch_idx) override {
     Batch batch = std::move(*fetched_);
     fetched_.reset();
+    AutocastScope autocast(*precision_, *accelerator_);
     switch (stage) {
       case Stage::train:
         return module_.training_step(std::move(batch), batch_idx);
@@ -221,7 +229,8 @@ struct TrainerState;
 ///
 /// Contract:
 ///   - Options are checked when a loop starts; bad values throw ConfigError.
-///   - The module is moved onto the accelerator's device and stays there.
+///   - The module is moved onto the accelerator's device and stays there; a
+///     "-true" precision other than 32 converts it there (docs/precision.md).
 ///   - Each loop calls Accelerator::teardown when it ends, also on exceptions
 ///     (which are rethrown after callbacks' on_exception).
 ///   - During fit, a first SIGINT or SIGTERM lets the current batch finish,
@@ -317,6 +326,10 @@ class Trainer {
   /// The accelerator and device of the current or last loop; throws Error before any.
   const Accelerator& accelerator() const;
   torch::Device device() const;
+  /// The precision of the current or last loop ("32-true" before any).
+  const Precision& precision() const;
+  /// The "16-mixed" loss scaler; nullptr for the other precisions.
+  const GradScaler* grad_scaler() const;
   /// default_root_dir, or "." when empty.
   std::string default_root_dir() const;
   /// Where checkpoints go: the ModelCheckpoint's dirpath, else default_root_dir/checkpoints.

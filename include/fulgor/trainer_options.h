@@ -67,7 +67,8 @@ struct TrainerOptions {
   /// "auto" or "single_device" (multi-device strategies are not available yet).
   std::string strategy = "auto";
   Devices devices = "auto";
-  /// "32-true" (or "32"); the mixed and reduced precisions are not supported yet.
+  /// "32-true" ("32"), "64-true" ("64"), "bf16-mixed" ("bf16"), "16-mixed" ("16"),
+  /// "bf16-true" or "16-true", as the accelerator supports (see docs/precision.md).
   std::string precision = "32-true";
   /// Whether to add the default CSVLogger (under default_root_dir) when
   /// `loggers` is empty.

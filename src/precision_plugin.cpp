@@ -1,0 +1,51 @@
+#include "fulgor/detail/precision_plugin.h"
+
+#include <fmt/format.h>
+
+#include "fulgor/error.h"
+
+namespace fulgor::detail {
+
+void PrecisionPlugin::setup(const std::string& value, const Accelerator& accelerator) {
+  Precision parsed = Precision::parse(value, accelerator);
+  if (parsed.name != precision_.name || !parsed.needs_grad_scaler()) scaler_.reset();
+  precision_ = std::move(parsed);
+  if (precision_.needs_grad_scaler() && !scaler_) scaler_.emplace();
+}
+
+torch::Tensor PrecisionPlugin::scale_loss(const torch::Tensor& loss) { return scaler_ ? scaler_->scale(loss) : loss; }
+
+void PrecisionPlugin::unscale(torch::optim::Optimizer& optimizer) {
+  if (scaler_) scaler_->unscale(optimizer);
+}
+
+bool PrecisionPlugin::step(torch::optim::Optimizer& optimizer) {
+  if (scaler_) return scaler_->step(optimizer);
+  optimizer.step();
+  return true;
+}
+
+void PrecisionPlugin::update() {
+  if (scaler_) scaler_->update();
+}
+
+void PrecisionPlugin::save(torch::serialize::OutputArchive& archive) const {
+  if (!scaler_) return;
+  torch::serialize::OutputArchive scaler_archive;
+  scaler_->save(scaler_archive);
+  archive.write("grad_scaler", scaler_archive);
+}
+
+void PrecisionPlugin::load(torch::serialize::InputArchive& archive, const std::string& path) {
+  if (!scaler_) return;
+  torch::serialize::InputArchive scaler_archive;
+  if (!archive.try_read("grad_scaler", scaler_archive)) return;
+  try {
+    scaler_->load(scaler_archive);
+  } catch (const c10::Error& e) {
+    throw CheckpointError(fmt::format("checkpoint '{}': the GradScaler state does not fit: {}", path,
+                                      e.what_without_backtrace()));
+  }
+}
+
+}  // namespace fulgor::detail
