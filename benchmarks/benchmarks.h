@@ -10,5 +10,7 @@ struct Settings {
 };
 
 void data_benchmark(Report& report, const Settings& settings);
+void overhead_benchmark(Report& report, const Settings& settings);
+void checkpoint_benchmark(Report& report, const Settings& settings);
 
 }  // namespace fulgor::bench

@@ -107,9 +107,15 @@ void expect_close(torch::nn::Module& actual, torch::nn::Module& expected) {
   }
 }
 
+// LibTorch's autograd engine sizes its per-device queues once, at the first
+// backward pass of the process: a runtime loaded after a CPU backward has run
+// cannot take part in autograd. So the tests load it before anything trains.
+void load_runtime(const std::string& name) { ASSERT_TRUE(make_accelerator(name)->is_available()) << name; }
+
 // Trains the same model on the CPU and on `device` (given to the Trainer as
 // accelerator `name` with devices={1}) and compares them.
 void fit_matches_the_cpu(const std::string& name, torch::Device device) {
+  load_runtime(name);
   TempDir dir;
   auto on_cpu = tiny_model();
   auto cpu_loader = regression_loader();
@@ -143,6 +149,8 @@ TEST(NpuTrainer, FitOnDeviceOneMatchesTheCpu) {
 // checkpoint on `second`, trains as two epochs on the CPU do.
 void resume_across(const std::string& first, Devices first_devices, const std::string& second,
                    Devices second_devices, torch::Device second_device) {
+  load_runtime(first);
+  load_runtime(second);
   TempDir dir;
   auto straight = tiny_model();
   auto straight_loader = regression_loader();
