@@ -41,6 +41,7 @@ int main(int argc, char** argv) {
   using namespace fulgor::bench;
   Settings settings;
   std::vector<std::string> only;
+  if (argc == 2 && std::strcmp(argv[1], "--instructions-child") == 0) return instructions_child();
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) {
       settings.quick = true;
@@ -48,14 +49,16 @@ int main(int argc, char** argv) {
     } else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
       only.push_back(argv[++i]);
     } else {
-      std::cerr << "usage: fulgor-benchmarks [--quick] [--only overhead|data|checkpoint]...\n";
+      std::cerr << "usage: fulgor-benchmarks [--quick] [--only overhead|instructions|data|checkpoint|precision]...\n";
       return 2;
     }
   }
   const std::vector<std::pair<std::string, void (*)(Report&, const Settings&)>> benchmarks = {
       {"overhead", overhead_benchmark},
+      {"instructions", instructions_benchmark},
       {"data", data_benchmark},
       {"checkpoint", checkpoint_benchmark},
+      {"precision", precision_benchmark},
   };
   fulgor::BlasInfo blas = fulgor::blas_info();
   std::cout << fmt::format("fulgor {}, LibTorch {}, BLAS {}, {} LibTorch thread(s)\n", fulgor::version(),

@@ -12,7 +12,8 @@ void ModuleBase::log(const std::string& name, const torch::Tensor& value, LogOpt
   if (!value.defined() || value.numel() != 1)
     throw ConfigError(fmt::format("log('{}', ...): expected a tensor with one element, got {}", name,
                                   value.defined() ? fmt::format("shape [{}]", fmt::join(value.sizes(), ", ")) : "an undefined tensor"));
-  log(name, value.detach().item<double>(), options);
+  // item() reads the value without recording anything for autograd, so no detach() is needed.
+  log(name, value.item<double>(), options);
 }
 
 void ModuleBase::log(const std::string& name, double value, LogOptions options) {

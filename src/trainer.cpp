@@ -169,6 +169,9 @@ struct TrainerState final : MetricSink {
   LogContext context = LogContext::none;
   int64_t current_batch_size = -1;
   std::map<std::string, double> callback_metrics, logged_metrics, progress_bar_metrics, pending_step;
+  // Whether this batch's step values go to the loggers (log_every_n_steps);
+  // skipping them otherwise keeps log() to a few map updates.
+  bool step_log_due = true;
   std::map<std::string, Accumulator> train_accumulators, eval_accumulators;
 
   // ---- Hooks ----------------------------------------------------------------
@@ -191,7 +194,7 @@ struct TrainerState final : MetricSink {
       callback_metrics[step_name] = value;
       if (on_epoch) callback_metrics[name] = value;
       if (o.prog_bar) progress_bar_metrics[step_name] = value;
-      if (o.logger) pending_step[step_name] = value;
+      if (o.logger && step_log_due) pending_step[step_name] = value;
     }
     if (on_epoch) {
       auto& acc = (loop == "train" ? train_accumulators : eval_accumulators)[name];
@@ -233,9 +236,11 @@ struct TrainerState final : MetricSink {
     if (logger) send_to_loggers(metrics);
   }
 
-  // Sends the step values logged in the last batch when the interval says so.
-  void flush_step_logs(bool due) {
-    if (due) send_to_loggers(pending_step);
+  // Sends the step values logged in the last batch (only a batch whose step
+  // log was due records them).
+  void flush_step_logs() {
+    if (pending_step.empty()) return;
+    send_to_loggers(pending_step);
     pending_step.clear();
   }
 
@@ -549,7 +554,7 @@ struct TrainerState final : MetricSink {
         case Stage::train:
           break;
       }
-      flush_step_logs(true);
+      flush_step_logs();
       context = LogContext::none;
     }
   }
@@ -783,6 +788,7 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
         const int64_t batch_idx = s.batches_in_epoch;
         s.current_batch_size = train.batch_size();
         s.context = LogContext::train_step;
+        s.step_log_due = (s.total_train_batches + 1) % o.log_every_n_steps == 0;
         s.each_callback([&](Callback& cb) { cb.on_train_batch_start(*this, model, batch_idx); });
         model.on_train_batch_start(batch_idx);
         torch::Tensor loss;
@@ -814,8 +820,9 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
         const torch::Tensor detached = loss.defined() ? loss.detach() : loss;
         s.each_callback([&](Callback& cb) { cb.on_train_batch_end(*this, model, detached, batch_idx); });
         model.on_train_batch_end(detached, batch_idx);
-        s.flush_step_logs(s.total_train_batches % o.log_every_n_steps == 0);
+        s.flush_step_logs();
         s.context = LogContext::none;
+        s.step_log_due = true;
 
         if (validation_due(s.batches_in_epoch, false)) s.validation_run(*val_runner, val_limit);
         if (int sig = detail::SignalTrap::pending()) {

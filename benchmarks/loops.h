@@ -1,0 +1,42 @@
+#pragma once
+
+// The two sides of the overhead measurements: a hand-written LibTorch loop and
+// the same training through fulgor::Trainer. Both start from a copy of the same
+// network and see the same batches in the same order.
+
+#include <torch/torch.h>
+
+#include <string>
+
+namespace fulgor::bench {
+
+constexpr int64_t kBatch = 32;
+
+/// What the Trainer side turns on besides the training itself.
+struct Variant {
+  std::string name;
+  bool progress_bar = false;
+  int log_calls = 0;  // 1: log(loss) on the progress bar; 2: also log(batch index)
+  bool checkpoint = false;
+  std::string precision = "32";
+};
+
+/// The data of a run: `epochs` passes over data/targets in order, batch kBatch.
+struct Workload {
+  torch::Tensor data, targets;
+  int64_t epochs = 1;
+  int64_t steps() const { return epochs * (data.size(0) / kBatch); }
+};
+
+/// The mean cross-entropy of `net` over the whole workload.
+double final_loss(torch::nn::Sequential net, const Workload& work);
+
+/// Trains a copy of `initial` by hand with SGD(0.01); returns the trained copy.
+torch::nn::Sequential raw_fit(const torch::nn::Sequential& initial, const Workload& work);
+
+/// Trains a copy of `initial` through the Trainer on the CPU with SGD(0.01),
+/// writing under `root_dir` (checkpoints); returns the trained copy.
+torch::nn::Sequential fulgor_fit(const torch::nn::Sequential& initial, const Workload& work, const Variant& variant,
+                                 const std::string& root_dir);
+
+}  // namespace fulgor::bench
