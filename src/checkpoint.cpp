@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <torch/version.h>
 #include <unistd.h>
@@ -9,8 +10,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
+#include <string_view>
 
 #include "fulgor/error.h"
 #include "fulgor/module.h"
@@ -19,21 +19,12 @@ namespace fulgor {
 namespace {
 
 constexpr char kMagic[8] = {'F', 'U', 'L', 'G', 'O', 'R', 'C', 'K'};
-constexpr uint32_t kContainerVersion = 1;
+constexpr uint32_t kContainerVersion = 2;
 constexpr size_t kHeaderSize = 28;
 
-uint64_t fnv1a(const char* data, size_t size) {
-  uint64_t h = 1469598103934665603ULL;
-  for (size_t i = 0; i < size; ++i) {
-    h ^= static_cast<unsigned char>(data[i]);
-    h *= 1099511628211ULL;
-  }
-  return h;
-}
-
 template <typename T>
-void put_le(std::string& out, T value) {
-  for (size_t i = 0; i < sizeof(T); ++i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xff));
+void put_le(char* out, T value) {
+  for (size_t i = 0; i < sizeof(T); ++i) out[i] = static_cast<char>((value >> (8 * i)) & 0xff);
 }
 
 template <typename T>
@@ -42,6 +33,39 @@ T get_le(const char* in) {
   for (size_t i = 0; i < sizeof(T); ++i) value |= static_cast<T>(static_cast<unsigned char>(in[i])) << (8 * i);
   return value;
 }
+
+// FNV-1a over little-endian 64-bit words (the last one zero-padded): a word
+// at a time it checks a 40 MB archive in a few milliseconds, where the
+// byte-wise FNV-1a took tens. Fed in pieces of any size.
+class Checksum {
+ public:
+  void update(const char* data, size_t size) {
+    while (size > 0 && pending_ > 0) {
+      word_[pending_++] = *data++;
+      --size;
+      if (pending_ == 8) mix(word_), pending_ = 0;
+    }
+    for (; size >= 8; data += 8, size -= 8) mix(data);
+    for (; size > 0; --size) word_[pending_++] = *data++;
+  }
+  uint64_t finish() {
+    if (pending_ > 0) {
+      std::memset(word_ + pending_, 0, 8 - pending_);
+      mix(word_);
+      pending_ = 0;
+    }
+    return hash_;
+  }
+
+ private:
+  void mix(const char* word) {
+    hash_ ^= get_le<uint64_t>(word);
+    hash_ *= 1099511628211ULL;
+  }
+  uint64_t hash_ = 1469598103934665603ULL;
+  char word_[8] = {};
+  size_t pending_ = 0;
+};
 
 std::string system_error(const std::string& what, const std::string& path) {
   return fmt::format("cannot write checkpoint '{}': {} failed: {}", path, what, std::strerror(errno));
@@ -57,19 +81,71 @@ void write_all(int fd, const char* data, size_t size, const std::string& path) {
   }
 }
 
+// Streams the archive into the file while hashing it, gathering the archive's
+// many small records into large writes. Errors are kept, not thrown: the
+// archive writer calls back through LibTorch's zip code, which is told of a
+// failure by a short write.
+class ArchiveSink {
+ public:
+  ArchiveSink(int fd, const std::string& path) : fd_(fd), path_(path) { buffer_.reserve(kBufferSize); }
+
+  size_t write(const void* data, size_t size) {
+    if (!error_.empty()) return 0;
+    const char* bytes = static_cast<const char*>(data);
+    checksum_.update(bytes, size);
+    length_ += size;
+    try {
+      if (buffer_.size() + size > kBufferSize) flush();
+      if (size >= kBufferSize) write_all(fd_, bytes, size, path_);
+      else buffer_.append(bytes, size);
+    } catch (const CheckpointError& e) {
+      error_ = e.what();
+      return 0;
+    }
+    return size;
+  }
+  void flush() {
+    write_all(fd_, buffer_.data(), buffer_.size(), path_);
+    buffer_.clear();
+  }
+  const std::string& error() const { return error_; }
+  uint64_t length() const { return length_; }
+  uint64_t hash() { return checksum_.finish(); }
+
+ private:
+  static constexpr size_t kBufferSize = 1 << 20;
+  int fd_;
+  const std::string& path_;
+  std::string buffer_, error_;
+  Checksum checksum_;
+  uint64_t length_ = 0;
+};
+
+// Writes the archive after a header whose length and hash are filled in at the end.
+void write_container(int fd, torch::serialize::OutputArchive& archive, const std::string& path) {
+  char header[kHeaderSize] = {};
+  write_all(fd, header, kHeaderSize, path);
+  ArchiveSink sink(fd, path);
+  try {
+    archive.save_to([&](const void* data, size_t size) { return sink.write(data, size); });
+  } catch (const c10::Error& e) {
+    if (!sink.error().empty()) throw CheckpointError(sink.error());
+    throw CheckpointError(fmt::format("cannot write checkpoint '{}': LibTorch could not serialise it: {}", path,
+                                      e.what_without_backtrace()));
+  }
+  if (!sink.error().empty()) throw CheckpointError(sink.error());
+  sink.flush();
+  std::memcpy(header, kMagic, sizeof(kMagic));
+  put_le<uint32_t>(header + 8, kContainerVersion);
+  put_le<uint64_t>(header + 12, sink.length());
+  put_le<uint64_t>(header + 20, sink.hash());
+  if (::pwrite(fd, header, kHeaderSize, 0) != static_cast<ssize_t>(kHeaderSize))
+    throw CheckpointError(system_error("write", path));
+}
+
 }  // namespace
 
 void write_checkpoint_file(const std::string& path, torch::serialize::OutputArchive& archive) {
-  std::string payload;
-  archive.save_to([&](const void* data, size_t size) {
-    payload.append(static_cast<const char*>(data), size);
-    return size;
-  });
-  std::string header(kMagic, sizeof(kMagic));
-  put_le<uint32_t>(header, kContainerVersion);
-  put_le<uint64_t>(header, payload.size());
-  put_le<uint64_t>(header, fnv1a(payload.data(), payload.size()));
-
   namespace fs = std::filesystem;
   fs::path target(path);
   fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
@@ -81,8 +157,7 @@ void write_checkpoint_file(const std::string& path, torch::serialize::OutputArch
   int fd = ::mkstemp(tmp.data());
   if (fd < 0) throw CheckpointError(system_error("creating a temporary file", path));
   try {
-    write_all(fd, header.data(), header.size(), path);
-    write_all(fd, payload.data(), payload.size(), path);
+    write_container(fd, archive, path);
     if (::fsync(fd) != 0) throw CheckpointError(system_error("fsync", path));
     if (::close(fd) != 0) {
       fd = -1;
@@ -105,12 +180,48 @@ void write_checkpoint_file(const std::string& path, torch::serialize::OutputArch
   }
 }
 
+namespace {
+// A file mapped read-only: the archive is checked and parsed where the page
+// cache holds it, without copying 40 MB into a buffer first.
+class MappedFile {
+ public:
+  explicit MappedFile(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw CheckpointError(fmt::format("cannot read checkpoint '{}': {}", path, std::strerror(errno)));
+    struct stat info {};
+    if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
+      ::close(fd);
+      throw CheckpointError(fmt::format("cannot read checkpoint '{}': it is not a regular file", path));
+    }
+    size_ = static_cast<size_t>(info.st_size);
+    if (size_ > 0) {
+      void* data = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+      if (data == MAP_FAILED) {
+        ::close(fd);
+        throw CheckpointError(fmt::format("cannot read checkpoint '{}': {}", path, std::strerror(errno)));
+      }
+      data_ = static_cast<const char*>(data);
+    }
+    ::close(fd);
+  }
+  ~MappedFile() {
+    if (data_) ::munmap(const_cast<char*>(data_), size_);
+  }
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  std::string_view bytes() const { return {data_ ? data_ : "", size_}; }
+
+ private:
+  const char* data_ = nullptr;
+  size_t size_ = 0;
+};
+}  // namespace
+
 torch::serialize::InputArchive read_checkpoint_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw CheckpointError(fmt::format("cannot read checkpoint '{}': {}", path, std::strerror(errno)));
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const MappedFile file(path);
+  const std::string_view bytes = file.bytes();
   if (bytes.size() < kHeaderSize || std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0) {
-    if (bytes.size() < sizeof(kMagic) && std::string(kMagic, bytes.size()) == bytes)
+    if (bytes.size() < sizeof(kMagic) && std::string_view(kMagic, bytes.size()) == bytes)
       throw CheckpointError(fmt::format("checkpoint '{}' is truncated: {} bytes, not even a header", path, bytes.size()));
     throw CheckpointError(fmt::format("'{}' is not a fulgor checkpoint (it does not start with \"FULGORCK\")", path));
   }
@@ -126,7 +237,9 @@ torch::serialize::InputArchive read_checkpoint_file(const std::string& path) {
   if (bytes.size() - kHeaderSize > length)
     throw CheckpointError(fmt::format("checkpoint '{}' is corrupted: {} bytes past the end of its data", path,
                                       bytes.size() - kHeaderSize - length));
-  if (fnv1a(bytes.data() + kHeaderSize, length) != hash)
+  Checksum checksum;
+  checksum.update(bytes.data() + kHeaderSize, length);
+  if (checksum.finish() != hash)
     throw CheckpointError(fmt::format("checkpoint '{}' is corrupted: its contents do not match its checksum", path));
   torch::serialize::InputArchive archive;
   try {

@@ -17,9 +17,10 @@ class Accelerator;
 // (torch::serialize::OutputArchive, the same zip container on every LibTorch
 // version).
 //   bytes 0..7    "FULGORCK"
-//   bytes 8..11   container version, little-endian uint32 (1)
+//   bytes 8..11   container version, little-endian uint32 (2)
 //   bytes 12..19  archive length in bytes, little-endian uint64
-//   bytes 20..27  FNV-1a 64 hash of the archive, little-endian uint64
+//   bytes 20..27  hash of the archive, little-endian uint64: FNV-1a 64 over
+//                 its little-endian 64-bit words, the last zero-padded
 // The header lets a truncated, corrupted or foreign file be recognised before
 // LibTorch parses it. The archive holds:
 //   "meta"        a JSON string: format, fulgor and LibTorch versions, loop
@@ -30,8 +31,9 @@ class Accelerator;
 //   "rng_cpu", "rng_device", "rng_epoch_start"
 //                 generator states: the CPU's and the accelerator's now, and
 //                 the CPU's when the epoch began (the sampler's shuffle)
-// Files are written atomically: a temporary file in the same folder, written,
-// flushed and fsync'ed, then renamed over the destination, then the folder is
+// Files are written atomically: a temporary file in the same folder, written
+// (the archive streamed, the header's length and hash filled in last),
+// fsync'ed, then renamed over the destination, then the folder is
 // fsync'ed. A crash or a full disk leaves the previous file intact.
 
 /// Writes `archive` to `path` as a checkpoint file, atomically.

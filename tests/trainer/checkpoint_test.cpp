@@ -1,5 +1,7 @@
 // Checkpoints: exact resume, atomic files, clean failures, signals.
 
+#include <sys/resource.h>
+
 #include <csignal>
 #include <fstream>
 
@@ -258,6 +260,49 @@ TEST(Checkpoint, ModelCheckpointLastAndEveryNSteps) {
   for (const auto& e : fs::directory_iterator(dir.path / "checkpoints")) files.insert(e.path().filename().string());
   EXPECT_EQ(files, (std::set<std::string>{"step=3.ckpt", "step=6.ckpt", "last.ckpt"}));
   EXPECT_EQ(read_checkpoint_meta((dir.path / "checkpoints" / "last.ckpt").string()).at("loop").at("global_step"), 6);
+}
+
+// A disk that fills up during a save: the write fails part-way (here the file
+// size limit stands in for the full disk), the error names the file and the
+// reason, and the previous checkpoint is untouched.
+TEST(Checkpoint, AWriteFailingPartWayLeavesThePreviousFile) {
+  TempDir dir;
+  auto model = stateful_model();
+  auto train = sequential_loader(16, 8);
+  Trainer trainer(resumable(dir, 1));
+  trainer.fit(*model, train);
+  const fs::path path = dir.path / "model.ckpt";
+  trainer.save_checkpoint(path.string());
+  std::string before;
+  {
+    std::ifstream in(path, std::ios::binary);
+    before.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  rlimit saved{};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &saved), 0);
+  auto previous_handler = std::signal(SIGXFSZ, SIG_IGN);  // so an oversized write fails with EFBIG
+  rlimit limited = saved;
+  limited.rlim_cur = static_cast<rlim_t>(before.size() / 2);
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &limited), 0);
+  std::string error;
+  try {
+    trainer.save_checkpoint(path.string());
+  } catch (const CheckpointError& e) {
+    error = e.what();
+  }
+  ::setrlimit(RLIMIT_FSIZE, &saved);
+  std::signal(SIGXFSZ, previous_handler);
+  EXPECT_NE(error.find(path.string()), std::string::npos) << error;
+  EXPECT_NE(error.find("write failed"), std::string::npos) << error;
+  std::string after;
+  {
+    std::ifstream in(path, std::ios::binary);
+    after.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  EXPECT_EQ(after, before);
+  std::set<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir.path)) names.insert(e.path().filename().string());
+  for (const auto& name : names) EXPECT_EQ(name.find(".tmp."), std::string::npos) << name;
 }
 
 }  // namespace
