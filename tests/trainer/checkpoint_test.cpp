@@ -30,6 +30,19 @@ TrainerOptions resumable(const TempDir& dir, int64_t epochs) {
   return o;
 }
 
+// A Trainer that has fitted `model` for an epoch, to save checkpoints of it.
+std::unique_ptr<Trainer> fitted_one_epoch(const TempDir& dir, TinyNet& model) {
+  auto train = sequential_loader(16, 8);
+  auto trainer = std::make_unique<Trainer>(resumable(dir, 1));
+  trainer->fit(model, train);
+  return trainer;
+}
+
+std::string file_bytes(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+
 std::set<std::string> listing(const fs::path& dir) {
   std::set<std::string> names;
   for (const auto& e : fs::recursive_directory_iterator(dir)) names.insert(e.path().string());
@@ -185,15 +198,9 @@ TEST(Checkpoint, BrokenFilesFailCleanlyAndChangeNothing) {
   TempDir dir;
   auto model = stateful_model();
   auto train = sequential_loader(16, 8);
-  Trainer trainer(resumable(dir, 1));
-  trainer.fit(*model, train);
   const fs::path good = dir.path / "good.ckpt";
-  trainer.save_checkpoint(good.string());
-  std::string bytes;
-  {
-    std::ifstream in(good, std::ios::binary);
-    bytes.assign(std::istreambuf_iterator<char>(in), {});
-  }
+  fitted_one_epoch(dir, *model)->save_checkpoint(good.string());
+  const std::string bytes = file_bytes(good);
   auto write = [&](const std::string& name, const std::string& content) {
     std::ofstream(dir.path / name, std::ios::binary) << content;
     return (dir.path / name).string();
@@ -268,16 +275,10 @@ TEST(Checkpoint, ModelCheckpointLastAndEveryNSteps) {
 TEST(Checkpoint, AWriteFailingPartWayLeavesThePreviousFile) {
   TempDir dir;
   auto model = stateful_model();
-  auto train = sequential_loader(16, 8);
-  Trainer trainer(resumable(dir, 1));
-  trainer.fit(*model, train);
+  auto trainer = fitted_one_epoch(dir, *model);
   const fs::path path = dir.path / "model.ckpt";
-  trainer.save_checkpoint(path.string());
-  std::string before;
-  {
-    std::ifstream in(path, std::ios::binary);
-    before.assign(std::istreambuf_iterator<char>(in), {});
-  }
+  trainer->save_checkpoint(path.string());
+  const std::string before = file_bytes(path);
   rlimit saved{};
   ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &saved), 0);
   auto previous_handler = std::signal(SIGXFSZ, SIG_IGN);  // so an oversized write fails with EFBIG
@@ -286,7 +287,7 @@ TEST(Checkpoint, AWriteFailingPartWayLeavesThePreviousFile) {
   ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &limited), 0);
   std::string error;
   try {
-    trainer.save_checkpoint(path.string());
+    trainer->save_checkpoint(path.string());
   } catch (const CheckpointError& e) {
     error = e.what();
   }
@@ -294,12 +295,7 @@ TEST(Checkpoint, AWriteFailingPartWayLeavesThePreviousFile) {
   std::signal(SIGXFSZ, previous_handler);
   EXPECT_NE(error.find(path.string()), std::string::npos) << error;
   EXPECT_NE(error.find("write failed"), std::string::npos) << error;
-  std::string after;
-  {
-    std::ifstream in(path, std::ios::binary);
-    after.assign(std::istreambuf_iterator<char>(in), {});
-  }
-  EXPECT_EQ(after, before);
+  EXPECT_EQ(file_bytes(path), before);
   std::set<std::string> names;
   for (const auto& e : fs::directory_iterator(dir.path)) names.insert(e.path().filename().string());
   for (const auto& name : names) EXPECT_EQ(name.find(".tmp."), std::string::npos) << name;
