@@ -164,6 +164,9 @@ struct TrainerState final : MetricSink {
   bool should_stop = false;
   std::string stop_reason;
   torch::Tensor rng_epoch_start;
+  // LibTorch's deterministic-algorithms setting (and its warn_only) from
+  // before a loop with `deterministic` set it, put back when the loop ends.
+  std::optional<std::pair<bool, bool>> deterministic_before;
 
   // Metrics.
   LogContext context = LogContext::none;
@@ -286,6 +289,11 @@ struct TrainerState final : MetricSink {
   }
 
   void attach(ModuleBase& model) {
+    if (options.deterministic) {
+      auto& context = at::globalContext();
+      deterministic_before.emplace(context.deterministicAlgorithms(), context.deterministicAlgorithmsWarnOnly());
+      context.setDeterministicAlgorithms(true, /*warn_only=*/false);
+    }
     module = &model;
     accelerator->setup_device(*device);
     if (options.seed) torch::manual_seed(*options.seed);
@@ -299,6 +307,10 @@ struct TrainerState final : MetricSink {
     loop.clear();
     context = LogContext::none;
     if (accelerator) accelerator->teardown();
+    if (deterministic_before) {
+      at::globalContext().setDeterministicAlgorithms(deterministic_before->first, deterministic_before->second);
+      deterministic_before.reset();
+    }
   }
 
   std::optional<int64_t> eval_limit(Stage s, const StepRunner& runner) const {
@@ -628,13 +640,8 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
 
   struct Scope {
     detail::TrainerState& s;
-    bool deterministic;
-    ~Scope() {
-      s.end();
-      at::globalContext().setDeterministicAlgorithms(deterministic, false);
-    }
-  } scope{s, at::globalContext().deterministicAlgorithms()};
-  if (o.deterministic) at::globalContext().setDeterministicAlgorithms(true, false);
+    ~Scope() { s.end(); }
+  } scope{s};
 
   FitResult result;
   try {
