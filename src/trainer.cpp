@@ -649,6 +649,18 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
     s.optim = model.configure_optimizers();
     if (s.optim.optimizers.empty() || !s.optim.optimizers.front())
       throw ConfigError(fmt::format("{}::configure_optimizers returned no optimizer", model.name()));
+    // Note [One optimizer]
+    // Automatic optimization steps the optimizer with each training_step's
+    // loss. Several optimizers are there for parts of a model with objectives
+    // of their own (a GAN's generator and discriminator), which one loss
+    // stepping them all would ignore; Lightning 2 allows them only under
+    // manual optimization, which fulgor does not have yet.
+    if (s.optim.optimizers.size() > 1)
+      throw ConfigError(fmt::format(
+          "{}::configure_optimizers returned {} optimizers; the Trainer's automatic optimization steps exactly one "
+          "with each training_step's loss, and fulgor has no manual optimization: return one optimizer (parameter "
+          "groups give parts of the model their own options)",
+          model.name(), s.optim.optimizers.size()));
     for (const auto& sc : s.optim.schedulers) {
       if (!sc.scheduler) throw ConfigError("configure_optimizers returned a SchedulerConfig without a scheduler");
       if (sc.frequency < 1) throw ConfigError(fmt::format("scheduler frequency={}: expected >= 1", sc.frequency));
