@@ -1,7 +1,13 @@
 // The built-in callbacks and loggers.
 
+#include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <fstream>
+#include <optional>
+#include <regex>
 #include <sstream>
+#include <thread>
 
 #include "tiny.h"
 
@@ -57,13 +63,56 @@ TEST(Callbacks, LearningRateMonitorLogsRates) {
     return fulgor::OptimizerConfig(sgd, {.scheduler = std::make_shared<StepLR>(*sgd, 1, 0.5)});
   };
   auto train = sequential_loader(8, 4);
-  auto options = quiet(dir.str());
-  options.max_epochs = 3;
-  options.callbacks = {std::make_shared<LearningRateMonitor>()};
-  Trainer trainer(options);
+  Trainer trainer(quiet(dir, 3, {std::make_shared<LearningRateMonitor>()}));
   trainer.fit(model, train);
   // Logged at the start of the third epoch, after two epoch steps.
   EXPECT_DOUBLE_EQ(trainer.logged_metrics().at("lr-SGD"), 0.1);
+}
+
+// SGD at 0.4, halved by a StepLR after every optimizer step.
+fulgor::OptimizerConfig halved_every_step(TinyNet& m) {
+  auto sgd = std::make_shared<torch::optim::SGD>(m.parameters(), torch::optim::SGDOptions(0.4));
+  return fulgor::OptimizerConfig(sgd,
+                                 {.scheduler = std::make_shared<StepLR>(*sgd, 1, 0.5), .interval = Interval::step});
+}
+
+// The (step, rate) pairs a LearningRateMonitor logged over 2 epochs of 3 steps.
+std::vector<std::pair<int64_t, double>> monitored_rates(std::optional<Interval> logging_interval) {
+  TempDir dir;
+  TinyNet model;
+  model.make_optimizers = halved_every_step;
+  auto train = sequential_loader(12, 4);
+  auto logger = std::make_shared<RecordingLogger>();
+  auto options = quiet(dir, 2, {std::make_shared<LearningRateMonitor>(logging_interval)});
+  options.loggers = {logger};
+  Trainer trainer(options);
+  trainer.fit(model, train);
+  EXPECT_EQ(trainer.global_step(), 6);
+  return logger->series("lr-SGD");
+}
+
+TEST(Callbacks, LearningRateMonitorLogsEveryStepTheRateThatStepUses) {
+  // Set to steps, and unset with a scheduler that steps per step.
+  for (std::optional<Interval> interval : {std::optional<Interval>(Interval::step), std::optional<Interval>()}) {
+    SCOPED_TRACE(interval ? "logging_interval=step" : "logging_interval unset");
+    const auto rates = monitored_rates(interval);
+    ASSERT_EQ(rates.size(), 6u);
+    for (size_t i = 0; i < rates.size(); ++i) {
+      // Before step i, the scheduler has halved the rate i times.
+      EXPECT_EQ(rates[i].first, static_cast<int64_t>(i));
+      EXPECT_DOUBLE_EQ(rates[i].second, 0.4 * std::pow(0.5, static_cast<double>(i)));
+    }
+  }
+}
+
+TEST(Callbacks, LearningRateMonitorLogsOncePerEpochWhenAskedTo) {
+  const auto rates = monitored_rates(Interval::epoch);
+  ASSERT_EQ(rates.size(), 2u);
+  // At each epoch's start: before step 0, and after the first epoch's 3 steps.
+  EXPECT_EQ(rates[0].first, 0);
+  EXPECT_DOUBLE_EQ(rates[0].second, 0.4);
+  EXPECT_EQ(rates[1].first, 3);
+  EXPECT_DOUBLE_EQ(rates[1].second, 0.4 * std::pow(0.5, 3.0));
 }
 
 TEST(Callbacks, ModelSummaryCountsParameters) {
