@@ -145,29 +145,87 @@ TEST(Callbacks, TimerStopsCleanly) {
   EXPECT_DOUBLE_EQ(Timer("00:01:00:00").time_remaining(), 3600.0);
 }
 
+// Logs the loss for the progress bar; sleeps first when `pause` is set.
+struct ShowLoss : TinyNet {
+  std::chrono::milliseconds pause{0};
+  torch::Tensor training_step(torch::data::Example<> b, int64_t i) override {
+    std::this_thread::sleep_for(pause);
+    auto loss = TinyNet::training_step(std::move(b), i);
+    log("loss", loss, {.prog_bar = true});
+    return loss;
+  }
+};
+
+// Each plain line's label and count, e.g. "Epoch 1/2 5/10".
+std::vector<std::string> line_heads(const std::string& text, int words) {
+  std::vector<std::string> heads;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream in(line);
+    std::string head, word;
+    for (int i = 0; i < words && in >> word; ++i) head += (i ? " " : "") + word;
+    heads.push_back(head);
+  }
+  return heads;
+}
+
 TEST(Callbacks, ProgressBarWritesPlainLinesWhenNotATerminal) {
   TempDir dir;
-  TinyNet model;
+  ShowLoss model;
   auto train = sequential_loader(40, 4);
   auto val = sequential_loader(8, 4);
   std::ostringstream out;
-  struct ShowLoss : TinyNet {
-    torch::Tensor training_step(torch::data::Example<> b, int64_t i) override {
-      auto loss = TinyNet::training_step(std::move(b), i);
-      log("loss", loss, {.prog_bar = true});
-      return loss;
-    }
-  } shown;
-  auto options = quiet(dir.str());
-  options.max_epochs = 2;
-  options.callbacks = {std::make_shared<ProgressBar>(&out, 50)};
-  Trainer trainer(options);
-  trainer.fit(shown, train, val);
+  Trainer trainer(quiet(dir, 2, {std::make_shared<ProgressBar>(&out, 50)}));
+  trainer.fit(model, train, val);
   const std::string text = out.str();
-  EXPECT_NE(text.find("Epoch 1/2 5/10"), std::string::npos) << text;
-  EXPECT_NE(text.find("Epoch 2/2 10/10"), std::string::npos) << text;
+  // Every 50% of an epoch, each line once: the epoch's last batch is its final line.
+  EXPECT_EQ(line_heads(text, 3),
+            (std::vector<std::string>{"Epoch 1/2 5/10", "Epoch 1/2 10/10", "Epoch 2/2 5/10", "Epoch 2/2 10/10"}))
+      << text;
   EXPECT_NE(text.find("loss="), std::string::npos) << text;
   EXPECT_EQ(text.find('\r'), std::string::npos);
+}
+
+TEST(Callbacks, ProgressBarWritesALineOnceWhenTheEpochStopsRightAfterIt) {
+  TempDir dir;
+  ShowLoss model;
+  auto train = sequential_loader(40, 4);
+  std::ostringstream out;
+  auto options = quiet(dir.str());
+  options.max_steps = 5;  // half of the epoch, where a line is due
+  options.callbacks = {std::make_shared<ProgressBar>(&out, 50)};
+  Trainer trainer(options);
+  trainer.fit(model, train);
+  EXPECT_EQ(line_heads(out.str(), 3), std::vector<std::string>{"Epoch 1 5/10"}) << out.str();
+}
+
+TEST(Callbacks, ProgressBarRedrawsOneLineOnATerminal) {
+  TempDir dir;
+  ShowLoss model;
+  // Longer than the bar waits between redraws, so that every batch draws.
+  model.pause = std::chrono::milliseconds(110);
+  auto train = sequential_loader(12, 4);
+  std::ostringstream out;
+  Trainer trainer(quiet(dir, 2, {std::make_shared<ProgressBar>(&out, 10, /*terminal=*/true)}));
+  trainer.fit(model, train);
+  const std::string text = out.str();
+  // One line per epoch, each drawn over itself after a carriage return.
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 2) << text;
+  ASSERT_EQ(text.rfind('\r', 0), 0u) << text;
+  const std::regex draw(
+      R"(\x1b\[K(Epoch \d+/2) \[[= ]+\] (\d+)/3 (\d+\.\d)it/s ETA (\d\d:\d\d) elapsed \d\d:\d\d loss=\S+(\n?))");
+  std::vector<std::string> drawn;
+  std::istringstream draws(text.substr(1));
+  for (std::string one; std::getline(draws, one, '\r');) {
+    std::smatch m;
+    ASSERT_TRUE(std::regex_match(one, m, draw)) << "unexpected draw: " << one;
+    EXPECT_GT(std::stod(m[3]), 0.0) << one;
+    // Only an epoch's final draw ends its line.
+    EXPECT_EQ(m[5].length() == 1, m[2] == "3") << one;
+    drawn.push_back(m[1].str() + " " + m[2].str());
+  }
+  EXPECT_EQ(drawn, (std::vector<std::string>{"Epoch 1/2 1", "Epoch 1/2 2", "Epoch 1/2 3", "Epoch 2/2 1", "Epoch 2/2 2",
+                                             "Epoch 2/2 3"}));
 }
 
 }  // namespace
