@@ -77,18 +77,20 @@ void move_optimizer_state(torch::optim::Optimizer& optimizer, const Accelerator&
   auto mv = [&](const torch::Tensor& t) {
     return t.defined() && t.device() != device ? accelerator.move_tensor(t, device, false) : t;
   };
+  // Adam's and AdamW's states are unrelated types with the same tensors.
+  auto move_adam = [&](auto* s) {
+    s->exp_avg(mv(s->exp_avg()));
+    s->exp_avg_sq(mv(s->exp_avg_sq()));
+    s->max_exp_avg_sq(mv(s->max_exp_avg_sq()));
+  };
   for (auto& entry : optimizer.state()) {
     auto* state = entry.second.get();
     if (auto* s = dynamic_cast<torch::optim::SGDParamState*>(state)) {
       s->momentum_buffer(mv(s->momentum_buffer()));
     } else if (auto* s = dynamic_cast<torch::optim::AdamParamState*>(state)) {
-      s->exp_avg(mv(s->exp_avg()));
-      s->exp_avg_sq(mv(s->exp_avg_sq()));
-      s->max_exp_avg_sq(mv(s->max_exp_avg_sq()));
+      move_adam(s);
     } else if (auto* s = dynamic_cast<torch::optim::AdamWParamState*>(state)) {
-      s->exp_avg(mv(s->exp_avg()));
-      s->exp_avg_sq(mv(s->exp_avg_sq()));
-      s->max_exp_avg_sq(mv(s->max_exp_avg_sq()));
+      move_adam(s);
     } else if (auto* s = dynamic_cast<torch::optim::RMSpropParamState*>(state)) {
       s->square_avg(mv(s->square_avg()));
       s->momentum_buffer(mv(s->momentum_buffer()));
