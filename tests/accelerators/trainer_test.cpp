@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cmath>
 #include <filesystem>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -159,6 +160,9 @@ struct ResumeCase {
 std::string case_name(const ::testing::TestParamInfo<ResumeCase>& info) {
   return info.param.first + "_to_" + info.param.second + "_" + info.param.optimizer;
 }
+
+// For the test names ctest lists, instead of the bytes.
+void PrintTo(const ResumeCase& c, std::ostream* out) { *out << c.first << " to " << c.second << ", " << c.optimizer; }
 
 Devices devices_of(const std::string& accelerator) {
   return accelerator == "cpu" ? Devices(1) : Devices(std::vector<int64_t>{1});

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <ostream>
 
 #include "tiny.h"
 
@@ -21,6 +22,11 @@ struct SignalPair {
 };
 
 std::string signal_name(int signal) { return signal == SIGINT ? "SIGINT" : signal == SIGTERM ? "SIGTERM" : "other"; }
+
+// For the test names ctest lists, instead of the bytes.
+void PrintTo(const SignalPair& signals, std::ostream* out) {
+  *out << signal_name(signals.first) << " then " << signal_name(signals.second);
+}
 
 void say(int fd, const std::string& text) {
   // Best effort: a lost note shows as a mismatch in the parent.
