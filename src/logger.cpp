@@ -60,9 +60,15 @@ std::string csv_number(double v) {
 }  // namespace
 }  // namespace detail
 
+// ---- FileLogger ---------------------------------------------------------------
+
+std::string FileLogger::version() const { return "version_" + std::to_string(dir_.version()); }
+
+void FileLogger::log_hyperparams(const nlohmann::json& hparams) { detail::write_hparams(dir_.create(), hparams); }
+
 // ---- CSVLogger ----------------------------------------------------------------
 
-CSVLogger::CSVLogger(FileLoggerOptions options) : dir_(std::move(options)) {}
+CSVLogger::CSVLogger(FileLoggerOptions options) : FileLogger(std::move(options)) {}
 
 CSVLogger::~CSVLogger() {
   try {
@@ -71,10 +77,6 @@ CSVLogger::~CSVLogger() {
     // A destructor cannot report the failure; finalize() and save() do.
   }
 }
-
-std::string CSVLogger::version() const { return "version_" + std::to_string(dir_.version()); }
-
-void CSVLogger::log_hyperparams(const nlohmann::json& hparams) { detail::write_hparams(dir_.create(), hparams); }
 
 void CSVLogger::log_metrics(const std::map<std::string, double>& metrics, int64_t step) {
   auto row = metrics;
@@ -114,11 +116,7 @@ void CSVLogger::save() {
 
 // ---- JsonLinesLogger ----------------------------------------------------------
 
-JsonLinesLogger::JsonLinesLogger(FileLoggerOptions options) : dir_(std::move(options)) {}
-
-std::string JsonLinesLogger::version() const { return "version_" + std::to_string(dir_.version()); }
-
-void JsonLinesLogger::log_hyperparams(const nlohmann::json& hparams) { detail::write_hparams(dir_.create(), hparams); }
+JsonLinesLogger::JsonLinesLogger(FileLoggerOptions options) : FileLogger(std::move(options)) {}
 
 void JsonLinesLogger::log_metrics(const std::map<std::string, double>& metrics, int64_t step) {
   if (!out_.is_open()) {

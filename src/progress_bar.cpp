@@ -20,8 +20,10 @@ std::string clock_text(double seconds) {
 
 }  // namespace
 
-ProgressBar::ProgressBar(std::ostream* out, int64_t refresh_lines)
-    : out_(out), terminal_(out == nullptr && ::isatty(STDOUT_FILENO) == 1), refresh_lines_(refresh_lines) {}
+ProgressBar::ProgressBar(std::ostream* out, int64_t refresh_lines, std::optional<bool> terminal)
+    : out_(out),
+      terminal_(terminal ? *terminal : out == nullptr && ::isatty(STDOUT_FILENO) == 1),
+      refresh_lines_(refresh_lines) {}
 
 std::ostream& ProgressBar::out() const { return out_ ? *out_ : std::cout; }
 
@@ -35,6 +37,7 @@ void ProgressBar::begin(const std::string& label) {
   label_ = label;
   start_ = last_draw_ = Clock::now();
   next_line_ = 0;
+  last_line_ = -1;
 }
 
 void ProgressBar::update(Trainer& trainer, int64_t done, std::optional<int64_t> total, bool final) {
@@ -69,7 +72,10 @@ void ProgressBar::update(Trainer& trainer, int64_t done, std::optional<int64_t> 
   } else if (!due && !total) {
     due = done % 50 == 0;
   }
-  if (!due) return;
+  // An epoch that stopped right after a line (max_steps, a stop request, a
+  // length unknown) would end with the same line again.
+  if (!due || (final && done == last_line_)) return;
+  last_line_ = done;
   out() << label_ << (total ? fmt::format(" {}/{}", done, *total) : fmt::format(" {}", done))
         << fmt::format(" {:.1f}it/s elapsed {}", rate, clock_text(elapsed))
         << (total && rate > 0 && !final ? " ETA " + clock_text(static_cast<double>(*total - done) / rate) : "")
@@ -86,7 +92,11 @@ void ProgressBar::on_train_epoch_start(Trainer& trainer, ModuleBase&) {
 }
 
 void ProgressBar::on_train_batch_end(Trainer& trainer, ModuleBase&, const torch::Tensor&, int64_t) {
-  update(trainer, trainer.batches_in_epoch(), trainer.num_training_batches(), false);
+  // The epoch's last batch is shown by on_train_epoch_end's line, which
+  // follows with the epoch's metrics.
+  const auto total = trainer.num_training_batches();
+  if (total && trainer.batches_in_epoch() >= *total) return;
+  update(trainer, trainer.batches_in_epoch(), total, false);
 }
 
 void ProgressBar::on_train_epoch_end(Trainer& trainer, ModuleBase&) {

@@ -77,18 +77,20 @@ void move_optimizer_state(torch::optim::Optimizer& optimizer, const Accelerator&
   auto mv = [&](const torch::Tensor& t) {
     return t.defined() && t.device() != device ? accelerator.move_tensor(t, device, false) : t;
   };
+  // Adam's and AdamW's states are unrelated types with the same tensors.
+  auto move_adam = [&](auto* s) {
+    s->exp_avg(mv(s->exp_avg()));
+    s->exp_avg_sq(mv(s->exp_avg_sq()));
+    s->max_exp_avg_sq(mv(s->max_exp_avg_sq()));
+  };
   for (auto& entry : optimizer.state()) {
     auto* state = entry.second.get();
     if (auto* s = dynamic_cast<torch::optim::SGDParamState*>(state)) {
       s->momentum_buffer(mv(s->momentum_buffer()));
     } else if (auto* s = dynamic_cast<torch::optim::AdamParamState*>(state)) {
-      s->exp_avg(mv(s->exp_avg()));
-      s->exp_avg_sq(mv(s->exp_avg_sq()));
-      s->max_exp_avg_sq(mv(s->max_exp_avg_sq()));
+      move_adam(s);
     } else if (auto* s = dynamic_cast<torch::optim::AdamWParamState*>(state)) {
-      s->exp_avg(mv(s->exp_avg()));
-      s->exp_avg_sq(mv(s->exp_avg_sq()));
-      s->max_exp_avg_sq(mv(s->max_exp_avg_sq()));
+      move_adam(s);
     } else if (auto* s = dynamic_cast<torch::optim::RMSpropParamState*>(state)) {
       s->square_avg(mv(s->square_avg()));
       s->momentum_buffer(mv(s->momentum_buffer()));
@@ -164,6 +166,9 @@ struct TrainerState final : MetricSink {
   bool should_stop = false;
   std::string stop_reason;
   torch::Tensor rng_epoch_start;
+  // LibTorch's deterministic-algorithms setting (and its warn_only) from
+  // before a loop with `deterministic` set it, put back when the loop ends.
+  std::optional<std::pair<bool, bool>> deterministic_before;
 
   // Metrics.
   LogContext context = LogContext::none;
@@ -291,6 +296,11 @@ struct TrainerState final : MetricSink {
   }
 
   void attach(ModuleBase& model) {
+    if (options.deterministic) {
+      auto& context = at::globalContext();
+      deterministic_before.emplace(context.deterministicAlgorithms(), context.deterministicAlgorithmsWarnOnly());
+      context.setDeterministicAlgorithms(true, /*warn_only=*/false);
+    }
     module = &model;
     accelerator->setup_device(*device);
     if (options.seed) torch::manual_seed(*options.seed);
@@ -304,6 +314,10 @@ struct TrainerState final : MetricSink {
     loop.clear();
     context = LogContext::none;
     if (accelerator) accelerator->teardown();
+    if (deterministic_before) {
+      at::globalContext().setDeterministicAlgorithms(deterministic_before->first, deterministic_before->second);
+      deterministic_before.reset();
+    }
   }
 
   std::optional<int64_t> eval_limit(Stage s, const StepRunner& runner) const {
@@ -633,13 +647,8 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
 
   struct Scope {
     detail::TrainerState& s;
-    bool deterministic;
-    ~Scope() {
-      s.end();
-      at::globalContext().setDeterministicAlgorithms(deterministic, false);
-    }
-  } scope{s, at::globalContext().deterministicAlgorithms()};
-  if (o.deterministic) at::globalContext().setDeterministicAlgorithms(true, false);
+    ~Scope() { s.end(); }
+  } scope{s};
 
   FitResult result;
   try {
@@ -647,6 +656,18 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
     s.optim = model.configure_optimizers();
     if (s.optim.optimizers.empty() || !s.optim.optimizers.front())
       throw ConfigError(fmt::format("{}::configure_optimizers returned no optimizer", model.name()));
+    // Note [One optimizer]
+    // Automatic optimization steps the optimizer with each training_step's
+    // loss. Several optimizers are there for parts of a model with objectives
+    // of their own (a GAN's generator and discriminator), which one loss
+    // stepping them all would ignore; Lightning 2 allows them only under
+    // manual optimization, which fulgor does not have yet.
+    if (s.optim.optimizers.size() > 1)
+      throw ConfigError(fmt::format(
+          "{}::configure_optimizers returned {} optimizers; the Trainer's automatic optimization steps exactly one "
+          "with each training_step's loss, and fulgor has no manual optimization: return one optimizer (parameter "
+          "groups give parts of the model their own options)",
+          model.name(), s.optim.optimizers.size()));
     for (const auto& sc : s.optim.schedulers) {
       if (!sc.scheduler) throw ConfigError("configure_optimizers returned a SchedulerConfig without a scheduler");
       if (sc.frequency < 1) throw ConfigError(fmt::format("scheduler frequency={}: expected >= 1", sc.frequency));

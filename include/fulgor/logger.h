@@ -65,23 +65,32 @@ class VersionedDir {
 };
 }  // namespace detail
 
-/// Lightning's CSVLogger: `save_dir/name/version_N/metrics.csv`, one row per
-/// log_metrics call with a column per metric name ever logged ("step" first),
-/// and the hyper-parameters in `hparams.json` beside it.
-class CSVLogger : public Logger {
+/// What the file loggers share: the run folder `save_dir/name/version_N`
+/// (created when first written to) and `hparams.json` in it.
+class FileLogger : public Logger {
  public:
-  explicit CSVLogger(FileLoggerOptions options = {});
-  explicit CSVLogger(std::string save_dir) : CSVLogger(detail::in_dir(std::move(save_dir))) {}
-  ~CSVLogger() override;
   std::string name() const override { return dir_.options().name; }
   std::string version() const override;
   std::string log_dir() const override { return dir_.path(); }
   void log_hyperparams(const nlohmann::json& hparams) override;
+
+ protected:
+  explicit FileLogger(FileLoggerOptions options) : dir_(std::move(options)) {}
+  detail::VersionedDir dir_;
+};
+
+/// Lightning's CSVLogger: `save_dir/name/version_N/metrics.csv`, one row per
+/// log_metrics call with a column per metric name ever logged ("step" first),
+/// and the hyper-parameters in `hparams.json` beside it.
+class CSVLogger : public FileLogger {
+ public:
+  explicit CSVLogger(FileLoggerOptions options = {});
+  explicit CSVLogger(std::string save_dir) : CSVLogger(detail::in_dir(std::move(save_dir))) {}
+  ~CSVLogger() override;
   void log_metrics(const std::map<std::string, double>& metrics, int64_t step) override;
   void save() override;
 
  private:
-  detail::VersionedDir dir_;
   std::vector<std::string> columns_;
   std::vector<std::map<std::string, double>> rows_;
   int64_t unsaved_ = 0;
@@ -90,19 +99,14 @@ class CSVLogger : public Logger {
 /// Writes `save_dir/name/version_N/metrics.jsonl`: one JSON object per
 /// log_metrics call ({"step": ..., "<metric>": ...}), appended as it comes, and
 /// `hparams.json`.
-class JsonLinesLogger : public Logger {
+class JsonLinesLogger : public FileLogger {
  public:
   explicit JsonLinesLogger(FileLoggerOptions options = {});
   explicit JsonLinesLogger(std::string save_dir) : JsonLinesLogger(detail::in_dir(std::move(save_dir))) {}
-  std::string name() const override { return dir_.options().name; }
-  std::string version() const override;
-  std::string log_dir() const override { return dir_.path(); }
-  void log_hyperparams(const nlohmann::json& hparams) override;
   void log_metrics(const std::map<std::string, double>& metrics, int64_t step) override;
   void save() override;
 
  private:
-  detail::VersionedDir dir_;
   std::ofstream out_;
 };
 

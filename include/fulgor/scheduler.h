@@ -124,8 +124,11 @@ struct SchedulerConfig {
   std::string name;
 };
 
-/// What Module::configure_optimizers returns: one or more optimizers (each
-/// training step steps all of them) and their schedulers.
+/// What Module::configure_optimizers returns: the optimizer and its
+/// schedulers. The Trainer optimizes automatically, stepping one optimizer
+/// with each training_step's loss: fit refuses more than one optimizer with a
+/// ConfigError, as there is no manual optimization (Note [One optimizer] in
+/// src/trainer.cpp).
 struct OptimizerConfig {
   std::vector<std::shared_ptr<torch::optim::Optimizer>> optimizers;
   std::vector<SchedulerConfig> schedulers;

@@ -113,13 +113,18 @@ struct TrainerOptions {
   std::optional<double> gradient_clip_val;
   /// "norm" (the total 2-norm) or "value" (each element).
   std::string gradient_clip_algorithm = "norm";
-  /// Asks LibTorch for deterministic algorithms during the loops.
+  /// Makes LibTorch use deterministic algorithms while a loop runs: an
+  /// operation that has no deterministic implementation throws. The previous
+  /// setting is put back when the loop ends.
   bool deterministic = false;
-  /// Runs training steps under autograd's anomaly detection.
+  /// Runs training steps and their backward under autograd's anomaly
+  /// detection: a backward that produces NaN throws, naming the operation.
   bool detect_anomaly = false;
   /// Where logs and checkpoints go by default ("" is the working directory).
   std::string default_root_dir;
-  /// Seeds LibTorch's generators when a loop starts.
+  /// Seeds LibTorch's generators when a loop starts, after the module was
+  /// built: the seed decides the loaders' shuffling, dropout and any other
+  /// random draw in the loops, not the module's initial weights.
   std::optional<uint64_t> seed;
 };
 

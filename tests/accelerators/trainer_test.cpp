@@ -1,6 +1,6 @@
 // fulgor::Trainer on the built-in xpu and npu accelerators, over the emulated
 // runtimes: a short fit on device 1 must train as the same fit on the CPU does,
-// and checkpoints must move between the device and the CPU.
+// and checkpoints must move between each device and the CPU.
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cmath>
 #include <filesystem>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -31,8 +32,9 @@ constexpr double kAtol = 1e-6;
 struct TinyRegression : Module {
   torch::nn::Linear l1{nullptr}, l2{nullptr};
   std::vector<double> losses;
+  std::string optimizer;  // "SGD" (with momentum), "Adam" or "AdamW"
 
-  TinyRegression() {
+  explicit TinyRegression(std::string optimizer_name) : optimizer(std::move(optimizer_name)) {
     l1 = register_module("l1", torch::nn::Linear(4, 8));
     l2 = register_module("l2", torch::nn::Linear(8, 1));
   }
@@ -42,6 +44,9 @@ struct TinyRegression : Module {
     return loss;
   }
   OptimizerConfig configure_optimizers() override {
+    if (optimizer == "Adam") return std::make_shared<torch::optim::Adam>(parameters(), torch::optim::AdamOptions(0.01));
+    if (optimizer == "AdamW")
+      return std::make_shared<torch::optim::AdamW>(parameters(), torch::optim::AdamWOptions(0.01));
     return std::make_shared<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   }
 };
@@ -86,9 +91,9 @@ TensorLoader regression_loader() {
   return TensorLoader(x, y, options);
 }
 
-std::unique_ptr<TinyRegression> tiny_model() {
+std::unique_ptr<TinyRegression> tiny_model(const std::string& optimizer = "SGD") {
   torch::manual_seed(17);
-  return std::make_unique<TinyRegression>();
+  return std::make_unique<TinyRegression>(optimizer);
 }
 
 void expect_close(const std::vector<double>& actual, const std::vector<double>& expected) {
@@ -145,43 +150,78 @@ TEST(NpuTrainer, FitOnDeviceOneMatchesTheCpu) {
   fit_matches_the_cpu("npu", kNpu1);
 }
 
+// A checkpoint saved on one accelerator and resumed on another, with the
+// optimizer whose state has to move between them.
+struct ResumeCase {
+  std::string first, second;
+  std::string optimizer;
+};
+
+std::string case_name(const ::testing::TestParamInfo<ResumeCase>& info) {
+  return info.param.first + "_to_" + info.param.second + "_" + info.param.optimizer;
+}
+
+// For the test names ctest lists, instead of the bytes.
+void PrintTo(const ResumeCase& c, std::ostream* out) { *out << c.first << " to " << c.second << ", " << c.optimizer; }
+
+Devices devices_of(const std::string& accelerator) {
+  return accelerator == "cpu" ? Devices(1) : Devices(std::vector<int64_t>{1});
+}
+
+torch::Device device_of(const std::string& accelerator) {
+  return accelerator == "xpu" ? kXpu1 : accelerator == "npu" ? kNpu1 : torch::Device(torch::kCPU);
+}
+
+class CheckpointAcrossAccelerators : public ::testing::TestWithParam<ResumeCase> {
+ protected:
+  void SetUp() override {
+    const ResumeCase& c = GetParam();
+    if ((c.first == "npu" || c.second == "npu") && !detail::compat::kHasNamedPrivateUse1)
+      GTEST_SKIP() << "the npu accelerator needs LibTorch >= 2.1, where PrivateUse1 can be named \"npu\"; this is "
+                   << TORCH_VERSION;
+  }
+};
+
 // One epoch on `first`, saved, and the second epoch resumed from that
 // checkpoint on `second`, trains as two epochs on the CPU do.
-void resume_across(const std::string& first, Devices first_devices, const std::string& second,
-                   Devices second_devices, torch::Device second_device) {
-  load_runtime(first);
-  load_runtime(second);
+TEST_P(CheckpointAcrossAccelerators, ResumesAsAnUninterruptedRunOnTheCpu) {
+  const ResumeCase& c = GetParam();
+  load_runtime(c.first);
+  load_runtime(c.second);
   TempDir dir;
-  auto straight = tiny_model();
+  auto straight = tiny_model(c.optimizer);
   auto straight_loader = regression_loader();
   Trainer uninterrupted(quiet("cpu", 1, 2, dir));
   uninterrupted.fit(*straight, straight_loader);
 
-  auto before = tiny_model();
+  auto before = tiny_model(c.optimizer);
   auto first_loader = regression_loader();
-  Trainer one(quiet(first, std::move(first_devices), 1, dir));
+  Trainer one(quiet(c.first, devices_of(c.first), 1, dir));
   one.fit(*before, first_loader);
   const std::string path = (dir.path / "one_epoch.ckpt").string();
   one.save_checkpoint(path);
 
-  auto after = tiny_model();
+  auto after = tiny_model(c.optimizer);
   auto second_loader = regression_loader();
-  Trainer two(quiet(second, std::move(second_devices), 2, dir));
+  Trainer two(quiet(c.second, devices_of(c.second), 2, dir));
   const FitResult result = two.fit(*after, second_loader, {path});
   EXPECT_EQ(result.global_step, 8);
-  EXPECT_EQ(two.device(), second_device);
-  for (const torch::Tensor& p : after->parameters()) EXPECT_EQ(p.device(), second_device);
+  EXPECT_EQ(two.device(), device_of(c.second));
+  for (const torch::Tensor& p : after->parameters()) EXPECT_EQ(p.device(), device_of(c.second));
   expect_close(after->losses, std::vector<double>(straight->losses.begin() + 4, straight->losses.end()));
   expect_close(*after, *straight);
 }
 
-TEST(XpuTrainer, CheckpointSavedOnXpuResumesOnTheCpu) {
-  resume_across("xpu", std::vector<int64_t>{1}, "cpu", 1, torch::Device(torch::kCPU));
-}
-
-TEST(XpuTrainer, CheckpointSavedOnTheCpuResumesOnXpu) {
-  resume_across("cpu", 1, "xpu", std::vector<int64_t>{1}, kXpu1);
-}
+// Each optimizer keeps its state in its own type, which the Trainer moves onto
+// the resuming device.
+INSTANTIATE_TEST_SUITE_P(Xpu, CheckpointAcrossAccelerators,
+                         ::testing::Values(ResumeCase{"xpu", "cpu", "SGD"}, ResumeCase{"cpu", "xpu", "SGD"},
+                                           ResumeCase{"cpu", "xpu", "Adam"}, ResumeCase{"cpu", "xpu", "AdamW"}),
+                         case_name);
+INSTANTIATE_TEST_SUITE_P(Npu, CheckpointAcrossAccelerators,
+                         ::testing::Values(ResumeCase{"npu", "cpu", "SGD"}, ResumeCase{"cpu", "npu", "SGD"},
+                                           ResumeCase{"cpu", "npu", "Adam"}, ResumeCase{"cpu", "npu", "AdamW"}),
+                         case_name);
 
 }  // namespace
 }  // namespace fulgor

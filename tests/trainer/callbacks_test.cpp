@@ -1,7 +1,13 @@
 // The built-in callbacks and loggers.
 
+#include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <fstream>
+#include <optional>
+#include <regex>
 #include <sstream>
+#include <thread>
 
 #include "tiny.h"
 
@@ -57,13 +63,56 @@ TEST(Callbacks, LearningRateMonitorLogsRates) {
     return fulgor::OptimizerConfig(sgd, {.scheduler = std::make_shared<StepLR>(*sgd, 1, 0.5)});
   };
   auto train = sequential_loader(8, 4);
-  auto options = quiet(dir.str());
-  options.max_epochs = 3;
-  options.callbacks = {std::make_shared<LearningRateMonitor>()};
-  Trainer trainer(options);
+  Trainer trainer(quiet(dir, 3, {std::make_shared<LearningRateMonitor>()}));
   trainer.fit(model, train);
   // Logged at the start of the third epoch, after two epoch steps.
   EXPECT_DOUBLE_EQ(trainer.logged_metrics().at("lr-SGD"), 0.1);
+}
+
+// SGD at 0.4, halved by a StepLR after every optimizer step.
+fulgor::OptimizerConfig halved_every_step(TinyNet& m) {
+  auto sgd = std::make_shared<torch::optim::SGD>(m.parameters(), torch::optim::SGDOptions(0.4));
+  return fulgor::OptimizerConfig(sgd,
+                                 {.scheduler = std::make_shared<StepLR>(*sgd, 1, 0.5), .interval = Interval::step});
+}
+
+// The (step, rate) pairs a LearningRateMonitor logged over 2 epochs of 3 steps.
+std::vector<std::pair<int64_t, double>> monitored_rates(std::optional<Interval> logging_interval) {
+  TempDir dir;
+  TinyNet model;
+  model.make_optimizers = halved_every_step;
+  auto train = sequential_loader(12, 4);
+  auto logger = std::make_shared<RecordingLogger>();
+  auto options = quiet(dir, 2, {std::make_shared<LearningRateMonitor>(logging_interval)});
+  options.loggers = {logger};
+  Trainer trainer(options);
+  trainer.fit(model, train);
+  EXPECT_EQ(trainer.global_step(), 6);
+  return logger->series("lr-SGD");
+}
+
+TEST(Callbacks, LearningRateMonitorLogsEveryStepTheRateThatStepUses) {
+  // Set to steps, and unset with a scheduler that steps per step.
+  for (std::optional<Interval> interval : {std::optional<Interval>(Interval::step), std::optional<Interval>()}) {
+    SCOPED_TRACE(interval ? "logging_interval=step" : "logging_interval unset");
+    const auto rates = monitored_rates(interval);
+    ASSERT_EQ(rates.size(), 6u);
+    for (size_t i = 0; i < rates.size(); ++i) {
+      // Before step i, the scheduler has halved the rate i times.
+      EXPECT_EQ(rates[i].first, static_cast<int64_t>(i));
+      EXPECT_DOUBLE_EQ(rates[i].second, 0.4 * std::pow(0.5, static_cast<double>(i)));
+    }
+  }
+}
+
+TEST(Callbacks, LearningRateMonitorLogsOncePerEpochWhenAskedTo) {
+  const auto rates = monitored_rates(Interval::epoch);
+  ASSERT_EQ(rates.size(), 2u);
+  // At each epoch's start: before step 0, and after the first epoch's 3 steps.
+  EXPECT_EQ(rates[0].first, 0);
+  EXPECT_DOUBLE_EQ(rates[0].second, 0.4);
+  EXPECT_EQ(rates[1].first, 3);
+  EXPECT_DOUBLE_EQ(rates[1].second, 0.4 * std::pow(0.5, 3.0));
 }
 
 TEST(Callbacks, ModelSummaryCountsParameters) {
@@ -96,29 +145,87 @@ TEST(Callbacks, TimerStopsCleanly) {
   EXPECT_DOUBLE_EQ(Timer("00:01:00:00").time_remaining(), 3600.0);
 }
 
+// Logs the loss for the progress bar; sleeps first when `pause` is set.
+struct ShowLoss : TinyNet {
+  std::chrono::milliseconds pause{0};
+  torch::Tensor training_step(torch::data::Example<> b, int64_t i) override {
+    std::this_thread::sleep_for(pause);
+    auto loss = TinyNet::training_step(std::move(b), i);
+    log("loss", loss, {.prog_bar = true});
+    return loss;
+  }
+};
+
+// Each plain line's label and count, e.g. "Epoch 1/2 5/10".
+std::vector<std::string> line_heads(const std::string& text, int words) {
+  std::vector<std::string> heads;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream in(line);
+    std::string head, word;
+    for (int i = 0; i < words && in >> word; ++i) head += (i ? " " : "") + word;
+    heads.push_back(head);
+  }
+  return heads;
+}
+
 TEST(Callbacks, ProgressBarWritesPlainLinesWhenNotATerminal) {
   TempDir dir;
-  TinyNet model;
+  ShowLoss model;
   auto train = sequential_loader(40, 4);
   auto val = sequential_loader(8, 4);
   std::ostringstream out;
-  struct ShowLoss : TinyNet {
-    torch::Tensor training_step(torch::data::Example<> b, int64_t i) override {
-      auto loss = TinyNet::training_step(std::move(b), i);
-      log("loss", loss, {.prog_bar = true});
-      return loss;
-    }
-  } shown;
-  auto options = quiet(dir.str());
-  options.max_epochs = 2;
-  options.callbacks = {std::make_shared<ProgressBar>(&out, 50)};
-  Trainer trainer(options);
-  trainer.fit(shown, train, val);
+  Trainer trainer(quiet(dir, 2, {std::make_shared<ProgressBar>(&out, 50)}));
+  trainer.fit(model, train, val);
   const std::string text = out.str();
-  EXPECT_NE(text.find("Epoch 1/2 5/10"), std::string::npos) << text;
-  EXPECT_NE(text.find("Epoch 2/2 10/10"), std::string::npos) << text;
+  // Every 50% of an epoch, each line once: the epoch's last batch is its final line.
+  EXPECT_EQ(line_heads(text, 3),
+            (std::vector<std::string>{"Epoch 1/2 5/10", "Epoch 1/2 10/10", "Epoch 2/2 5/10", "Epoch 2/2 10/10"}))
+      << text;
   EXPECT_NE(text.find("loss="), std::string::npos) << text;
   EXPECT_EQ(text.find('\r'), std::string::npos);
+}
+
+TEST(Callbacks, ProgressBarWritesALineOnceWhenTheEpochStopsRightAfterIt) {
+  TempDir dir;
+  ShowLoss model;
+  auto train = sequential_loader(40, 4);
+  std::ostringstream out;
+  auto options = quiet(dir.str());
+  options.max_steps = 5;  // half of the epoch, where a line is due
+  options.callbacks = {std::make_shared<ProgressBar>(&out, 50)};
+  Trainer trainer(options);
+  trainer.fit(model, train);
+  EXPECT_EQ(line_heads(out.str(), 3), std::vector<std::string>{"Epoch 1 5/10"}) << out.str();
+}
+
+TEST(Callbacks, ProgressBarRedrawsOneLineOnATerminal) {
+  TempDir dir;
+  ShowLoss model;
+  // Longer than the bar waits between redraws, so that every batch draws.
+  model.pause = std::chrono::milliseconds(110);
+  auto train = sequential_loader(12, 4);
+  std::ostringstream out;
+  Trainer trainer(quiet(dir, 2, {std::make_shared<ProgressBar>(&out, 10, /*terminal=*/true)}));
+  trainer.fit(model, train);
+  const std::string text = out.str();
+  // One line per epoch, each drawn over itself after a carriage return.
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 2) << text;
+  ASSERT_EQ(text.rfind('\r', 0), 0u) << text;
+  const std::regex draw(
+      R"(\x1b\[K(Epoch \d+/2) \[[= ]+\] (\d+)/3 (\d+\.\d)it/s ETA (\d\d:\d\d) elapsed \d\d:\d\d loss=\S+(\n?))");
+  std::vector<std::string> drawn;
+  std::istringstream draws(text.substr(1));
+  for (std::string one; std::getline(draws, one, '\r');) {
+    std::smatch m;
+    ASSERT_TRUE(std::regex_match(one, m, draw)) << "unexpected draw: " << one;
+    EXPECT_GT(std::stod(m[3]), 0.0) << one;
+    // Only an epoch's final draw ends its line.
+    EXPECT_EQ(m[5].length() == 1, m[2] == "3") << one;
+    drawn.push_back(m[1].str() + " " + m[2].str());
+  }
+  EXPECT_EQ(drawn, (std::vector<std::string>{"Epoch 1/2 1", "Epoch 1/2 2", "Epoch 1/2 3", "Epoch 2/2 1", "Epoch 2/2 2",
+                                             "Epoch 2/2 3"}));
 }
 
 }  // namespace

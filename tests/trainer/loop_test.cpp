@@ -344,6 +344,49 @@ TEST(TrainerLoop, BadOptionsAreConfigErrors) {
   expect_error([](TrainerOptions& o) { o.limit_train_batches = 1.5; }, "limit_train_batches=1.5");
 }
 
+// Hook calls, to show that a fit refused at its start ran none.
+struct CountingCallback : Callback {
+  int calls = 0;
+  void setup(Trainer&, ModuleBase&, const std::string&) override { ++calls; }
+  void on_fit_start(Trainer&, ModuleBase&) override { ++calls; }
+  void on_train_batch_start(Trainer&, ModuleBase&, int64_t) override { ++calls; }
+};
+
+TEST(TrainerLoop, MoreThanOneOptimizerIsRefusedAtFitStart) {
+  TempDir dir;
+  TinyNet model;
+  model.make_optimizers = [](TinyNet& m) {
+    return fulgor::OptimizerConfig(std::vector<std::shared_ptr<torch::optim::Optimizer>>{
+        std::make_shared<torch::optim::SGD>(m.l1->parameters(), torch::optim::SGDOptions(0.1)),
+        std::make_shared<torch::optim::Adam>(m.l2->parameters(), torch::optim::AdamOptions(0.01))});
+  };
+  auto train = sequential_loader(8, 4);
+  auto hooks = std::make_shared<CountingCallback>();
+  Trainer trainer(quiet(dir, 1, {hooks}));
+  try {
+    trainer.fit(model, train);
+    ADD_FAILURE() << "fit accepted two optimizers";
+  } catch (const ConfigError& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("returned 2 optimizers"), std::string::npos) << message;
+    EXPECT_NE(message.find("exactly one"), std::string::npos) << message;
+    EXPECT_NE(message.find("no manual optimization"), std::string::npos) << message;
+  }
+  EXPECT_EQ(model.training_steps, 0);
+  EXPECT_EQ(hooks->calls, 0);
+
+  // What the message suggests instead: one optimizer, a parameter group each.
+  model.make_optimizers = [](TinyNet& m) {
+    std::vector<torch::optim::OptimizerParamGroup> groups{
+        torch::optim::OptimizerParamGroup(m.l1->parameters()),
+        torch::optim::OptimizerParamGroup(m.l2->parameters(), std::make_unique<torch::optim::SGDOptions>(0.01))};
+    return fulgor::OptimizerConfig(std::make_shared<torch::optim::SGD>(groups, torch::optim::SGDOptions(0.1)));
+  };
+  Trainer grouped(quiet(dir, 1));
+  EXPECT_NO_THROW(grouped.fit(model, train));
+  EXPECT_EQ(model.training_steps, 2);
+}
+
 // Remembers the inputs of every training and validation batch.
 struct RecordingNet : TinyNet {
   std::vector<torch::Tensor> trained_on, validated_on;

@@ -8,7 +8,11 @@
 #include <atomic>
 #include <filesystem>
 #include <functional>
+#include <map>
+#include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "fulgor/fulgor.h"
 
@@ -108,6 +112,34 @@ inline fulgor::TrainerOptions quiet(const std::string& root) {
   o.default_root_dir = root;
   return o;
 }
+
+// quiet() for `max_epochs` epochs with `callbacks`: the set-up most tests share.
+inline fulgor::TrainerOptions quiet(const TempDir& dir, int64_t max_epochs,
+                                    std::vector<std::shared_ptr<fulgor::Callback>> callbacks = {}) {
+  auto o = quiet(dir.str());
+  o.max_epochs = max_epochs;
+  o.callbacks = std::move(callbacks);
+  return o;
+}
+
+// Keeps every log_metrics call, with its step.
+struct RecordingLogger : fulgor::Logger {
+  std::vector<std::pair<int64_t, std::map<std::string, double>>> calls;
+  std::string name() const override { return "recording"; }
+  std::string version() const override { return "version_0"; }
+  std::string log_dir() const override { return ""; }
+  void log_hyperparams(const nlohmann::json&) override {}
+  void log_metrics(const std::map<std::string, double>& metrics, int64_t step) override {
+    calls.emplace_back(step, metrics);
+  }
+  // The (step, value) of every call that logged `metric`.
+  std::vector<std::pair<int64_t, double>> series(const std::string& metric) const {
+    std::vector<std::pair<int64_t, double>> values;
+    for (const auto& [step, metrics] : calls)
+      if (auto it = metrics.find(metric); it != metrics.end()) values.emplace_back(step, it->second);
+    return values;
+  }
+};
 
 inline bool same_parameters(torch::nn::Module& a, torch::nn::Module& b) {
   auto pa = a.parameters(), pb = b.parameters();

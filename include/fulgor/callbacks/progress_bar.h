@@ -14,11 +14,14 @@ namespace fulgor {
 /// redrawn in place with the epoch, a bar, batches done of the total, the rate,
 /// the time left and the prog_bar metrics; otherwise plain lines every
 /// `refresh_lines` percent of an epoch (or every 50 batches when the length is
-/// unknown) and one per finished epoch and evaluation.
+/// unknown) and one per finished epoch and evaluation, each written once.
 class ProgressBar : public Callback {
  public:
-  /// `out`: where to write (nullptr: std::cout, a terminal when stdout is one).
-  explicit ProgressBar(std::ostream* out = nullptr, int64_t refresh_lines = 10);
+  /// `out`: where to write (nullptr: std::cout). `terminal`: whether `out`
+  /// shows a line redrawn in place; unset means when `out` is std::cout and
+  /// stdout is a terminal.
+  explicit ProgressBar(std::ostream* out = nullptr, int64_t refresh_lines = 10,
+                       std::optional<bool> terminal = std::nullopt);
 
   void on_train_epoch_start(Trainer& trainer, ModuleBase& module) override;
   void on_train_batch_end(Trainer& trainer, ModuleBase& module, const torch::Tensor& loss,
@@ -47,6 +50,8 @@ class ProgressBar : public Callback {
   std::string label_;
   Clock::time_point start_, last_draw_;
   int64_t next_line_ = 0;
+  // The batches done when the current plain line was last written (-1: none).
+  int64_t last_line_ = -1;
   bool in_eval_during_fit_ = false;
 };
 
