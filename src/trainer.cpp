@@ -17,6 +17,7 @@
 #include "fulgor/callbacks/progress_bar.h"
 #include "fulgor/checkpoint.h"
 #include "fulgor/registry.h"
+#include "fulgor/strategy.h"
 #include "fulgor/version.h"
 #include "signals.h"
 
@@ -107,8 +108,7 @@ void check_limit(const Limit& limit, const char* name) {
 }
 
 void check_options(const TrainerOptions& o) {
-  if (o.strategy != "auto" && o.strategy != "single_device")
-    throw ConfigError(fmt::format("unknown strategy '{}'; known strategies: auto, single_device", o.strategy));
+  check_strategy(o.strategy);
   auto at_least = [](int64_t value, int64_t min, const char* name) {
     if (value < min) throw ConfigError(fmt::format("{}={}: expected an integer >= {}", name, value, min));
   };
@@ -151,6 +151,8 @@ struct TrainerState final : MetricSink {
   std::vector<std::shared_ptr<Callback>> callbacks;
   std::vector<std::shared_ptr<Logger>> loggers;
   std::unique_ptr<Accelerator> accelerator;
+  // Strategy "ddp": made by the first loop, kept for the Trainer's others.
+  std::unique_ptr<DdpStrategy> ddp;
   std::optional<torch::Device> device;
   ModuleBase* module = nullptr;
   OptimizerConfig optim;
@@ -186,8 +188,9 @@ struct TrainerState final : MetricSink {
   }
 
   // ---- Logging --------------------------------------------------------------
-  void log(const std::string& name, double value, const LogOptions& o) override {
+  void log(const std::string& name, double local_value, const LogOptions& o) override {
     if (sanity || loop == "predict") return;
+    const double value = o.sync_dist && ddp ? ddp->reduce(local_value, o.reduce) : local_value;
     if (context == LogContext::none) {
       record_now({{name, value}}, o.prog_bar, o.logger);
       return;
@@ -279,10 +282,14 @@ struct TrainerState final : MetricSink {
     check_options(options);
     accelerator = make_accelerator(options.accelerator);
     auto devices = accelerator->parse_devices(options.devices);
-    if (devices.size() != 1) {
+    const auto environment = detect_distributed_environment();
+    if (runs_data_parallel(options.strategy, environment)) {
+      devices = {data_parallel_device(*accelerator, options.devices, environment)};
+      if (!ddp) start_ddp(environment, devices.front());
+    } else if (devices.size() != 1) {
       throw ConfigError(fmt::format(
-          "devices={} selects {} devices of accelerator '{}', but strategy '{}' runs on one device; multi-device "
-          "strategies (ddp) are not available yet: use devices=1",
+          "devices={} selects {} devices of accelerator '{}', but strategy '{}' runs on one device: use devices=1, "
+          "or start one process per device with fulgor-run and strategy 'ddp'",
           options.devices.str(), devices.size(), accelerator->name(), options.strategy));
     }
     precision.setup(options.precision, *accelerator);
@@ -293,6 +300,17 @@ struct TrainerState final : MetricSink {
     callback_metrics.clear();
     progress_bar_metrics.clear();
     max_epochs = resolved_max_epochs();
+  }
+
+  // Joins the job. Only rank 0 shows progress and writes logs.
+  void start_ddp(const DistributedEnvironment& environment, torch::Device on) {
+    accelerator->setup_device(on);
+    ddp = std::make_unique<DdpStrategy>(environment, *accelerator, on);
+    if (ddp->is_global_zero()) return;
+    callbacks.erase(std::remove_if(callbacks.begin(), callbacks.end(),
+                                   [](const auto& cb) { return dynamic_cast<ProgressBar*>(cb.get()) != nullptr; }),
+                    callbacks.end());
+    for (auto& logger : loggers) logger = silenced_logger(logger);
   }
 
   void attach(ModuleBase& model) {
@@ -311,6 +329,7 @@ struct TrainerState final : MetricSink {
 
   void end() {
     if (module) ModuleAccess::attach(*module, nullptr, &trainer);
+    if (ddp) ddp->detach();
     loop.clear();
     context = LogContext::none;
     if (accelerator) accelerator->teardown();
@@ -489,7 +508,9 @@ struct TrainerState final : MetricSink {
     }
     if (rng_epoch_start.defined()) archive.write("rng_epoch_start", rng_epoch_start);
     precision.save(archive);
-    write_checkpoint_file(path, archive);
+    // Every rank loads checkpoints, rank 0 alone writes them; the others wait for the file.
+    if (!ddp || ddp->is_global_zero()) write_checkpoint_file(path, archive);
+    if (ddp) ddp->barrier();
   }
 
   // ---- Loops ----------------------------------------------------------------
@@ -678,6 +699,7 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
     s.epoch_finished = false;
     s.rng_epoch_start = torch::Tensor();
     if (ckpt) s.restore(*ckpt);
+    if (s.ddp) s.ddp->attach(model);
     train.bind(*s.accelerator, *s.device, s.precision.precision());
     if (val) val->bind(*s.accelerator, *s.device, s.precision.precision());
 
@@ -816,6 +838,9 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
         {
           std::optional<torch::autograd::DetectAnomalyGuard> anomaly;
           if (o.detect_anomaly) anomaly.emplace();
+          // Gradients travel only on the batches that step the optimizer.
+          if (s.ddp)
+            s.ddp->before_forward(window + 1 == accumulate || (s.train_batches && batch_idx + 1 == *s.train_batches));
           loss = train.step(Stage::train, batch_idx);
           if (loss.defined()) {
             if (loss.numel() != 1 || !loss.requires_grad())
@@ -825,7 +850,10 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
             torch::Tensor scaled = accumulate > 1 ? loss / static_cast<double>(accumulate) : loss;
             s.each_callback([&](Callback& cb) { cb.on_before_backward(*this, model, scaled); });
             model.on_before_backward(scaled);
-            s.precision.scale_loss(scaled).backward();
+            if (s.ddp)
+              s.ddp->backward(s.precision.scale_loss(scaled));
+            else
+              s.precision.scale_loss(scaled).backward();
             s.each_callback([&](Callback& cb) { cb.on_after_backward(*this, model); });
             model.on_after_backward();
             ++window;
@@ -866,6 +894,7 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
         }
       }
       if (stopped) break;
+      if (window > 0 && s.ddp) s.ddp->reduce_gradients();
       if (window > 0) s.optimizer_step();
       const bool complete = !broke_early;
       if (complete && validation_due(s.batches_in_epoch, true)) s.validation_run(*val_runner, val_limit);
@@ -1060,6 +1089,9 @@ torch::Device Trainer::device() const {
 
 const Precision& Trainer::precision() const { return state_->precision.precision(); }
 const GradScaler* Trainer::grad_scaler() const { return state_->precision.scaler(); }
+int64_t Trainer::global_rank() const { return state_->ddp ? state_->ddp->environment().rank : 0; }
+int64_t Trainer::world_size() const { return state_->ddp ? state_->ddp->environment().world_size : 1; }
+bool Trainer::is_global_zero() const { return global_rank() == 0; }
 
 std::string Trainer::default_root_dir() const {
   return state_->options.default_root_dir.empty() ? "." : state_->options.default_root_dir;

@@ -33,6 +33,10 @@ struct LogOptions {
   bool logger = true;            ///< send to the loggers
   /// The weight of this value in the epoch mean (default: the batch's size).
   std::optional<int64_t> batch_size;
+  /// Under strategy "ddp": combine the value over the ranks with `reduce`
+  /// (mean, sum, max or min) when it is logged, so every rank records the same
+  /// number. Every rank must then log it the same number of times.
+  bool sync_dist = false;
 };
 
 namespace detail {

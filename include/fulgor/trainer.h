@@ -245,6 +245,9 @@ struct TrainerState;
 ///     the Trainer calls before each training epoch (TensorLoader), except
 ///     that gradients of an unfinished accumulate_grad_batches window are not
 ///     saved.
+///   - strategy "ddp" (or "auto" under a launcher with WORLD_SIZE > 1) runs one
+///     process per device with gradients averaged over the processes; see
+///     docs/distributed.md for what it adds (sync_dist, rank-0-only output).
 class Trainer {
  public:
   explicit Trainer(TrainerOptions options = {});
@@ -332,6 +335,12 @@ class Trainer {
   const Precision& precision() const;
   /// The "16-mixed" loss scaler; nullptr for the other precisions.
   const GradScaler* grad_scaler() const;
+  /// This process's rank in a "ddp" job (0 otherwise), the job's process
+  /// count (1 otherwise), and whether this is rank 0, which alone shows the
+  /// progress bar, writes logs and checkpoints. Known once a loop has begun.
+  int64_t global_rank() const;
+  int64_t world_size() const;
+  bool is_global_zero() const;
   /// default_root_dir, or "." when empty.
   std::string default_root_dir() const;
   /// Where checkpoints go: the ModelCheckpoint's dirpath, else default_root_dir/checkpoints.

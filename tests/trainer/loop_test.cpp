@@ -336,7 +336,7 @@ TEST(TrainerLoop, BadOptionsAreConfigErrors) {
       EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
     }
   };
-  expect_error([](TrainerOptions& o) { o.strategy = "ddp"; }, "known strategies: auto, single_device");
+  expect_error([](TrainerOptions& o) { o.strategy = "fsdp"; }, "known strategies: auto, ddp, single_device");
   expect_error([](TrainerOptions& o) { o.precision = "8"; }, "precision '8' is not known; accepted: 32-true");
   expect_error([](TrainerOptions& o) { o.devices = 2; o.strategy = "single_device"; }, "one device");
   expect_error([](TrainerOptions& o) { o.accumulate_grad_batches = 0; }, "accumulate_grad_batches=0");

@@ -1,0 +1,82 @@
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/types.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fulgor/accelerator.h"
+#include "fulgor/distributed/environment.h"
+#include "fulgor/distributed/gradient_sync.h"
+#include "fulgor/distributed/process_group.h"
+#include "fulgor/logger.h"
+#include "fulgor/module.h"
+#include "fulgor/trainer_options.h"
+
+namespace fulgor::detail {
+
+/// The strategy names TrainerOptions::strategy accepts.
+const std::vector<std::string>& strategy_names();
+
+/// Throws ConfigError listing the known names when `strategy` is not one.
+void check_strategy(const std::string& strategy);
+
+/// Whether `strategy` ("auto", "single_device" or "ddp") runs data-parallel in
+/// the job `environment` describes: "ddp" when the job has more than one
+/// process, and "auto" likewise.
+bool runs_data_parallel(const std::string& strategy, const DistributedEnvironment& environment);
+
+/// The device of this process in a data-parallel job: the accelerator's
+/// parse_devices(devices)[local_rank]. A selection of one device that
+/// processes share (the CPU: every entry is the same device) serves every
+/// local rank. Throws ConfigError when the selection has too few devices.
+torch::Device data_parallel_device(const Accelerator& accelerator, const Devices& devices,
+                                   const DistributedEnvironment& environment);
+
+/// Strategy "ddp": one process per device, joined in a c10d process group.
+///
+/// Contract:
+///   - The first construction in a process is a collective over the job's
+///     ranks: it makes the process group with the accelerator's
+///     distributed_backend(), which later ones share (see Note [One process
+///     group per process]). One per Trainer, kept across its loops.
+///   - attach() starts gradient synchronization for a module, copying rank 0's
+///     parameters and buffers to every rank; detach() ends it.
+///   - Each training batch: before_forward(sync), forward, backward(loss).
+///     With sync false the gradients only accumulate locally; before an
+///     optimizer step on gradients of unsynchronized passes, reduce_gradients().
+class DdpStrategy {
+ public:
+  DdpStrategy(const DistributedEnvironment& environment, const Accelerator& accelerator, torch::Device device);
+  ~DdpStrategy();
+
+  const DistributedEnvironment& environment() const { return environment_; }
+  bool is_global_zero() const { return environment_.rank == 0; }
+  ProcessGroup& group() { return group_; }
+
+  void attach(torch::nn::Module& module);
+  void detach();
+  void before_forward(bool sync);
+  void backward(const torch::Tensor& loss);
+  /// Averages the gradients over the ranks now (a window that ended without
+  /// a synchronized backward pass).
+  void reduce_gradients();
+  /// A logged value combined over the ranks.
+  double reduce(double value, Reduce reduce);
+  void barrier() { group_.barrier(); }
+
+ private:
+  DistributedEnvironment environment_;
+  ProcessGroup group_;
+  torch::nn::Module* module_ = nullptr;
+  std::unique_ptr<GradientSynchronizer> synchronizer_;
+};
+
+/// A logger for ranks other than 0: it answers name, version and log_dir like
+/// `logger` but writes nothing.
+std::shared_ptr<Logger> silenced_logger(std::shared_ptr<Logger> logger);
+
+}  // namespace fulgor::detail

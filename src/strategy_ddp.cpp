@@ -1,0 +1,134 @@
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <mutex>
+
+#include "fulgor/error.h"
+#include "fulgor/strategy.h"
+
+namespace fulgor::detail {
+
+const std::vector<std::string>& strategy_names() {
+  static const std::vector<std::string> names = {"auto", "ddp", "single_device"};
+  return names;
+}
+
+void check_strategy(const std::string& strategy) {
+  const auto& names = strategy_names();
+  if (std::find(names.begin(), names.end(), strategy) == names.end())
+    throw ConfigError(fmt::format("unknown strategy '{}'; known strategies: {}", strategy, fmt::join(names, ", ")));
+}
+
+bool runs_data_parallel(const std::string& strategy, const DistributedEnvironment& environment) {
+  check_strategy(strategy);
+  // A "ddp" process started without a launcher is a job of one: it trains
+  // alone, like Lightning's ddp on one device.
+  return strategy != "single_device" && environment.is_distributed();
+}
+
+torch::Device data_parallel_device(const Accelerator& accelerator, const Devices& devices,
+                                   const DistributedEnvironment& environment) {
+  const auto selected = accelerator.parse_devices(devices);
+  const auto local_rank = static_cast<size_t>(environment.local_rank);
+  if (local_rank < selected.size()) return selected[local_rank];
+  const bool shared = !selected.empty() && std::all_of(selected.begin(), selected.end(),
+                                                       [&](const torch::Device& d) { return d == selected.front(); });
+  if (shared) return selected.front();
+  throw ConfigError(fmt::format(
+      "devices={} selects {} devices of accelerator '{}', but this is local rank {} of {} processes on this node "
+      "(from {}): select at least one device per process",
+      devices.str(), selected.size(), accelerator.name(), environment.local_rank, environment.local_world_size,
+      environment.source));
+}
+
+namespace {
+
+// Note [One process group per process]
+// Every Trainer of a process uses the same group, made by the first: a second
+// group would host a second rendezvous store on the same port, which ranks
+// still leaving the first one could reach. It lives until the process exits
+// (never destroyed, so no collective library is torn down during static
+// destruction), like PyTorch's default process group.
+ProcessGroup shared_group(const DistributedEnvironment& environment, const Accelerator& accelerator,
+                          torch::Device device) {
+  static std::mutex mutex;
+  static ProcessGroup* group = nullptr;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (!group) group = new ProcessGroup(environment, accelerator, device);
+  return *group;
+}
+
+}  // namespace
+
+DdpStrategy::DdpStrategy(const DistributedEnvironment& environment, const Accelerator& accelerator,
+                         torch::Device device)
+    : environment_(environment), group_(shared_group(environment, accelerator, device)) {}
+
+DdpStrategy::~DdpStrategy() = default;
+
+void DdpStrategy::attach(torch::nn::Module& module) {
+  synchronizer_.reset();
+  module_ = &module;
+  synchronizer_ = std::make_unique<GradientSynchronizer>(group_, module);
+}
+
+void DdpStrategy::detach() {
+  synchronizer_.reset();
+  module_ = nullptr;
+}
+
+void DdpStrategy::before_forward(bool sync) {
+  synchronizer_->set_sync(sync);
+  synchronizer_->before_forward();
+}
+
+void DdpStrategy::backward(const torch::Tensor& loss) { synchronizer_->backward(loss); }
+
+void DdpStrategy::reduce_gradients() {
+  // Every rank reduces every parameter, in the same order; one that got no
+  // gradient here contributes zeros.
+  for (auto& p : module_->parameters()) {
+    torch::Tensor grad = p.grad().defined() ? p.grad() : torch::zeros_like(p);
+    group_.all_reduce(grad, ReduceOp::mean);
+    if (!p.grad().defined()) p.mutable_grad() = grad;
+  }
+}
+
+double DdpStrategy::reduce(double value, Reduce reduce) {
+  switch (reduce) {
+    case Reduce::mean:
+      return group_.all_reduce(value, ReduceOp::mean);
+    case Reduce::sum:
+      return group_.all_reduce(value, ReduceOp::sum);
+    case Reduce::max:
+      return group_.all_reduce(value, ReduceOp::max);
+    case Reduce::min:
+      return group_.all_reduce(value, ReduceOp::min);
+  }
+  return value;
+}
+
+namespace {
+
+class SilencedLogger final : public Logger {
+ public:
+  explicit SilencedLogger(std::shared_ptr<Logger> inner) : inner_(std::move(inner)) {}
+  std::string name() const override { return inner_->name(); }
+  std::string version() const override { return inner_->version(); }
+  std::string log_dir() const override { return inner_->log_dir(); }
+  void log_hyperparams(const nlohmann::json&) override {}
+  void log_metrics(const std::map<std::string, double>&, int64_t) override {}
+  void finalize(const std::string&) override {}
+
+ private:
+  std::shared_ptr<Logger> inner_;
+};
+
+}  // namespace
+
+std::shared_ptr<Logger> silenced_logger(std::shared_ptr<Logger> logger) {
+  return std::make_shared<SilencedLogger>(std::move(logger));
+}
+
+}  // namespace fulgor::detail
