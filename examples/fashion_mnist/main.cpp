@@ -5,7 +5,11 @@
 //   fashion_mnist [--trainer.max_epochs=4] [--trainer.accelerator=cpu] [--model.arch=mlp]
 //                 [--model.lr=0.001] [--data.batch_size=128] [--data.dir=/usr/share/datasets/fashion-mnist]
 //
-// The last line of standard output is a JSON summary.
+// The last line of standard output is a JSON summary. Data-parallel on two
+// processes (strategy "auto" becomes "ddp" under a launcher; each rank reads
+// its shard of every split through a DistributedSampler):
+//
+//   fulgor-run --nproc-per-node 2 -- fashion_mnist --trainer.accelerator=cpu
 
 #include <fulgor/fulgor.h>
 
@@ -48,8 +52,10 @@ struct LitClassifier : fulgor::Module {
 
   void evaluate(const torch::data::Example<>& batch, const std::string& stage) {
     auto logits = forward(batch.data);
-    log(stage + "_loss", torch::cross_entropy_loss(logits, batch.target), {.prog_bar = true});
-    log(stage + "_acc", logits.argmax(1).eq(batch.target).to(torch::kFloat32).mean(), {.prog_bar = true});
+    // Each rank sees its shard: the ranks' means are averaged.
+    log(stage + "_loss", torch::cross_entropy_loss(logits, batch.target), {.prog_bar = true, .sync_dist = true});
+    log(stage + "_acc", logits.argmax(1).eq(batch.target).to(torch::kFloat32).mean(),
+        {.prog_bar = true, .sync_dist = true});
   }
   void validation_step(torch::data::Example<> batch, int64_t) override { evaluate(batch, "val"); }
   void test_step(torch::data::Example<> batch, int64_t) override { evaluate(batch, "test"); }
@@ -83,17 +89,20 @@ int main(int argc, char** argv) {
     auto [train_x, train_y] = fashion_mnist::load(dir, /*train=*/true);
     auto [test_x, test_y] = fashion_mnist::load(dir, /*train=*/false);
     const int64_t n_train = train_x.size(0) - 5000;
-    using torch::data::samplers::RandomSampler;
-    using torch::data::samplers::SequentialSampler;
-    using torch::data::transforms::Stack;
-    auto batches = [&](auto sampler_tag, torch::Tensor x, torch::Tensor y) {
-      using Sampler = decltype(sampler_tag);
-      return fulgor::make_data_loader<Sampler>(fashion_mnist::Dataset(x, y).map(Stack<>()),
-                                               static_cast<size_t>(batch_size));
+    // Every process reads its own shard (all of it when it runs alone); the
+    // training shards are reshuffled each epoch, the same way on every rank.
+    const auto job = fulgor::detect_distributed_environment();
+    auto batches = [&](torch::Tensor x, torch::Tensor y, bool shuffle) {
+      fulgor::DistributedSamplerOptions sampler_options;
+      sampler_options.shuffle = shuffle;
+      sampler_options.seed = cli.trainer.seed.value_or(0);
+      auto sampler = std::make_unique<fulgor::DistributedSampler>(static_cast<size_t>(x.size(0)), job.world_size,
+                                                                  job.rank, sampler_options);
+      return fulgor::TensorLoader(x, y, std::move(sampler), {.batch_size = batch_size});
     };
-    auto train_loader = batches(RandomSampler(0), train_x.slice(0, 0, n_train), train_y.slice(0, 0, n_train));
-    auto val_loader = batches(SequentialSampler(0), train_x.slice(0, n_train), train_y.slice(0, n_train));
-    auto test_loader = batches(SequentialSampler(0), test_x, test_y);
+    auto train_loader = batches(train_x.slice(0, 0, n_train), train_y.slice(0, 0, n_train), true);
+    auto val_loader = batches(train_x.slice(0, n_train), train_y.slice(0, n_train), false);
+    auto test_loader = batches(test_x, test_y, false);
 
     LitClassifier model(arch, lr);
     auto options = cli.trainer;
@@ -117,7 +126,7 @@ int main(int argc, char** argv) {
                               {"best_checkpoint", have_best ? checkpoint->best_model_path() : ""},
                               {"log_dir", trainer.log_dir()},
                               {"seconds", seconds}};
-    std::cout << summary.dump() << std::endl;
+    if (trainer.is_global_zero()) std::cout << summary.dump() << std::endl;
     return 0;
   } catch (const std::exception& e) {
     std::cerr << "fashion_mnist: " << e.what() << "\n";
