@@ -51,19 +51,19 @@ namespace {
 // (never destroyed, so no collective library is torn down during static
 // destruction), like PyTorch's default process group.
 ProcessGroup shared_group(const DistributedEnvironment& environment, const Accelerator& accelerator,
-                          torch::Device device) {
+                          torch::Device device, const ProcessGroupOptions& options) {
   static std::mutex mutex;
   static ProcessGroup* group = nullptr;
   std::lock_guard<std::mutex> lock(mutex);
-  if (!group) group = new ProcessGroup(environment, accelerator, device);
+  if (!group) group = new ProcessGroup(environment, accelerator, device, options);
   return *group;
 }
 
 }  // namespace
 
 DdpStrategy::DdpStrategy(const DistributedEnvironment& environment, const Accelerator& accelerator,
-                         torch::Device device)
-    : environment_(environment), group_(shared_group(environment, accelerator, device)) {}
+                         torch::Device device, ProcessGroupOptions options)
+    : environment_(environment), group_(shared_group(environment, accelerator, device, options)) {}
 
 DdpStrategy::~DdpStrategy() = default;
 
@@ -86,12 +86,27 @@ void DdpStrategy::before_forward(bool sync) {
 void DdpStrategy::backward(const torch::Tensor& loss) { synchronizer_->backward(loss); }
 
 void DdpStrategy::reduce_gradients() {
-  // Every rank reduces every parameter, in the same order; one that got no
-  // gradient here contributes zeros.
-  for (auto& p : module_->parameters()) {
-    torch::Tensor grad = p.grad().defined() ? p.grad() : torch::zeros_like(p);
-    group_.all_reduce(grad, ReduceOp::mean);
-    if (!p.grad().defined()) p.mutable_grad() = grad;
+  // One flat all_reduce. Every rank reduces every parameter, in the same
+  // order; one that got no gradient here contributes zeros and, as with the
+  // GradientSynchronizer, gets a grad only where the mean is not zero.
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> params, flat;
+  for (const auto& p : module_->parameters())
+    if (p.requires_grad()) {
+      params.push_back(p);
+      flat.push_back(p.grad().defined() ? p.grad().reshape({-1}) : torch::zeros({p.numel()}, p.options()));
+    }
+  if (params.empty()) return;
+  torch::Tensor mean = torch::cat(flat);
+  group_.all_reduce(mean, ReduceOp::mean);
+  int64_t offset = 0;
+  for (auto& p : params) {
+    torch::Tensor part = mean.narrow(0, offset, p.numel()).view(p.sizes());
+    offset += p.numel();
+    if (p.grad().defined())
+      p.mutable_grad().copy_(part);
+    else if (part.ne(0).any().item<bool>())
+      p.mutable_grad() = part.clone();
   }
 }
 
@@ -107,6 +122,10 @@ double DdpStrategy::reduce(double value, Reduce reduce) {
       return group_.all_reduce(value, ReduceOp::min);
   }
   return value;
+}
+
+int64_t DdpStrategy::max_over_ranks(int64_t value) {
+  return static_cast<int64_t>(group_.all_reduce(static_cast<double>(value), ReduceOp::max));
 }
 
 namespace {

@@ -133,6 +133,8 @@ void check_options(const TrainerOptions& o) {
     throw ConfigError(fmt::format("unknown gradient_clip_algorithm '{}'; known: norm, value", o.gradient_clip_algorithm));
   if (o.gradient_clip_val && !(*o.gradient_clip_val >= 0))
     throw ConfigError(fmt::format("gradient_clip_val={}: expected a number >= 0", *o.gradient_clip_val));
+  if (o.ddp_timeout && !(*o.ddp_timeout > 0))
+    throw ConfigError(fmt::format("ddp_timeout={}: expected a number of seconds > 0", *o.ddp_timeout));
 }
 
 }  // namespace
@@ -302,15 +304,32 @@ struct TrainerState final : MetricSink {
     max_epochs = resolved_max_epochs();
   }
 
-  // Joins the job. Only rank 0 shows progress and writes logs.
+  // Joins the job. Only rank 0 prints (progress, model summary) and writes logs.
   void start_ddp(const DistributedEnvironment& environment, torch::Device on) {
     accelerator->setup_device(on);
-    ddp = std::make_unique<DdpStrategy>(environment, *accelerator, on);
+    ProcessGroupOptions group_options;
+    if (options.ddp_timeout)
+      group_options.timeout = std::chrono::milliseconds(static_cast<int64_t>(std::ceil(*options.ddp_timeout * 1000)));
+    ddp = std::make_unique<DdpStrategy>(environment, *accelerator, on, group_options);
     if (ddp->is_global_zero()) return;
     callbacks.erase(std::remove_if(callbacks.begin(), callbacks.end(),
-                                   [](const auto& cb) { return dynamic_cast<ProgressBar*>(cb.get()) != nullptr; }),
+                                   [](const auto& cb) {
+                                     return dynamic_cast<ProgressBar*>(cb.get()) != nullptr ||
+                                            dynamic_cast<ModelSummary*>(cb.get()) != nullptr;
+                                   }),
                     callbacks.end());
     for (auto& logger : loggers) logger = silenced_logger(logger);
+  }
+
+  // Under ddp every rank must leave the loop at the same batch, or the others
+  // would wait in a collective for it: a stop request (EarlyStopping on a
+  // rank's own metrics) or a signal that reached some ranks only counts for
+  // all. Returns the signal to act on.
+  int agree_on_stop(int signal) {
+    if (!ddp) return signal;
+    const int64_t agreed = ddp->max_over_ranks(static_cast<int64_t>(signal) * 2 + (should_stop ? 1 : 0));
+    should_stop = (agreed & 1) != 0 || should_stop;
+    return static_cast<int>(agreed / 2);
   }
 
   void attach(ModuleBase& model) {
@@ -874,7 +893,7 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
         s.step_log_due = true;
 
         if (validation_due(s.batches_in_epoch, false)) s.validation_run(*val_runner, val_limit);
-        if (int sig = detail::SignalTrap::pending()) {
+        if (int sig = s.agree_on_stop(detail::SignalTrap::pending())) {
           result.reason = StopReason::signal;
           result.message = fmt::format("stopped by signal {} ({})", sig, sig == SIGINT ? "SIGINT" : "SIGTERM");
           result.checkpoint_path = (std::filesystem::path(checkpoint_dir()) / "last.ckpt").string();
@@ -906,6 +925,7 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
         s.epoch_finished = true;
       }
       s.each_callback([&](Callback& cb) { cb.on_train_epoch_end(*this, model); });
+      s.agree_on_stop(0);
       if (!complete) {
         stopped = true;
         break;

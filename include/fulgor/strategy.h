@@ -41,16 +41,21 @@ torch::Device data_parallel_device(const Accelerator& accelerator, const Devices
 /// Contract:
 ///   - The first construction in a process is a collective over the job's
 ///     ranks: it makes the process group with the accelerator's
-///     distributed_backend(), which later ones share (see Note [One process
-///     group per process]). One per Trainer, kept across its loops.
+///     distributed_backend() and `options`, which later ones share (see Note
+///     [One process group per process]). One per Trainer, kept across its loops.
 ///   - attach() starts gradient synchronization for a module, copying rank 0's
 ///     parameters and buffers to every rank; detach() ends it.
 ///   - Each training batch: before_forward(sync), forward, backward(loss).
-///     With sync false the gradients only accumulate locally; before an
-///     optimizer step on gradients of unsynchronized passes, reduce_gradients().
+///     With sync false the gradients only accumulate locally, without any
+///     communication; before an optimizer step on gradients of such passes
+///     alone, reduce_gradients().
+///   - Every other member is a collective too: all ranks call it in the same
+///     order. A peer that fails or does not answer within the timeout makes it
+///     throw DistributedError naming this rank and the peer.
 class DdpStrategy {
  public:
-  DdpStrategy(const DistributedEnvironment& environment, const Accelerator& accelerator, torch::Device device);
+  DdpStrategy(const DistributedEnvironment& environment, const Accelerator& accelerator, torch::Device device,
+              ProcessGroupOptions options = {});
   ~DdpStrategy();
 
   const DistributedEnvironment& environment() const { return environment_; }
@@ -66,6 +71,9 @@ class DdpStrategy {
   void reduce_gradients();
   /// A logged value combined over the ranks.
   double reduce(double value, Reduce reduce);
+  /// The largest of the ranks' values: the ranks agree on whether to stop
+  /// (a stop request or a signal that reached some ranks only).
+  int64_t max_over_ranks(int64_t value);
   void barrier() { group_.barrier(); }
 
  private:

@@ -64,7 +64,8 @@ class Limit {
 struct TrainerOptions {
   /// A registered accelerator, "auto" (highest priority available) or "gpu".
   std::string accelerator = "auto";
-  /// "auto" or "single_device" (multi-device strategies are not available yet).
+  /// "auto", "single_device" or "ddp" (one process per device, started by
+  /// fulgor-run, torchrun or srun; "auto" is "ddp" under such a launcher).
   std::string strategy = "auto";
   Devices devices = "auto";
   /// "32-true" ("32"), "64-true" ("64"), "bf16-mixed" ("bf16"), "16-mixed" ("16"),
@@ -126,6 +127,10 @@ struct TrainerOptions {
   /// built: the seed decides the loaders' shuffling, dropout and any other
   /// random draw in the loops, not the module's initial weights.
   std::optional<uint64_t> seed;
+  /// Under strategy "ddp": seconds the rendezvous and each collective may wait
+  /// for the other ranks before failing (unset: 30 minutes, Lightning's
+  /// default). The first Trainer of a process sets it for the process.
+  std::optional<double> ddp_timeout;
 };
 
 /// Converts options to JSON. Callbacks and loggers are left out.

@@ -36,6 +36,7 @@ TrainerOptions unusual() {
   o.detect_anomaly = true;
   o.default_root_dir = "/tmp/runs";
   o.seed = 42;
+  o.ddp_timeout = 90.5;
   return o;
 }
 
@@ -47,6 +48,7 @@ TEST(TrainerOptionsJson, RoundTrips) {
     EXPECT_EQ(back.devices, original.devices);
     EXPECT_EQ(back.limit_train_batches, original.limit_train_batches);
     EXPECT_EQ(back.max_epochs, original.max_epochs);
+    EXPECT_EQ(back.ddp_timeout, original.ddp_timeout);
   }
   // A count and a fraction of one stay apart.
   json j = unusual();
