@@ -6,7 +6,9 @@
 //
 // Each process gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
 // GROUP_RANK, MASTER_ADDR and MASTER_PORT, which fulgor's
-// detect_distributed_environment() reads. SIGINT and SIGTERM sent to fulgor-run
+// detect_distributed_environment() reads, and, as torchrun does when it starts
+// several processes and OMP_NUM_THREADS is unset, OMP_NUM_THREADS=1, so that
+// the processes' intra-op thread pools do not overload the cores. SIGINT and SIGTERM sent to fulgor-run
 // are passed on to them (a terminal's Ctrl-C already reaches them all). When a
 // process exits non-zero or is killed, the others get SIGTERM and, after the
 // grace period, SIGKILL; fulgor-run then exits with that process's status
@@ -221,6 +223,7 @@ class Launcher {
     env.push_back(fmt::format("GROUP_RANK={}", options_.node_rank));
     env.push_back(fmt::format("MASTER_ADDR={}", options_.master_addr));
     env.push_back(fmt::format("MASTER_PORT={}", port));
+    if (options_.nproc_per_node > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) env.push_back("OMP_NUM_THREADS=1");
     return env;
   }
 
