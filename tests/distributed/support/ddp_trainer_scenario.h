@@ -5,12 +5,14 @@
 
 #include <torch/torch.h>
 
+#include <csignal>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
-#include "fulgor/fulgor.h"
 #include "fulgor/distributed/sampler.h"
+#include "fulgor/fulgor.h"
 #include "scenarios.h"
 
 namespace fulgor::test {
@@ -24,12 +26,19 @@ inline torch::Tensor flat_parameters(torch::nn::Module& module) {
 }
 
 /// The gradient-sync tests' network as a fulgor module. Every training step
-/// logs the rank (plus one) reduced over the ranks each way, and unreduced.
+/// logs the rank (plus one) reduced over the ranks each way, and unreduced;
+/// after every backward pass it records the gradients it holds.
 struct RegressionNet : fulgor::Module {
   torch::nn::Sequential net{nullptr};
+  /// One row per backward pass: every parameter's gradient, flattened.
+  std::vector<torch::Tensor> gradients;
+  /// Rank 1 sends itself this signal in the training step of batch 2 (0: never).
+  int die_signal = 0;
+
   explicit RegressionNet(uint64_t seed) { net = register_module("net", make_model(seed)); }
 
-  torch::Tensor training_step(torch::data::Example<> batch, int64_t) override {
+  torch::Tensor training_step(torch::data::Example<> batch, int64_t batch_idx) override {
+    if (die_signal != 0 && trainer().global_rank() == 1 && batch_idx == 2) std::raise(die_signal);
     torch::Tensor loss = torch::mse_loss(net->forward(batch.data), batch.target);
     const double value = static_cast<double>(trainer().global_rank() + 1);
     const std::pair<const char*, fulgor::Reduce> reductions[] = {{"rank_mean", fulgor::Reduce::mean},
@@ -51,32 +60,41 @@ struct RegressionNet : fulgor::Module {
     log("train_loss", loss);
     return loss;
   }
+  void on_after_backward() override {
+    std::vector<torch::Tensor> flat;
+    for (const auto& p : parameters())
+      flat.push_back(p.grad().defined() ? p.grad().reshape({-1}) : torch::zeros({p.numel()}));
+    gradients.push_back(torch::cat(flat).clone());
+  }
   fulgor::OptimizerConfig configure_optimizers() override {
     return std::make_shared<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(kLearningRate));
   }
 };
 
-/// kStepsPerEpoch global batches of kGlobalBatch samples, rank `rank` of
-/// `world_size` reading its shard (in order) through a DistributedSampler.
+/// kStepsPerEpoch global batches of kGlobalBatch samples, reshuffled every
+/// epoch; rank `rank` of `world_size` reads its shard through a
+/// DistributedSampler. The ranks' batch k together hold the samples of the
+/// single process's batch k (positions 32k..32k+31 of the epoch's order).
 inline fulgor::TensorLoader make_loader(int64_t world_size, int64_t rank) {
   auto [x, y] = make_data(kStepsPerEpoch);
   fulgor::DistributedSamplerOptions sampler_options;
-  sampler_options.shuffle = false;
+  sampler_options.seed = 11;
   fulgor::TensorLoaderOptions options;
   options.batch_size = kGlobalBatch / world_size;
   return fulgor::TensorLoader(
-      x, y, std::make_unique<fulgor::DistributedSampler>(static_cast<size_t>(x.size(0)), world_size, rank, sampler_options),
+      x, y,
+      std::make_unique<fulgor::DistributedSampler>(static_cast<size_t>(x.size(0)), world_size, rank, sampler_options),
       options);
 }
 
+/// Rank-0-only output is part of what the tests check, so the progress bar
+/// and the model summary are on.
 inline fulgor::TrainerOptions ddp_options(const std::string& root, int64_t epochs, int64_t accumulate) {
   fulgor::TrainerOptions o;
   o.accelerator = "cpu";
   o.strategy = "ddp";
   o.max_epochs = epochs;
   o.accumulate_grad_batches = accumulate;
-  o.enable_model_summary = false;
-  o.enable_progress_bar = false;
   o.num_sanity_val_steps = 0;
   o.default_root_dir = root;
   return o;

@@ -1,16 +1,22 @@
-// The program the ddp Trainer tests start as every rank through fulgor-run:
+// The program the ddp Trainer tests start as every rank (through fulgor-run,
+// or directly with the launch variables set):
 //
 //   fulgor_ddp_trainer_worker fit OUTDIR EPOCHS ACCUMULATE
 //   fulgor_ddp_trainer_worker resume OUTDIR EPOCHS ACCUMULATE
+//   fulgor_ddp_trainer_worker die OUTDIR kill|stop
 //
-// "fit" trains the shared model with strategy "ddp" for EPOCHS epochs; "resume"
-// trains one epoch, saves a checkpoint, and fits EPOCHS epochs from it with a
-// new Trainer and a differently initialised model. Each rank works in
-// OUTDIR/rankR and writes its final parameters and metrics to OUTDIR. Exits 0
-// on success, 3 with the message on a fulgor::Error, 4 on any other exception.
+// "fit" trains the shared model with strategy "ddp" for EPOCHS epochs.
+// "resume" trains until the middle of the second epoch, saves a checkpoint,
+// and fits EPOCHS epochs from it with a new Trainer and a differently
+// initialised model. "die" trains with a ddp_timeout of 3 s; rank 1 kills or
+// stops itself at batch 2. Each rank works in OUTDIR/rankR and writes its
+// final parameters, the gradients it held after each backward pass and its
+// metrics to OUTDIR. Exits 0 on success, 3 with the message on a
+// fulgor::Error, 4 on any other exception.
 
 #include <torch/torch.h>
 
+#include <csignal>
 #include <fstream>
 #include <iostream>
 #include <string>
@@ -23,9 +29,10 @@ namespace {
 
 using namespace fulgor::test;
 
-void write_results(const std::string& out, int64_t rank, fulgor::Trainer& trainer, torch::nn::Module& model) {
+void write_results(const std::string& out, int64_t rank, fulgor::Trainer& trainer, RegressionNet& model) {
   torch::serialize::OutputArchive archive;
   archive.write("final", flat_parameters(model));
+  archive.write("gradients", torch::stack(model.gradients));
   archive.save_to(out + "/params_rank" + std::to_string(rank) + ".pt");
   std::ofstream metrics(out + "/metrics_rank" + std::to_string(rank) + ".txt");
   metrics.precision(17);
@@ -42,34 +49,46 @@ int main(int argc, char** argv) {
     torch::set_num_threads(1);
     const auto env = fulgor::detect_distributed_environment();
     rank = env.rank;
-    if (argc != 5) {
-      std::cerr << "usage: fulgor_ddp_trainer_worker fit|resume OUTDIR EPOCHS ACCUMULATE\n";
+    const std::string mode = argc > 1 ? argv[1] : "";
+    if (!((mode == "fit" || mode == "resume") && argc == 5) && !(mode == "die" && argc == 4)) {
+      std::cerr << "usage: fulgor_ddp_trainer_worker fit|resume OUTDIR EPOCHS ACCUMULATE\n"
+                   "       fulgor_ddp_trainer_worker die OUTDIR kill|stop\n";
       return 2;
     }
-    const std::string mode = argv[1], out = argv[2];
-    const int64_t epochs = std::stoll(argv[3]), accumulate = std::stoll(argv[4]);
+    const std::string out = argv[2];
     const std::string root = out + "/rank" + std::to_string(rank);
     auto loader = make_loader(env.world_size, env.rank);
+    if (mode == "die") {
+      RegressionNet model(init_seed(env.rank));
+      model.die_signal = std::string(argv[3]) == "kill" ? SIGKILL : SIGSTOP;
+      auto options = ddp_options(root, 2, 1);
+      options.ddp_timeout = 3.0;
+      fulgor::Trainer trainer(options);
+      trainer.fit(model, loader);
+      std::cerr << "worker rank " << rank << ": the fit ended normally\n";
+      return 0;
+    }
+    const int64_t epochs = std::stoll(argv[3]), accumulate = std::stoll(argv[4]);
     if (mode == "fit") {
       RegressionNet model(init_seed(env.rank));
       fulgor::Trainer trainer(ddp_options(root, epochs, accumulate));
       trainer.fit(model, loader);
       write_results(out, rank, trainer, model);
-    } else if (mode == "resume") {
+    } else {
+      const std::string checkpoint = out + "/rank0/mid.ckpt";
       {
         RegressionNet model(init_seed(env.rank));
-        fulgor::Trainer trainer(ddp_options(root, 1, accumulate));
+        auto options = ddp_options(root, epochs, accumulate);
+        options.max_steps = (kStepsPerEpoch + kStepsPerEpoch / 2) / accumulate;
+        fulgor::Trainer trainer(options);
         trainer.fit(model, loader);
-        trainer.save_checkpoint(out + "/rank0/mid.ckpt");
+        trainer.save_checkpoint(checkpoint);
       }
       RegressionNet model(init_seed(env.rank) + 1000);
       auto again = make_loader(env.world_size, env.rank);
       fulgor::Trainer trainer(ddp_options(root, epochs, accumulate));
-      trainer.fit(model, again, {out + "/rank0/mid.ckpt"});
+      trainer.fit(model, again, fulgor::FitOptions{checkpoint});
       write_results(out, rank, trainer, model);
-    } else {
-      std::cerr << "unknown mode " << mode << "\n";
-      return 2;
     }
   } catch (const fulgor::Error& e) {
     std::cerr << "worker rank " << rank << ": " << e.what() << std::endl;
