@@ -1,13 +1,19 @@
 # Runs the fashion_mnist example briefly and checks its last line of output is
 # the JSON summary. -DEXAMPLE=path -DWORK_DIR=folder [-DPRECISION=bf16-mixed]
+# [-DLAUNCHER=path/to/fulgor-run: two processes with strategy ddp, of which
+# rank 0 alone prints the summary]
 set(precision_args)
 if(PRECISION)
   set(precision_args --trainer.precision=${PRECISION})
 endif()
+set(launcher)
+if(LAUNCHER)
+  set(launcher "${LAUNCHER}" --nproc-per-node 2 --)
+endif()
 file(REMOVE_RECURSE "${WORK_DIR}")
 file(MAKE_DIRECTORY "${WORK_DIR}")
 execute_process(
-  COMMAND "${EXAMPLE}" --trainer.max_epochs=1 --trainer.accelerator=cpu --trainer.limit_train_batches=20
+  COMMAND ${launcher} "${EXAMPLE}" --trainer.max_epochs=1 --trainer.accelerator=cpu --trainer.limit_train_batches=20
           --trainer.limit_val_batches=5 --trainer.limit_test_batches=10 ${precision_args}
   WORKING_DIRECTORY "${WORK_DIR}"
   RESULT_VARIABLE status OUTPUT_VARIABLE output ERROR_VARIABLE errors)
@@ -28,7 +34,15 @@ string(JSON global_step GET "${last_line}" global_step)
 if(NOT epochs EQUAL 1 OR NOT accelerator STREQUAL "cpu" OR NOT global_step EQUAL 20)
   message(FATAL_ERROR "unexpected summary: ${last_line}")
 endif()
+string(REGEX MATCHALL "\n{\"accelerator\"" summaries "\n${output}")
+list(LENGTH summaries summary_count)
+if(NOT summary_count EQUAL 1)
+  message(FATAL_ERROR "${summary_count} summary lines, expected 1:\n${output}")
+endif()
 if(NOT EXISTS "${WORK_DIR}/fashion_mnist_logs/lightning_logs/version_0/metrics.csv")
   message(FATAL_ERROR "no metrics.csv under ${WORK_DIR}/fashion_mnist_logs")
+endif()
+if(EXISTS "${WORK_DIR}/fashion_mnist_logs/lightning_logs/version_1")
+  message(FATAL_ERROR "a second log folder: only rank 0 writes logs")
 endif()
 message(STATUS "${last_line}")

@@ -5,9 +5,10 @@
 //   fashion_mnist [--trainer.max_epochs=4] [--trainer.accelerator=cpu] [--model.arch=mlp]
 //                 [--model.lr=0.001] [--data.batch_size=128] [--data.dir=/usr/share/datasets/fashion-mnist]
 //
-// The last line of standard output is a JSON summary. Data-parallel on two
-// processes (strategy "auto" becomes "ddp" under a launcher; each rank reads
-// its shard of every split through a DistributedSampler):
+// The last line of standard output is a JSON summary (printed by rank 0 alone).
+// Data-parallel on two processes (strategy "auto" becomes "ddp" under a
+// launcher; each rank reads its shard of every split through a
+// DistributedSampler, with half of --data.batch_size per batch):
 //
 //   fulgor-run --nproc-per-node 2 -- fashion_mnist --trainer.accelerator=cpu
 
@@ -91,14 +92,21 @@ int main(int argc, char** argv) {
     const int64_t n_train = train_x.size(0) - 5000;
     // Every process reads its own shard (all of it when it runs alone); the
     // training shards are reshuffled each epoch, the same way on every rank.
+    // --data.batch_size is the global batch: each of N processes takes 1/N of
+    // it, so N processes train as one does.
     const auto job = fulgor::detect_distributed_environment();
+    if (batch_size % job.world_size != 0)
+      throw fulgor::ConfigError("--data.batch_size=" + std::to_string(batch_size) + " does not divide over " +
+                                std::to_string(job.world_size) + " processes: give a multiple of " +
+                                std::to_string(job.world_size));
+    const int64_t rank_batch_size = batch_size / job.world_size;
     auto batches = [&](torch::Tensor x, torch::Tensor y, bool shuffle) {
       fulgor::DistributedSamplerOptions sampler_options;
       sampler_options.shuffle = shuffle;
       sampler_options.seed = cli.trainer.seed.value_or(0);
       auto sampler = std::make_unique<fulgor::DistributedSampler>(static_cast<size_t>(x.size(0)), job.world_size,
                                                                   job.rank, sampler_options);
-      return fulgor::TensorLoader(x, y, std::move(sampler), {.batch_size = batch_size});
+      return fulgor::TensorLoader(x, y, std::move(sampler), {.batch_size = rank_batch_size});
     };
     auto train_loader = batches(train_x.slice(0, 0, n_train), train_y.slice(0, 0, n_train), true);
     auto val_loader = batches(train_x.slice(0, n_train), train_y.slice(0, n_train), false);
