@@ -349,6 +349,8 @@ class Trainer {
   std::string log_dir() const;
 
   /// Saves the state of the module being (or last) fitted to `path`, atomically.
+  /// Under strategy "ddp" every rank calls it: rank 0 writes the file, and
+  /// the call returns on every rank once the file is complete.
   void save_checkpoint(const std::string& path);
 
  private:
