@@ -36,8 +36,8 @@ void write_results(const std::string& out, int64_t rank, fulgor::Trainer& traine
   archive.save_to(out + "/params_rank" + std::to_string(rank) + ".pt");
   std::ofstream metrics(out + "/metrics_rank" + std::to_string(rank) + ".txt");
   metrics.precision(17);
-  metrics << "global_rank " << trainer.global_rank() << "\nworld_size " << trainer.world_size()
-          << "\nis_global_zero " << trainer.is_global_zero() << "\n";
+  metrics << "global_rank " << trainer.global_rank() << "\nworld_size " << trainer.world_size() << "\nis_global_zero "
+          << trainer.is_global_zero() << "\n";
   for (const auto& [name, value] : trainer.callback_metrics()) metrics << name << " " << value << "\n";
 }
 
