@@ -8,7 +8,7 @@
 // "fit" trains the shared model with strategy "ddp" for EPOCHS epochs.
 // "resume" trains until the middle of the second epoch, saves a checkpoint,
 // and fits EPOCHS epochs from it with a new Trainer and a differently
-// initialised model. "die" trains with a ddp_timeout of 3 s; rank 1 kills or
+// initialised model. "die" trains with a ddp_timeout of 10 s; rank 1 kills or
 // stops itself at batch 2. Each rank works in OUTDIR/rankR and writes its
 // final parameters, the gradients it held after each backward pass and its
 // metrics to OUTDIR. Exits 0 on success, 3 with the message on a
@@ -62,7 +62,7 @@ int main(int argc, char** argv) {
       RegressionNet model(init_seed(env.rank));
       model.die_signal = std::string(argv[3]) == "kill" ? SIGKILL : SIGSTOP;
       auto options = ddp_options(root, 2, 1);
-      options.ddp_timeout = 3.0;
+      options.ddp_timeout = 10.0;
       fulgor::Trainer trainer(options);
       trainer.fit(model, loader);
       std::cerr << "worker rank " << rank << ": the fit ended normally\n";
