@@ -24,29 +24,12 @@ constexpr double kTolerance = 1e-6;
 
 std::pair<std::optional<int>, std::string> run_with_fulgor_run(const std::vector<std::string>& args,
                                                                const std::string& log) {
-  std::vector<std::string> argv = {FULGOR_RUN_PATH, "--nproc-per-node", "2", "--", FULGOR_DDP_TRAINER_WORKER};
-  argv.insert(argv.end(), args.begin(), args.end());
-  Child launcher(argv, {}, log);
-  std::optional<int> status = launcher.wait(std::chrono::seconds(180));
-  return {status, launcher.log()};
+  return run_two_ranks(FULGOR_DDP_TRAINER_WORKER, args, log, std::chrono::seconds(180));
 }
 
-// Two ranks started without fulgor-run (which would stop a survivor itself,
-// and mixes the ranks' output), each with its own log in `dir`.
-std::vector<std::unique_ptr<Child>> start_ranks(const std::vector<std::string>& args, const TempDir& dir) {
-  const std::string port = std::to_string(free_port());
-  std::vector<std::string> argv = {FULGOR_DDP_TRAINER_WORKER};
-  argv.insert(argv.end(), args.begin(), args.end());
-  std::vector<std::unique_ptr<Child>> ranks;
-  for (int rank = 0; rank < 2; ++rank)
-    ranks.push_back(std::make_unique<Child>(argv,
-                                            std::map<std::string, std::string>{{"RANK", std::to_string(rank)},
-                                                                               {"LOCAL_RANK", std::to_string(rank)},
-                                                                               {"WORLD_SIZE", "2"},
-                                                                               {"MASTER_ADDR", "127.0.0.1"},
-                                                                               {"MASTER_PORT", port}},
-                                            dir / ("log" + std::to_string(rank))));
-  return ranks;
+std::vector<std::unique_ptr<Child>> start_ranks(std::vector<std::string> args, const TempDir& dir) {
+  args.insert(args.begin(), FULGOR_DDP_TRAINER_WORKER);
+  return start_two_ranks(args, dir.str());
 }
 
 torch::Tensor read_tensor(const std::string& path, const char* name) {

@@ -14,17 +14,7 @@ using fulgor::test::Child;
 
 // Starts two ranks of the "die" scenario; returns rank 0's status and log.
 std::pair<std::optional<int>, std::string> survivor_of(const std::string& mode, const fulgor::test::TempDir& dir) {
-  const std::string port = std::to_string(fulgor::test::free_port());
-  std::vector<std::unique_ptr<Child>> ranks;
-  for (int rank = 0; rank < 2; ++rank)
-    ranks.push_back(std::make_unique<Child>(
-        std::vector<std::string>{FULGOR_DISTRIBUTED_WORKER, "die", dir.str(), mode, "3000"},
-        std::map<std::string, std::string>{{"RANK", std::to_string(rank)},
-                                           {"LOCAL_RANK", std::to_string(rank)},
-                                           {"WORLD_SIZE", "2"},
-                                           {"MASTER_ADDR", "127.0.0.1"},
-                                           {"MASTER_PORT", port}},
-        dir / ("log" + std::to_string(rank))));
+  auto ranks = fulgor::test::start_two_ranks({FULGOR_DISTRIBUTED_WORKER, "die", dir.str(), mode, "3000"}, dir.str());
   // The collective timeout is 3 s; the bound only keeps a hang from stalling the suite.
   const auto status = ranks[0]->wait(std::chrono::seconds(90));
   EXPECT_TRUE(std::filesystem::exists(dir / "victim_ready")) << ranks[1]->log();

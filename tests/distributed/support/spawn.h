@@ -150,14 +150,40 @@ inline bool exited_with(const std::optional<int>& status, int code) {
 
 /// Runs `fulgor-run --nproc-per-node 2 -- worker args...` and returns its
 /// wait status (nullopt when it overran `limit`) and its output.
-inline std::pair<std::optional<int>, std::string> run_two_ranks(const std::vector<std::string>& worker_args,
+inline std::pair<std::optional<int>, std::string> run_two_ranks(const std::string& worker,
+                                                                 const std::vector<std::string>& worker_args,
                                                                  const std::string& log,
                                                                  std::chrono::seconds limit = std::chrono::seconds(120)) {
-  std::vector<std::string> argv = {FULGOR_RUN_PATH, "--nproc-per-node", "2", "--", FULGOR_DISTRIBUTED_WORKER};
+  std::vector<std::string> argv = {FULGOR_RUN_PATH, "--nproc-per-node", "2", "--", worker};
   argv.insert(argv.end(), worker_args.begin(), worker_args.end());
   Child launcher(argv, {}, log);
   std::optional<int> status = launcher.wait(limit);
   return {status, launcher.log()};
+}
+
+/// The same with the distributed layer's worker.
+inline std::pair<std::optional<int>, std::string> run_two_ranks(const std::vector<std::string>& worker_args,
+                                                                 const std::string& log,
+                                                                 std::chrono::seconds limit = std::chrono::seconds(120)) {
+  return run_two_ranks(FULGOR_DISTRIBUTED_WORKER, worker_args, log, limit);
+}
+
+/// Starts `argv` as ranks 0 and 1 of a job on loopback without fulgor-run
+/// (which would stop a survivor itself, and mixes the ranks' output); rank N
+/// writes to dir/logN.
+inline std::vector<std::unique_ptr<Child>> start_two_ranks(const std::vector<std::string>& argv,
+                                                           const std::string& dir) {
+  const std::string port = std::to_string(free_port());
+  std::vector<std::unique_ptr<Child>> ranks;
+  for (int rank = 0; rank < 2; ++rank)
+    ranks.push_back(std::make_unique<Child>(argv,
+                                            std::map<std::string, std::string>{{"RANK", std::to_string(rank)},
+                                                                               {"LOCAL_RANK", std::to_string(rank)},
+                                                                               {"WORLD_SIZE", "2"},
+                                                                               {"MASTER_ADDR", "127.0.0.1"},
+                                                                               {"MASTER_PORT", port}},
+                                            (std::filesystem::path(dir) / ("log" + std::to_string(rank))).string()));
+  return ranks;
 }
 
 }  // namespace fulgor::test
