@@ -848,6 +848,8 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
         if (s.train_batches && s.batches_in_epoch >= *s.train_batches) break;
         if (!train.next(true)) break;
         const int64_t batch_idx = s.batches_in_epoch;
+        // The epoch's last batch steps the optimizer even mid-window.
+        const bool last = s.train_batches && batch_idx + 1 == *s.train_batches;
         s.current_batch_size = train.batch_size();
         s.context = LogContext::train_step;
         s.step_log_due = (s.total_train_batches + 1) % o.log_every_n_steps == 0;
@@ -858,8 +860,7 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
           std::optional<torch::autograd::DetectAnomalyGuard> anomaly;
           if (o.detect_anomaly) anomaly.emplace();
           // Gradients travel only on the batches that step the optimizer.
-          if (s.ddp)
-            s.ddp->before_forward(window + 1 == accumulate || (s.train_batches && batch_idx + 1 == *s.train_batches));
+          if (s.ddp) s.ddp->before_forward(window + 1 == accumulate || last);
           loss = train.step(Stage::train, batch_idx);
           if (loss.defined()) {
             if (loss.numel() != 1 || !loss.requires_grad())
@@ -878,7 +879,6 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
             ++window;
           }
         }
-        const bool last = s.train_batches && batch_idx + 1 == *s.train_batches;
         if (window > 0 && (window == accumulate || last)) {
           s.optimizer_step();
           window = 0;
