@@ -20,10 +20,12 @@ std::string clock_text(double seconds) {
 
 }  // namespace
 
-ProgressBar::ProgressBar(std::ostream* out, int64_t refresh_lines, std::optional<bool> terminal)
+ProgressBar::ProgressBar(std::ostream* out, int64_t refresh_lines, std::optional<bool> terminal,
+                         double min_line_seconds)
     : out_(out),
       terminal_(terminal ? *terminal : out == nullptr && ::isatty(STDOUT_FILENO) == 1),
-      refresh_lines_(refresh_lines) {}
+      refresh_lines_(refresh_lines),
+      min_line_interval_(min_line_seconds) {}
 
 std::ostream& ProgressBar::out() const { return out_ ? *out_ : std::cout; }
 
@@ -63,19 +65,21 @@ void ProgressBar::update(Trainer& trainer, int64_t done, std::optional<int64_t> 
     out() << std::flush;
     return;
   }
-  // Plain lines: every refresh_lines percent of a known length, else every 50 batches.
+  // Plain lines: every refresh_lines percent of a known length, else every
+  // 50 batches, and no sooner than min_line_interval_ after the last one.
   bool due = final;
   if (!due && total && *total > 0 && refresh_lines_ > 0) {
     const int64_t step = std::max<int64_t>(1, *total * refresh_lines_ / 100);
-    due = done >= next_line_ + step;
+    due = done >= next_line_ + step && now - last_draw_ >= min_line_interval_;
     if (due) next_line_ = done;
   } else if (!due && !total) {
-    due = done % 50 == 0;
+    due = done % 50 == 0 && now - last_draw_ >= min_line_interval_;
   }
   // An epoch that stopped right after a line (max_steps, a stop request, a
   // length unknown) would end with the same line again.
   if (!due || (final && done == last_line_)) return;
   last_line_ = done;
+  last_draw_ = now;
   out() << label_ << (total ? fmt::format(" {}/{}", done, *total) : fmt::format(" {}", done))
         << fmt::format(" {:.1f}it/s elapsed {}", rate, clock_text(elapsed))
         << (total && rate > 0 && !final ? " ETA " + clock_text(static_cast<double>(*total - done) / rate) : "")

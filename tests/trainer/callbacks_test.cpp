@@ -175,7 +175,7 @@ TEST(Callbacks, ProgressBarWritesPlainLinesWhenNotATerminal) {
   auto train = sequential_loader(40, 4);
   auto val = sequential_loader(8, 4);
   std::ostringstream out;
-  Trainer trainer(quiet(dir, 2, {std::make_shared<ProgressBar>(&out, 50)}));
+  Trainer trainer(quiet(dir, 2, {std::make_shared<ProgressBar>(&out, 50, false, /*min_line_seconds=*/0.0)}));
   trainer.fit(model, train, val);
   const std::string text = out.str();
   // Every 50% of an epoch, each line once: the epoch's last batch is its final line.
@@ -186,6 +186,18 @@ TEST(Callbacks, ProgressBarWritesPlainLinesWhenNotATerminal) {
   EXPECT_EQ(text.find('\r'), std::string::npos);
 }
 
+// Lines due every 10% but at least an hour apart: each epoch within the hour
+// writes its final line alone.
+TEST(Callbacks, ProgressBarSpacesPlainLinesInTime) {
+  TempDir dir;
+  ShowLoss model;
+  auto train = sequential_loader(40, 4);
+  std::ostringstream out;
+  Trainer trainer(quiet(dir, 2, {std::make_shared<ProgressBar>(&out, 10, false, /*min_line_seconds=*/3600.0)}));
+  trainer.fit(model, train);
+  EXPECT_EQ(line_heads(out.str(), 3), (std::vector<std::string>{"Epoch 1/2 10/10", "Epoch 2/2 10/10"})) << out.str();
+}
+
 TEST(Callbacks, ProgressBarWritesALineOnceWhenTheEpochStopsRightAfterIt) {
   TempDir dir;
   ShowLoss model;
@@ -193,7 +205,7 @@ TEST(Callbacks, ProgressBarWritesALineOnceWhenTheEpochStopsRightAfterIt) {
   std::ostringstream out;
   auto options = quiet(dir.str());
   options.max_steps = 5;  // half of the epoch, where a line is due
-  options.callbacks = {std::make_shared<ProgressBar>(&out, 50)};
+  options.callbacks = {std::make_shared<ProgressBar>(&out, 50, false, /*min_line_seconds=*/0.0)};
   Trainer trainer(options);
   trainer.fit(model, train);
   EXPECT_EQ(line_heads(out.str(), 3), std::vector<std::string>{"Epoch 1 5/10"}) << out.str();

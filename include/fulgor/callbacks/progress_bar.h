@@ -14,14 +14,16 @@ namespace fulgor {
 /// redrawn in place with the epoch, a bar, batches done of the total, the rate,
 /// the time left and the prog_bar metrics; otherwise plain lines every
 /// `refresh_lines` percent of an epoch (or every 50 batches when the length is
-/// unknown) and one per finished epoch and evaluation, each written once.
+/// unknown), at least `min_line_seconds` apart, and one per finished epoch and
+/// evaluation, each written once.
 class ProgressBar : public Callback {
  public:
   /// `out`: where to write (nullptr: std::cout). `terminal`: whether `out`
   /// shows a line redrawn in place; unset means when `out` is std::cout and
-  /// stdout is a terminal.
+  /// stdout is a terminal. `min_line_seconds` keeps an epoch that lasts a
+  /// moment from filling a log file (and a fast loop from formatting lines).
   explicit ProgressBar(std::ostream* out = nullptr, int64_t refresh_lines = 10,
-                       std::optional<bool> terminal = std::nullopt);
+                       std::optional<bool> terminal = std::nullopt, double min_line_seconds = 1.0);
 
   void on_train_epoch_start(Trainer& trainer, ModuleBase& module) override;
   void on_train_batch_end(Trainer& trainer, ModuleBase& module, const torch::Tensor& loss,
@@ -47,8 +49,9 @@ class ProgressBar : public Callback {
   std::ostream* out_;
   bool terminal_;
   int64_t refresh_lines_;
+  std::chrono::duration<double> min_line_interval_;
   std::string label_;
-  Clock::time_point start_, last_draw_;
+  Clock::time_point start_, last_draw_;  // last_draw_: also the last plain line's time
   int64_t next_line_ = 0;
   // The batches done when the current plain line was last written (-1: none).
   int64_t last_line_ = -1;
