@@ -8,12 +8,39 @@
 
 namespace fulgor {
 
+namespace {
+
+// Note [Reading a logged value]
+// item() goes through the dispatcher, which on a small model costs as much
+// as the rest of the Trainer's work per step. A floating-point value in host
+// memory is read directly instead; any other tensor (on a device, integral,
+// with a lazy negation) through item(). Neither records anything for
+// autograd, so no detach() is needed.
+double value_of(const torch::Tensor& t) {
+  if (t.device().is_cpu() && t.layout() == torch::kStrided && !t.is_neg() && !t._is_zerotensor()) {
+    switch (t.scalar_type()) {
+      case torch::kFloat:
+        return *t.data_ptr<float>();
+      case torch::kDouble:
+        return *t.data_ptr<double>();
+      case torch::kBFloat16:
+        return static_cast<float>(*t.data_ptr<c10::BFloat16>());
+      case torch::kHalf:
+        return static_cast<float>(*t.data_ptr<c10::Half>());
+      default:
+        break;
+    }
+  }
+  return t.item<double>();
+}
+
+}  // namespace
+
 void ModuleBase::log(const std::string& name, const torch::Tensor& value, LogOptions options) {
   if (!value.defined() || value.numel() != 1)
     throw ConfigError(fmt::format("log('{}', ...): expected a tensor with one element, got {}", name,
                                   value.defined() ? fmt::format("shape [{}]", fmt::join(value.sizes(), ", ")) : "an undefined tensor"));
-  // item() reads the value without recording anything for autograd, so no detach() is needed.
-  log(name, value.item<double>(), options);
+  log(name, value_of(value), options);
 }
 
 void ModuleBase::log(const std::string& name, double value, LogOptions options) {

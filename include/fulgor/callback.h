@@ -45,7 +45,8 @@ class Callback {
   /// After the module's on_train_epoch_end, with the epoch's metrics aggregated.
   virtual void on_train_epoch_end(Trainer&, ModuleBase&) {}
   virtual void on_train_batch_start(Trainer&, ModuleBase&, int64_t /*batch_idx*/) {}
-  /// `loss` is what training_step returned (undefined when it skipped the batch).
+  /// `loss` is what training_step returned, without its autograd graph
+  /// (undefined when it skipped the batch).
   virtual void on_train_batch_end(Trainer&, ModuleBase&, const torch::Tensor& /*loss*/, int64_t /*batch_idx*/) {}
   virtual void on_before_backward(Trainer&, ModuleBase&, const torch::Tensor& /*loss*/) {}
   virtual void on_after_backward(Trainer&, ModuleBase&) {}

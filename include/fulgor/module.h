@@ -74,6 +74,7 @@ class ModuleBase : public torch::nn::Module {
   virtual void on_after_backward() {}
   virtual void on_before_optimizer_step(torch::optim::Optimizer& /*optimizer*/) {}
   virtual void on_before_zero_grad(torch::optim::Optimizer& /*optimizer*/) {}
+  /// `loss`: training_step's loss without its autograd graph.
   virtual void on_train_batch_end(const torch::Tensor& /*loss*/, int64_t /*batch_idx*/) {}
   virtual void on_train_epoch_end() {}
   virtual void on_train_end() {}

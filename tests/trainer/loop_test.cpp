@@ -36,6 +36,42 @@ TEST(TrainerLoop, FitEqualsHandWrittenLoop) {
   EXPECT_EQ(trainer.current_epoch(), 3);
 }
 
+// The batch-end hooks see each step's loss value, cut from its graph.
+TEST(TrainerLoop, BatchEndHooksGetTheLossWithoutItsGraph) {
+  struct Seen {
+    std::vector<double> values;
+    bool any_graph = false;
+    void add(const torch::Tensor& loss) {
+      values.push_back(loss.item<double>());
+      any_graph = any_graph || loss.requires_grad() || loss.grad_fn() != nullptr;
+    }
+  };
+  struct Recorder : TinyNet {
+    std::vector<double> returned;
+    Seen seen;
+    torch::Tensor training_step(torch::data::Example<> batch, int64_t i) override {
+      auto loss = TinyNet::training_step(std::move(batch), i);
+      returned.push_back(loss.item<double>());
+      return loss;
+    }
+    void on_train_batch_end(const torch::Tensor& loss, int64_t) override { seen.add(loss); }
+  };
+  struct Watch : fulgor::Callback {
+    Seen seen;
+    void on_train_batch_end(Trainer&, ModuleBase&, const torch::Tensor& loss, int64_t) override { seen.add(loss); }
+  };
+  TempDir dir;
+  Recorder model;
+  auto watch = std::make_shared<Watch>();
+  auto train = sequential_loader(24, 8);
+  Trainer(quiet(dir, 2, {watch})).fit(model, train);
+  ASSERT_EQ(model.returned.size(), 6u);
+  EXPECT_EQ(model.seen.values, model.returned);
+  EXPECT_EQ(watch->seen.values, model.returned);
+  EXPECT_FALSE(model.seen.any_graph);
+  EXPECT_FALSE(watch->seen.any_graph);
+}
+
 TEST(TrainerLoop, LimitTrainBatchesRunsExactlyThatManySteps) {
   TempDir dir;
   TinyNet model;
@@ -180,6 +216,41 @@ struct Constants : TinyNet {
     (void)batch;
   }
 };
+
+// log() reads one-element tensors of every floating type, through views, and
+// integral ones, to the same numbers item() gives.
+TEST(TrainerLoop, LogReadsOneElementTensorsOfAnyTypeAndView) {
+  struct Logs : TinyNet {
+    double last_loss = 0;
+    torch::Tensor training_step(torch::data::Example<> batch, int64_t i) override {
+      auto loss = TinyNet::training_step(std::move(batch), i);
+      log("f32", torch::tensor(1.5f));
+      log("f64_view", torch::arange(10, torch::kDouble).narrow(0, 7, 1));  // at a storage offset
+      log("bf16", torch::tensor(2.5).to(torch::kBFloat16));
+      log("f16", torch::tensor(-3.25).to(torch::kHalf));
+      log("i64", torch::tensor(int64_t{42}));
+      log("neg_view", at::_neg_view(torch::tensor(4.0)));
+      log("strided", torch::arange(12.0).view({3, 4}).t().slice(0, 2, 3).slice(1, 1, 2));  // element [1][2]
+      log("loss", loss);
+      last_loss = loss.item<double>();
+      return loss;
+    }
+  };
+  TempDir dir;
+  Logs model;
+  auto train = sequential_loader(16, 8);
+  Trainer trainer(quiet(dir, 1));
+  trainer.fit(model, train);
+  const auto& m = trainer.callback_metrics();
+  EXPECT_EQ(m.at("f32"), 1.5);
+  EXPECT_EQ(m.at("f64_view"), 7.0);
+  EXPECT_EQ(m.at("bf16"), 2.5);
+  EXPECT_EQ(m.at("f16"), -3.25);
+  EXPECT_EQ(m.at("i64"), 42.0);
+  EXPECT_EQ(m.at("neg_view"), -4.0);
+  EXPECT_EQ(m.at("strided"), 6.0);
+  EXPECT_EQ(m.at("loss"), model.last_loss);
+}
 
 TEST(TrainerLoop, LogDefaultsAndBatchSizeWeightedEpochMeans) {
   TempDir dir;
