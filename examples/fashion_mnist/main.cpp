@@ -119,7 +119,9 @@ int main(int argc, char** argv) {
         .save_last = true});
     if (options.enable_checkpointing) options.callbacks.push_back(checkpoint);
     fulgor::Trainer trainer(options);
-    auto fit = trainer.fit(model, train_loader, val_loader);
+    // Training batches are copied onto the device one step ahead.
+    fulgor::DevicePrefetcher prefetched_train(train_loader);
+    auto fit = trainer.fit(model, prefetched_train, val_loader);
     const bool have_best = options.enable_checkpointing && !checkpoint->best_model_path().empty();
     auto test = trainer.test(model, test_loader, {.ckpt_path = have_best ? "best" : ""});
 

@@ -103,6 +103,15 @@ struct has_set_epoch : std::false_type {};
 template <typename Loader>
 struct has_set_epoch<Loader, std::void_t<decltype(std::declval<Loader&>().set_epoch(int64_t{}))>> : std::true_type {};
 
+// Whether a loader takes the Trainer's accelerator and device
+// (bind_device), as an unbound fulgor::DevicePrefetcher does.
+template <typename Loader, typename = void>
+struct has_bind_device : std::false_type {};
+template <typename Loader>
+struct has_bind_device<Loader, std::void_t<decltype(std::declval<Loader&>().bind_device(
+                                   std::declval<const Accelerator&>(), std::declval<torch::Device>()))>>
+    : std::true_type {};
+
 template <typename Batch, typename Loader>
 class LoaderRunner final : public StepRunner {
   using Iterator = decltype(std::declval<Loader&>().begin());
@@ -131,6 +140,7 @@ class LoaderRunner final : public StepRunner {
     cache_.clear();
     it_.reset();
     end_.reset();
+    if constexpr (has_bind_device<Loader>::value) loader_.bind_device(*accelerator_, *device_);
     it_.emplace(loader_.begin());
     end_.emplace(loader_.end());
     started_ = false;

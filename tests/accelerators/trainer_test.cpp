@@ -143,6 +143,25 @@ void fit_matches_the_cpu(const std::string& name, torch::Device device) {
 
 TEST(XpuTrainer, FitOnDeviceOneMatchesTheCpu) { fit_matches_the_cpu("xpu", kXpu1); }
 
+// An unbound DevicePrefetcher given to the Trainer is bound to its device and
+// trains as the loader it wraps does.
+TEST(XpuTrainer, BindsAPrefetcherToItsDevice) {
+  load_runtime("xpu");
+  TempDir dir;
+  auto on_cpu = tiny_model();
+  auto cpu_loader = regression_loader();
+  Trainer(quiet("cpu", 1, 2, dir)).fit(*on_cpu, cpu_loader);
+
+  auto on_device = tiny_model();
+  auto device_loader = regression_loader();
+  DevicePrefetcher prefetched(device_loader);
+  Trainer device_trainer(quiet("xpu", std::vector<int64_t>{1}, 2, dir));
+  EXPECT_EQ(device_trainer.fit(*on_device, prefetched).global_step, 8);
+  EXPECT_EQ(device_trainer.num_training_batches(), 4);
+  expect_close(on_device->losses, on_cpu->losses);
+  expect_close(*on_device, *on_cpu);
+}
+
 TEST(NpuTrainer, FitOnDeviceOneMatchesTheCpu) {
   if (!detail::compat::kHasNamedPrivateUse1)
     GTEST_SKIP() << "the npu accelerator needs LibTorch >= 2.1, where PrivateUse1 can be named \"npu\"; this is "

@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <optional>
 #include <set>
 
 #include "fulgor/data/prefetcher.h"
@@ -128,6 +129,73 @@ TEST(DevicePrefetcher, WrapsLibTorchDataLoaders) {
   int64_t total = 0;
   for (auto& batch : prefetcher) total += batch.target.sum().item<int64_t>();
   EXPECT_EQ(total, 15);
+}
+
+// A loader of `n` one-element batches, each made when it is first read,
+// counting the batches it has made.
+struct CountingLoader {
+  int64_t n = 0;
+  int64_t made = 0;
+  struct Iterator {
+    CountingLoader* loader;
+    int64_t i;
+    std::optional<torch::data::Example<>> batch;
+    torch::data::Example<>& operator*() {
+      if (!batch) {
+        ++loader->made;
+        const auto value = torch::full({1}, static_cast<double>(i));
+        batch.emplace(value, value);
+      }
+      return *batch;
+    }
+    Iterator& operator++() {
+      ++i;
+      batch.reset();
+      return *this;
+    }
+    bool operator!=(const Iterator& other) const { return i != other.i; }
+  };
+  Iterator begin() { return Iterator{this, 0, std::nullopt}; }
+  Iterator end() { return Iterator{this, n, std::nullopt}; }
+};
+
+TEST(DevicePrefetcher, FetchesTheNextBatchBeforeHandingOutTheCurrentOne) {
+  CountingLoader loader{4};
+  auto cpu = make_accelerator("cpu");
+  DevicePrefetcher<CountingLoader> prefetcher(loader, *cpu, torch::Device(torch::kCPU));
+  std::vector<int64_t> made_when_handed, values;
+  for (auto& batch : prefetcher) {
+    made_when_handed.push_back(loader.made);
+    values.push_back(static_cast<int64_t>(batch.data.item<double>()));
+  }
+  EXPECT_EQ(values, (std::vector<int64_t>{0, 1, 2, 3}));
+  // Batch k is handed out once batch k+1 exists (and its copy is issued).
+  EXPECT_EQ(made_when_handed, (std::vector<int64_t>{2, 3, 4, 4}));
+}
+
+TEST(DevicePrefetcher, UnboundItRefusesToIterateAndPassesLengthAndEpochOn) {
+  TensorLoaderOptions options;
+  options.batch_size = 4;
+  options.shuffle = true;
+  auto loader = make_loader(10, options);
+  DevicePrefetcher<TensorLoader> prefetcher(loader);
+  try {
+    prefetcher.begin();
+    ADD_FAILURE() << "an unbound prefetcher iterated";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("without an accelerator and device"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(prefetcher.size(), 3);
+  prefetcher.set_epoch(5);
+  EXPECT_EQ(loader.epoch(), 5);
+
+  auto cpu = make_accelerator("cpu");
+  prefetcher.bind_device(*cpu, torch::Device(torch::kCPU));
+  std::vector<int64_t> through_prefetcher;
+  for (auto& batch : prefetcher)
+    for (int64_t i = 0; i < batch.target.size(0); ++i) through_prefetcher.push_back(batch.target[i].item<int64_t>());
+  loader.set_epoch(5);
+  EXPECT_EQ(through_prefetcher, epoch_targets(loader));  // epoch 5's order
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include "fulgor/accelerator.h"
 #include "fulgor/batch.h"
+#include "fulgor/error.h"
 
 namespace fulgor {
 
@@ -16,7 +17,17 @@ namespace fulgor {
 /// are asynchronous. Copies are non-blocking when the accelerator supports
 /// pinned memory (pin the source, e.g. TensorLoader::pin_memory()).
 ///
-/// Requires: loader, accelerator outlive the prefetcher; one iteration at a time.
+/// Given to a Trainer, a prefetcher made without an accelerator and device is
+/// bound to the Trainer's when each epoch begins:
+///
+///   fulgor::DevicePrefetcher prefetched(train_loader);
+///   trainer.fit(model, prefetched, val_loader);
+///
+/// It tells the Trainer the loader's length and passes set_epoch on, where the
+/// loader has them.
+///
+/// Requires: loader, accelerator outlive the prefetcher; one iteration at a
+/// time; an accelerator and device (given here or by a Trainer) before begin().
 template <typename Loader>
 class DevicePrefetcher {
   using SourceIterator = decltype(std::declval<Loader&>().begin());
@@ -26,6 +37,22 @@ class DevicePrefetcher {
 
   DevicePrefetcher(Loader& loader, const Accelerator& accelerator, torch::Device device)
       : loader_(&loader), accelerator_(&accelerator), device_(device) {}
+  /// Unbound: a Trainer binds it (bind_device) before iterating it.
+  explicit DevicePrefetcher(Loader& loader) : loader_(&loader) {}
+
+  void bind_device(const Accelerator& accelerator, torch::Device device) {
+    accelerator_ = &accelerator;
+    device_ = device;
+  }
+
+  template <typename L = Loader, typename = decltype(std::declval<const L&>().size())>
+  auto size() const {
+    return loader_->size();
+  }
+  template <typename L = Loader, typename = decltype(std::declval<L&>().set_epoch(int64_t{}))>
+  void set_epoch(int64_t epoch) {
+    loader_->set_epoch(epoch);
+  }
 
   class Iterator {
    public:
@@ -58,7 +85,7 @@ class DevicePrefetcher {
     // Issues the copy of the source's next batch, if any.
     void fetch() {
       if (!it_ || !(*it_ != owner_->loader_->end())) return;
-      ahead_ = move_batch(Batch(**it_), *owner_->accelerator_, owner_->device_,
+      ahead_ = move_batch(Batch(**it_), *owner_->accelerator_, *owner_->device_,
                           owner_->accelerator_->supports_pinned_memory());
       ++*it_;
     }
@@ -69,13 +96,19 @@ class DevicePrefetcher {
     std::optional<Batch> ahead_;
   };
 
-  Iterator begin() { return Iterator(this); }
+  Iterator begin() {
+    if (!accelerator_ || !device_)
+      throw Error(
+          "DevicePrefetcher: iterated without an accelerator and device; construct it with them, or give it to a "
+          "Trainer, which binds its own");
+    return Iterator(this);
+  }
   Iterator end() { return Iterator(); }
 
  private:
   Loader* loader_;
-  const Accelerator* accelerator_;
-  torch::Device device_;
+  const Accelerator* accelerator_ = nullptr;
+  std::optional<torch::Device> device_;
 };
 
 }  // namespace fulgor
