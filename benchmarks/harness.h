@@ -27,15 +27,21 @@ inline double median(std::vector<double> values) {
   return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
 }
 
-/// Runs every variant `repeats` times, interleaved, after one warm-up round;
-/// returns each variant's median seconds.
-inline std::vector<double> interleaved_medians(const std::vector<std::function<void()>>& variants, int repeats) {
+/// Runs every variant `repeats` times, interleaved (a, b, a, b, ...), after
+/// one warm-up round; returns each variant's times in seconds, in run order.
+inline std::vector<std::vector<double>> interleaved_times(const std::vector<std::function<void()>>& variants,
+                                                          int repeats) {
   for (const auto& v : variants) v();
   std::vector<std::vector<double>> times(variants.size());
   for (int r = 0; r < repeats; ++r)
     for (size_t i = 0; i < variants.size(); ++i) times[i].push_back(seconds_of(variants[i]));
+  return times;
+}
+
+/// Each variant's median seconds over interleaved runs.
+inline std::vector<double> interleaved_medians(const std::vector<std::function<void()>>& variants, int repeats) {
   std::vector<double> medians;
-  for (auto& t : times) medians.push_back(median(t));
+  for (auto& t : interleaved_times(variants, repeats)) medians.push_back(median(t));
   return medians;
 }
 

@@ -42,10 +42,13 @@ int main(int argc, char** argv) {
   Settings settings;
   std::vector<std::string> only;
   if (argc == 2 && std::strcmp(argv[1], "--instructions-child") == 0) return instructions_child();
+  if (argc == 6 && std::strcmp(argv[1], "--overhead-child") == 0)
+    return overhead_child(argv[2], std::stoul(argv[3]), std::stoi(argv[4]), std::strcmp(argv[5], "1") == 0);
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) {
       settings.quick = true;
       settings.repeats = 2;
+      settings.processes = 1;
     } else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
       only.push_back(argv[++i]);
     } else {

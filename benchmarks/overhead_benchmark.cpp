@@ -2,66 +2,158 @@
 // batch size and optimizer, run interleaved. The hand-written loop slices
 // pre-built tensors; the Trainer reads the same tensors through TensorLoader.
 // fulgor's own work per step is (fulgor - raw) / steps.
+//
+// Note [Paired runs]
+// On a shared machine the same run's time varies by 20% or more from one run
+// to the next, in spells longer than a run. Each hand-written run and the
+// Trainer run right after it form a pair, and the figures are medians over
+// pairs of the pair's ratio and difference: a spell that slows a pair slows
+// both its runs, where the difference of the two sides' separate medians
+// would take its two terms from different spells.
+//
+// Note [Several processes]
+// Where a step takes about 100 us, where code and heap blocks happen to lie
+// in one process shifts both sides' times by several percent for the whole
+// life of that process (two copies of the same hand-written loop differ that
+// much in one process and not in another), which no number of repeats inside
+// it removes. So the small models are measured in several fresh processes
+// (new address-space layout, new heap) and the pairs of all of them pooled.
+// The CNN's steps are 100 times longer and dominated by its kernels: one
+// process measures it.
 
 #include <torch/torch.h>
+#include <unistd.h>
 
+#include <cstdio>
 #include <filesystem>
+#include <memory>
 
 #include "benchmarks.h"
 #include "loops.h"
 #include "models.h"
 
 namespace fulgor::bench {
+namespace {
+
+const std::vector<Variant>& variants() {
+  static const std::vector<Variant> all = {{"barebones", false, 0, false},
+                                           {"progress bar + log()", true, 1, false},
+                                           {"two log() calls", false, 2, false},
+                                           {"checkpoint each epoch", false, 0, true}};
+  return all;
+}
+
+const ModelSpec& model_named(const std::string& key) {
+  static const std::vector<ModelSpec> models = overhead_models();
+  for (const auto& spec : models)
+    if (spec.key == key) return spec;
+  throw std::invalid_argument("no overhead model '" + key + "'");
+}
+
+struct Measured {
+  std::vector<double> raw, fulgor;  // seconds per run, pair by pair
+  bool same = true;                 // both sides ended with the same model
+
+  void add(const Measured& other) {
+    raw.insert(raw.end(), other.raw.begin(), other.raw.end());
+    fulgor.insert(fulgor.end(), other.fulgor.begin(), other.fulgor.end());
+    same = same && other.same;
+  }
+};
+
+// 300 steps per run (3 epochs), the CNN 100 (2 epochs, about a second), so
+// that it too gets ten pairs in a few minutes.
+int64_t samples_for(const ModelSpec& spec, bool quick) { return quick ? 640 : spec.key == "cnn" ? 1600 : 3200; }
+int64_t epochs_for(const ModelSpec& spec, bool quick) { return quick ? 1 : spec.key == "cnn" ? 2 : 3; }
+
+// `repeats` pairs of runs, in this process.
+Measured measure(const ModelSpec& spec, const Variant& variant, int repeats, bool quick) {
+  const int64_t samples = samples_for(spec, quick);
+  const Workload work = spec.workload(samples, epochs_for(spec, quick));
+  torch::manual_seed(1);
+  const torch::nn::Sequential initial = spec.make();
+  const auto root = (std::filesystem::temp_directory_path() /
+                     ("fulgor-overhead-benchmark-" + std::to_string(::getpid())))
+                        .string();
+  // The trained models' outputs on the last batch: both sides must agree.
+  const auto probe = work.data.narrow(0, samples - kBatch, kBatch);
+  torch::Tensor raw_output, fulgor_output;
+  auto raw = [&] {
+    auto net = raw_fit(initial, work);
+    torch::NoGradGuard no_grad;
+    raw_output = net->forward(probe);
+  };
+  auto through_fulgor = [&] {
+    auto net = fulgor_fit(initial, work, variant, root);
+    torch::NoGradGuard no_grad;
+    fulgor_output = net->forward(probe);
+  };
+  auto times = interleaved_times({raw, through_fulgor}, repeats);
+  std::filesystem::remove_all(root);
+  return {times[0], times[1], torch::allclose(raw_output, fulgor_output, 1e-5, 1e-6)};
+}
+
+// Runs measure() in a fresh copy of this program (see overhead_child).
+Measured measure_in_child(const ModelSpec& spec, size_t variant, int repeats, bool quick) {
+  const std::string command = fmt::format("/proc/{}/exe --overhead-child {} {} {} {}", ::getpid(), spec.key, variant,
+                                          repeats, quick ? 1 : 0);
+  std::unique_ptr<FILE, int (*)(FILE*)> pipe(::popen(command.c_str(), "r"), ::pclose);
+  Measured m;
+  int same = 0, pairs = 0;
+  bool read = pipe && std::fscanf(pipe.get(), "%d %d", &same, &pairs) == 2;
+  for (int i = 0; read && i < pairs; ++i) {
+    double raw = 0, fulgor = 0;
+    read = std::fscanf(pipe.get(), "%lf %lf", &raw, &fulgor) == 2;
+    m.raw.push_back(raw);
+    m.fulgor.push_back(fulgor);
+  }
+  if (!read || pairs == 0) throw std::runtime_error("the overhead benchmark's child process failed: " + command);
+  m.same = same != 0;
+  return m;
+}
+
+}  // namespace
+
+int overhead_child(const std::string& model, size_t variant, int repeats, bool quick) {
+  const Measured m = measure(model_named(model), variants().at(variant), repeats, quick);
+  std::printf("%d %zu\n", m.same ? 1 : 0, m.raw.size());
+  for (size_t i = 0; i < m.raw.size(); ++i) std::printf("%.9f %.9f\n", m.raw[i], m.fulgor[i]);
+  return 0;
+}
 
 void overhead_benchmark(Report& report, const Settings& settings) {
-  const int64_t samples = settings.quick ? 640 : 3200;
-  const std::vector<Variant> variants = {{"barebones", false, 0, false},
-                                         {"progress bar + log()", true, 1, false},
-                                         {"two log() calls", false, 2, false},
-                                         {"checkpoint each epoch", false, 0, true}};
-  const auto root = (std::filesystem::temp_directory_path() / "fulgor-overhead-benchmark").string();
-
+  const bool quick = settings.quick;
   for (const ModelSpec& spec : overhead_models()) {
-    if (settings.quick && spec.name.rfind("cnn", 0) == 0) continue;
-    const Workload work = spec.workload(samples, settings.quick ? 1 : 3);
-    torch::manual_seed(1);
-    const torch::nn::Sequential initial = spec.make();
-    // The trained models' outputs on the last batch: both sides must agree.
-    const auto probe = work.data.narrow(0, samples - kBatch, kBatch);
-    torch::Tensor raw_output, fulgor_output;
-    auto raw = [&] {
-      auto net = raw_fit(initial, work);
-      torch::NoGradGuard no_grad;
-      raw_output = net->forward(probe);
-    };
-    for (const Variant& variant : variants) {
-      if (settings.quick && variant.checkpoint) continue;
-      auto through_fulgor = [&] {
-        auto net = fulgor_fit(initial, work, variant, root);
-        torch::NoGradGuard no_grad;
-        fulgor_output = net->forward(probe);
-      };
-      // A short run (about 30 ms for the small models) is at the mercy of the
-      // machine's hiccups: more of them make the median steady.
-      const int repeats = spec.key == "cnn" ? settings.repeats : 4 * settings.repeats;
-      auto medians = interleaved_medians({raw, through_fulgor}, repeats);
-      const bool same = torch::allclose(raw_output, fulgor_output, 1e-5, 1e-6);
-      const double ratio = medians[1] / medians[0];
-      const double own_us = (medians[1] - medians[0]) / work.steps() * 1e6;
+    const bool cnn = spec.key == "cnn";
+    if (quick && cnn) continue;
+    const int64_t steps = epochs_for(spec, quick) * (samples_for(spec, quick) / kBatch);
+    const int processes = cnn || quick ? 1 : settings.processes;
+    const int repeats = 2 * settings.repeats;
+    for (size_t v = 0; v < variants().size(); ++v) {
+      const Variant& variant = variants()[v];
+      if (quick && variant.checkpoint) continue;
+      Measured m;
+      for (int p = 0; p < processes; ++p)
+        m.add(processes == 1 ? measure(spec, variant, repeats, quick) : measure_in_child(spec, v, repeats, quick));
+      std::vector<double> ratios, own_us;
+      for (size_t i = 0; i < m.raw.size(); ++i) {
+        ratios.push_back(m.fulgor[i] / m.raw[i]);
+        own_us.push_back((m.fulgor[i] - m.raw[i]) / steps * 1e6);
+      }
+      const double ratio = median(ratios), own = median(own_us);
       report.row({"overhead", spec.name + ", " + variant.name,
-                  fmt::format("{:.1f} us/step", medians[1] / work.steps() * 1e6),
-                  fmt::format("{:.3f}x, {:+.1f} us/step{}", ratio, own_us, same ? "" : " (results differ!)")});
+                  fmt::format("{:.1f} us/step", median(m.fulgor) / steps * 1e6),
+                  fmt::format("{:.3f}x, {:+.1f} us/step{}", ratio, own, m.same ? "" : " (results differ!)")});
       if (variant.name == "barebones") {
         report.figures["overhead_ratio_" + spec.key] = ratio;
-        if (spec.key == "linear") report.figures["overhead_us_tiny_barebones"] = own_us;
+        if (spec.key == "linear") report.figures["overhead_us_tiny_barebones"] = own;
       }
       if (variant.name == "progress bar + log()") {
         report.figures["overhead_ratio_" + spec.key + "_logging"] = ratio;
-        if (spec.key == "linear") report.figures["overhead_us_tiny"] = own_us;
+        if (spec.key == "linear") report.figures["overhead_us_tiny"] = own;
       }
     }
   }
-  std::filesystem::remove_all(root);
 }
 
 }  // namespace fulgor::bench
