@@ -3,7 +3,9 @@
 // again under `valgrind --tool=callgrind` in a child mode that runs the
 // hand-written loop and the Trainer for two numbers of steps each; callgrind
 // zeroes its counters before and dumps them after each counted run (its
-// --zero-before/--dump-after options, so no valgrind header is needed). The
+// --zero-before/--dump-after options, so no valgrind header is needed) and
+// counts only inside it (--toggle-collect: a thread LibTorch starts during the
+// first run would otherwise add its start-up to that run's count). The
 // difference between the two lengths cancels set-up and teardown, leaving the
 // per-step cost.
 
@@ -81,7 +83,8 @@ void instructions_benchmark(Report& report, const Settings&) {
   const auto out = dir / "callgrind.out";
   const std::string command =
       fmt::format("OMP_NUM_THREADS=1 valgrind --tool=callgrind --zero-before=fulgor_bench_counted_run "
-                  "--dump-after=fulgor_bench_counted_run --callgrind-out-file={} /proc/{}/exe --instructions-child "
+                  "--dump-after=fulgor_bench_counted_run --toggle-collect=fulgor_bench_counted_run "
+                  "--callgrind-out-file={} /proc/{}/exe --instructions-child "
                   ">{} 2>&1",
                   out.string(), ::getpid(), (dir / "log").string());
   if (std::system(command.c_str()) != 0) {

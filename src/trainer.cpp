@@ -137,6 +137,23 @@ void check_options(const TrainerOptions& o) {
     throw ConfigError(fmt::format("ddp_timeout={}: expected a number of seconds > 0", *o.ddp_timeout));
 }
 
+// Note [The hooks' loss]
+// The batch-end hooks get the loss without its graph, so that keeping it does
+// not keep the step's autograd nodes alive. backward() has consumed the graph,
+// so a shallow copy of the loss without autograd metadata serves as well as
+// detach() at a fraction of its cost. When no hook kept the previous step's
+// copy, its TensorImpl is refilled in place (what set_data does) instead of a
+// new one being allocated: on a small model, each step's allocations are a
+// noticeable part of the Trainer's own work.
+void refill_graph_free(torch::Tensor& copy, const torch::Tensor& loss) {
+  const bool unshared = copy.defined() && copy.use_count() == 1 && copy.weak_use_count() == 1 &&
+                        copy.unsafeGetTensorImpl()->autograd_meta() == nullptr;
+  if (unshared && at::_has_compatible_shallow_copy_type(copy, loss))
+    copy.unsafeGetTensorImpl()->shallow_copy_from(loss.getIntrusivePtr());
+  else
+    copy = loss.variable_data();
+}
+
 }  // namespace
 
 struct LoadedCheckpoint {
@@ -798,6 +815,7 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
     bool first_after_resume = ckpt.has_value();
     if (ckpt && s.epoch_finished) ++s.epoch;
     result.reason = StopReason::max_epochs;
+    torch::Tensor hook_loss;  // Note [The hooks' loss]
     bool stopped = false;
     while (!stopped) {
       if (s.max_epochs != -1 && s.epoch >= s.max_epochs) {
@@ -885,15 +903,13 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
         }
         s.batches_in_epoch = batch_idx + 1;
         ++s.total_train_batches;
-        // The hooks get the loss without its graph, so that keeping it does not
-        // keep the step's autograd nodes alive. backward() has consumed the
-        // graph, so nothing can be recorded through it any more, and
-        // variable_data() (a shallow copy, no dispatch) serves as well as
-        // detach() at a third of its cost, which on a small model is a
-        // noticeable part of the Trainer's own work per step.
-        const torch::Tensor detached = loss.defined() ? loss.variable_data() : loss;
-        s.each_callback([&](Callback& cb) { cb.on_train_batch_end(*this, model, detached, batch_idx); });
-        model.on_train_batch_end(detached, batch_idx);
+        // Note [The hooks' loss]
+        if (loss.defined())
+          detail::refill_graph_free(hook_loss, loss);
+        else
+          hook_loss.reset();
+        s.each_callback([&](Callback& cb) { cb.on_train_batch_end(*this, model, hook_loss, batch_idx); });
+        model.on_train_batch_end(hook_loss, batch_idx);
         s.flush_step_logs();
         s.context = LogContext::none;
         s.step_log_due = true;

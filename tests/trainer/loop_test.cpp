@@ -36,7 +36,8 @@ TEST(TrainerLoop, FitEqualsHandWrittenLoop) {
   EXPECT_EQ(trainer.current_epoch(), 3);
 }
 
-// The batch-end hooks see each step's loss value, cut from its graph.
+// The batch-end hooks see each step's loss value, cut from its graph; a loss a
+// hook keeps still holds its own step's value after later steps.
 TEST(TrainerLoop, BatchEndHooksGetTheLossWithoutItsGraph) {
   struct Seen {
     std::vector<double> values;
@@ -54,7 +55,11 @@ TEST(TrainerLoop, BatchEndHooksGetTheLossWithoutItsGraph) {
       returned.push_back(loss.item<double>());
       return loss;
     }
-    void on_train_batch_end(const torch::Tensor& loss, int64_t) override { seen.add(loss); }
+    std::vector<torch::Tensor> kept;  // every other step's
+    void on_train_batch_end(const torch::Tensor& loss, int64_t i) override {
+      seen.add(loss);
+      if (i % 2 == 0) kept.push_back(loss);
+    }
   };
   struct Watch : fulgor::Callback {
     Seen seen;
@@ -70,6 +75,9 @@ TEST(TrainerLoop, BatchEndHooksGetTheLossWithoutItsGraph) {
   EXPECT_EQ(watch->seen.values, model.returned);
   EXPECT_FALSE(model.seen.any_graph);
   EXPECT_FALSE(watch->seen.any_graph);
+  ASSERT_EQ(model.kept.size(), 4u);  // batches 0 and 2 of 0..2, in two epochs
+  for (size_t k = 0; k < model.kept.size(); ++k)
+    EXPECT_EQ(model.kept[k].item<double>(), model.returned[k < 2 ? 2 * k : 2 * k - 1]) << "kept loss " << k;
 }
 
 TEST(TrainerLoop, LimitTrainBatchesRunsExactlyThatManySteps) {
