@@ -146,10 +146,10 @@ void check_options(const TrainerOptions& o) {
 // new one being allocated: on a small model, each step's allocations are a
 // noticeable part of the Trainer's own work.
 void refill_graph_free(torch::Tensor& copy, const torch::Tensor& loss) {
-  const bool unshared = copy.defined() && copy.use_count() == 1 && copy.weak_use_count() == 1 &&
-                        copy.unsafeGetTensorImpl()->autograd_meta() == nullptr;
-  if (unshared && at::_has_compatible_shallow_copy_type(copy, loss))
-    copy.unsafeGetTensorImpl()->shallow_copy_from(loss.getIntrusivePtr());
+  c10::TensorImpl* impl = copy.defined() ? copy.unsafeGetTensorImpl() : nullptr;
+  const bool unshared = impl && copy.use_count() == 1 && copy.weak_use_count() == 1 && !impl->autograd_meta();
+  if (unshared && impl->has_compatible_shallow_copy_type(loss.key_set()))
+    impl->shallow_copy_from(loss.getIntrusivePtr());
   else
     copy = loss.variable_data();
 }
