@@ -77,7 +77,8 @@ fulgor::OptimizerConfig halved_every_step(TinyNet& m) {
 }
 
 // The (step, rate) pairs a LearningRateMonitor logged over 2 epochs of 3 steps.
-std::vector<std::pair<int64_t, double>> monitored_rates(std::optional<Interval> logging_interval) {
+std::vector<std::pair<int64_t, double>> monitored_rates(std::optional<Interval> logging_interval,
+                                                        int64_t log_every_n_steps = 1) {
   TempDir dir;
   TinyNet model;
   model.make_optimizers = halved_every_step;
@@ -85,6 +86,7 @@ std::vector<std::pair<int64_t, double>> monitored_rates(std::optional<Interval> 
   auto logger = std::make_shared<RecordingLogger>();
   auto options = quiet(dir, 2, {std::make_shared<LearningRateMonitor>(logging_interval)});
   options.loggers = {logger};
+  options.log_every_n_steps = log_every_n_steps;
   Trainer trainer(options);
   trainer.fit(model, train);
   EXPECT_EQ(trainer.global_step(), 6);
@@ -102,6 +104,16 @@ TEST(Callbacks, LearningRateMonitorLogsEveryStepTheRateThatStepUses) {
       EXPECT_EQ(rates[i].first, static_cast<int64_t>(i));
       EXPECT_DOUBLE_EQ(rates[i].second, 0.4 * std::pow(0.5, static_cast<double>(i)));
     }
+  }
+}
+
+TEST(Callbacks, LearningRateMonitorLogsStepRatesWhenLogsAreDue) {
+  const auto rates = monitored_rates(Interval::step, /*log_every_n_steps=*/2);
+  ASSERT_EQ(rates.size(), 3u);
+  for (size_t k = 0; k < rates.size(); ++k) {
+    const int64_t step = 2 * static_cast<int64_t>(k) + 1;  // steps 1, 3, 5: the second of every two
+    EXPECT_EQ(rates[k].first, step);
+    EXPECT_DOUBLE_EQ(rates[k].second, 0.4 * std::pow(0.5, static_cast<double>(step)));
   }
 }
 

@@ -14,7 +14,8 @@ namespace fulgor {
 ///
 /// Contract: with `logging_interval` unset, logs at the interval of each
 /// optimizer's scheduler (at epoch start without one); Interval::step logs
-/// every training batch, Interval::epoch at every epoch start.
+/// before the training batches whose logs are due (every log_every_n_steps
+/// optimizer steps, as Lightning does), Interval::epoch at every epoch start.
 class LearningRateMonitor : public Callback {
  public:
   explicit LearningRateMonitor(std::optional<Interval> logging_interval = std::nullopt)
