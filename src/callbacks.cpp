@@ -300,10 +300,7 @@ void LearningRateMonitor::log(Trainer& trainer, Interval interval) {
 void LearningRateMonitor::on_train_epoch_start(Trainer& trainer, ModuleBase&) { log(trainer, Interval::epoch); }
 
 void LearningRateMonitor::on_train_batch_start(Trainer& trainer, ModuleBase&, int64_t) {
-  // Lightning's rule: per-step rates go out when the step's logs are due, or
-  // when the loop is about to stop.
-  if ((trainer.global_step() + 1) % trainer.options().log_every_n_steps == 0 || trainer.should_stop())
-    log(trainer, Interval::step);
+  if (trainer.logs_due()) log(trainer, Interval::step);
 }
 
 // ---- ModelSummary -----------------------------------------------------------

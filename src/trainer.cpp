@@ -195,8 +195,8 @@ struct TrainerState final : MetricSink {
   LogContext context = LogContext::none;
   int64_t current_batch_size = -1;
   std::map<std::string, double> callback_metrics, logged_metrics, progress_bar_metrics, pending_step;
-  // Whether this batch's step values go to the loggers (log_every_n_steps);
-  // skipping them otherwise keeps log() to a few map updates.
+  // Trainer::logs_due; skipping the step values of other batches keeps log()
+  // to a few map updates.
   bool step_log_due = true;
   std::map<std::string, Accumulator> train_accumulators, eval_accumulators;
 
@@ -826,12 +826,10 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
         result.reason = StopReason::max_steps;
         break;
       }
-      if (s.should_stop) {
-        if (s.epoch >= min_epochs) {
-          result.reason = StopReason::requested;
-          break;
-        }
-        s.should_stop = false;
+      // A stop asked for before min_epochs stands until they are done.
+      if (s.should_stop && s.epoch >= min_epochs) {
+        result.reason = StopReason::requested;
+        break;
       }
       const int64_t skip = resuming_mid_epoch ? s.batches_in_epoch : 0;
       s.epoch_finished = false;
@@ -870,7 +868,9 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
         const bool last = s.train_batches && batch_idx + 1 == *s.train_batches;
         s.current_batch_size = train.batch_size();
         s.context = LogContext::train_step;
-        s.step_log_due = (s.total_train_batches + 1) % o.log_every_n_steps == 0;
+        const bool steps_optimizer = window + 1 == accumulate || last;
+        s.step_log_due =
+            steps_optimizer && ((s.global_step + 1) % o.log_every_n_steps == 0 || s.should_stop);
         s.each_callback([&](Callback& cb) { cb.on_train_batch_start(*this, model, batch_idx); });
         model.on_train_batch_start(batch_idx);
         torch::Tensor loss;
@@ -878,7 +878,7 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
           std::optional<torch::autograd::DetectAnomalyGuard> anomaly;
           if (o.detect_anomaly) anomaly.emplace();
           // Gradients travel only on the batches that step the optimizer.
-          if (s.ddp) s.ddp->before_forward(window + 1 == accumulate || last);
+          if (s.ddp) s.ddp->before_forward(steps_optimizer);
           loss = train.step(Stage::train, batch_idx);
           if (loss.defined()) {
             if (loss.numel() != 1 || !loss.requires_grad())
@@ -928,7 +928,7 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
           if (broke_early) result.reason = StopReason::max_steps;
           break;
         }
-        if (s.should_stop && s.epoch + 1 >= min_epochs) {
+        if (s.should_stop && s.epoch >= min_epochs) {
           broke_early = !(s.train_batches && s.batches_in_epoch == *s.train_batches);
           if (broke_early) result.reason = StopReason::requested;
           break;
@@ -1102,6 +1102,7 @@ void Trainer::request_stop(std::string reason) {
 }
 bool Trainer::should_stop() const { return state_->should_stop; }
 const std::string& Trainer::stop_reason() const { return state_->stop_reason; }
+bool Trainer::logs_due() const { return state_->step_log_due; }
 
 const std::map<std::string, double>& Trainer::callback_metrics() const { return state_->callback_metrics; }
 const std::map<std::string, double>& Trainer::logged_metrics() const { return state_->logged_metrics; }

@@ -317,10 +317,16 @@ class Trainer {
   std::string running_loop() const;
   bool sanity_checking() const;
 
-  /// Asks the loops to stop after the current batch (training respects min_epochs).
+  /// Asks the loops to stop after the current batch; training first completes
+  /// min_epochs epochs.
   void request_stop(std::string reason);
   bool should_stop() const;
   const std::string& stop_reason() const;
+  /// Whether the training batch being run sends its step values to the
+  /// loggers (Lightning's rule): a batch that steps the optimizer does when
+  /// that step is a multiple of log_every_n_steps or a stop has been
+  /// requested. Decided as the batch begins; true outside training batches.
+  bool logs_due() const;
 
   /// Every metric logged, for callbacks (monitors): step values while an epoch
   /// runs, epoch aggregates once it ends.

@@ -82,7 +82,8 @@ struct TrainerOptions {
   /// Stops after this many epochs; unset means 1000 when max_steps is -1 and
   /// unlimited otherwise, -1 means unlimited.
   std::optional<int64_t> max_epochs;
-  /// Training continues at least this many epochs even when asked to stop.
+  /// Training completes at least this many epochs even when asked to stop;
+  /// a stop asked for earlier takes effect once they are done.
   std::optional<int64_t> min_epochs;
   /// Stops after this many optimizer steps; -1 is unlimited.
   int64_t max_steps = -1;

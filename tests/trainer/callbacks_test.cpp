@@ -117,6 +117,63 @@ TEST(Callbacks, LearningRateMonitorLogsStepRatesWhenLogsAreDue) {
   }
 }
 
+// log_every_n_steps counts optimizer steps: with gradients accumulated over
+// two batches, the loggers and the monitor get the values of every second
+// step's stepping batch.
+TEST(Loggers, StepValuesAreDueEveryLogEveryNStepsOptimizerSteps) {
+  TempDir dir;
+  TinyNet model;
+  model.make_optimizers = halved_every_step;
+  auto train = sequential_loader(32, 4);
+  std::vector<double> batch_losses;
+  auto hooks = std::make_shared<Hooks>();
+  hooks->batch_end = [&](Trainer& t, int64_t) { batch_losses.push_back(t.callback_metrics().at("train_loss")); };
+  auto logger = std::make_shared<RecordingLogger>();
+  auto options = quiet(dir, 1, {hooks, std::make_shared<LearningRateMonitor>(Interval::step)});
+  options.loggers = {logger};
+  options.log_every_n_steps = 2;
+  options.accumulate_grad_batches = 2;
+  Trainer trainer(options);
+  trainer.fit(model, train);
+  ASSERT_EQ(trainer.global_step(), 4);
+  ASSERT_EQ(batch_losses.size(), 8u);
+  // Batches 3 and 7 take steps 2 and 4; the loggers get them after their steps.
+  const auto losses = logger->series("train_loss");
+  ASSERT_EQ(losses.size(), 2u);
+  EXPECT_EQ(losses[0], std::make_pair(int64_t{2}, batch_losses[3]));
+  EXPECT_EQ(losses[1], std::make_pair(int64_t{4}, batch_losses[7]));
+  // The monitor logs as those batches begin: the rates steps 2 and 4 use.
+  const auto rates = logger->series("lr-SGD");
+  ASSERT_EQ(rates.size(), 2u);
+  EXPECT_EQ(rates[0], std::make_pair(int64_t{1}, 0.4 * 0.5));
+  EXPECT_EQ(rates[1], std::make_pair(int64_t{3}, 0.4 * 0.125));
+}
+
+// Once a stop is requested (and min_epochs keeps the loop going), every step's
+// values are due, as in Lightning.
+TEST(Loggers, EveryStepIsDueOnceAStopIsRequested) {
+  TempDir dir;
+  TinyNet model;
+  auto train = sequential_loader(16, 4);
+  auto hooks = std::make_shared<Hooks>();
+  hooks->batch_end = [](Trainer& t, int64_t i) {
+    if (t.current_epoch() == 0 && i == 1) t.request_stop("enough");
+  };
+  auto logger = std::make_shared<RecordingLogger>();
+  auto options = quiet(dir, 3, {hooks});
+  options.loggers = {logger};
+  options.min_epochs = 2;
+  options.log_every_n_steps = 50;
+  Trainer trainer(options);
+  const auto result = trainer.fit(model, train);
+  EXPECT_EQ(result.reason, StopReason::requested);
+  EXPECT_EQ(result.epochs_completed, 2);
+  EXPECT_EQ(trainer.global_step(), 8);
+  std::vector<int64_t> steps;
+  for (const auto& [step, value] : logger->series("train_loss")) steps.push_back(step);
+  EXPECT_EQ(steps, (std::vector<int64_t>{3, 4, 5, 6, 7, 8}));
+}
+
 TEST(Callbacks, LearningRateMonitorLogsOncePerEpochWhenAskedTo) {
   const auto rates = monitored_rates(Interval::epoch);
   ASSERT_EQ(rates.size(), 2u);

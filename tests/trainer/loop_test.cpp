@@ -366,6 +366,25 @@ TEST(TrainerLoop, EarlyStoppingStopsAtTheRightEpoch) {
   EXPECT_EQ(at_least.fit(min_model, train, val).epochs_completed, 5);
 }
 
+TEST(TrainerLoop, AStopAskedForMidEpochWaitsForMinEpochs) {
+  TempDir dir;
+  TinyNet model;
+  auto train = sequential_loader(16, 4);
+  auto hooks = std::make_shared<Hooks>();
+  hooks->batch_end = [](Trainer& t, int64_t i) {
+    if (t.current_epoch() == 0 && i == 1) t.request_stop("asked once");
+  };
+  auto options = quiet(dir, 10, {hooks});
+  options.min_epochs = 2;
+  Trainer trainer(options);
+  const auto result = trainer.fit(model, train);
+  // The request stands: both epochs complete, then training stops.
+  EXPECT_EQ(result.reason, StopReason::requested);
+  EXPECT_EQ(result.message, "asked once");
+  EXPECT_EQ(result.epochs_completed, 2);
+  EXPECT_EQ(model.training_steps, 8);
+}
+
 TEST(TrainerLoop, SaveTopKKeepsExactlyTheKBestFiles) {
   TempDir dir;
   TinyNet model;
