@@ -15,6 +15,7 @@
 #include "fulgor/checkpoint.h"
 #include "fulgor/cli.h"
 #include "fulgor/data.h"
+#include "fulgor/data/epoch_sampler.h"
 #include "fulgor/data/prefetcher.h"
 #include "fulgor/data/tensor_loader.h"
 #include "fulgor/device_guard_accelerator.h"

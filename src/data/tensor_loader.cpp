@@ -5,7 +5,7 @@
 
 #include <sstream>
 
-#include "fulgor/distributed/sampler.h"
+#include "fulgor/data/epoch_sampler.h"
 #include "fulgor/error.h"
 
 namespace fulgor {
@@ -56,10 +56,12 @@ void TensorLoader::pin_memory() {
 TensorLoader::Iterator TensorLoader::begin() {
   const int64_t epoch = epoch_++;
   if (sampler_) {
-    // A distributed sampler shuffles by epoch; the loader's epoch is the one
+    // LibTorch's Sampler<> has no set_epoch; the loader's epoch is the one
     // set_epoch gave it (the Trainer's), or the count of iterations begun.
-    if (auto* distributed = dynamic_cast<DistributedSampler*>(sampler_.get()))
-      distributed->set_epoch(static_cast<uint64_t>(epoch));
+    if (auto* by_epoch = dynamic_cast<EpochSampler*>(sampler_.get()))
+      by_epoch->set_epoch(static_cast<uint64_t>(epoch));
+    else if (auto* libtorch = dynamic_cast<torch::data::samplers::DistributedSampler<>*>(sampler_.get()))
+      libtorch->set_epoch(static_cast<size_t>(epoch));
     sampler_->reset(static_cast<size_t>(dataset_size()));
   } else if (options_.shuffle) {
     auto generator = at::detail::createCPUGenerator(options_.seed + static_cast<uint64_t>(epoch));

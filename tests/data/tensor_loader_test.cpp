@@ -4,6 +4,7 @@
 #include <optional>
 #include <set>
 
+#include "fulgor/data/epoch_sampler.h"
 #include "fulgor/data/prefetcher.h"
 #include "fulgor/data/tensor_loader.h"
 #include "fulgor/error.h"
@@ -85,6 +86,65 @@ TEST(TensorLoader, TakesASamplerForShards) {
     EXPECT_EQ(epoch_targets(loader), targets) << "size() disturbed the sampler";
   }
   EXPECT_EQ(seen.size(), 10u);
+}
+
+// Hands out 0..n-1 in order and keeps the epochs it is given.
+struct EpochRecorder : EpochSampler {
+  std::vector<uint64_t> epochs;
+  size_t size = 0, position = 0;
+  void set_epoch(uint64_t epoch) override { epochs.push_back(epoch); }
+  void reset(c10::optional<size_t> new_size) override {
+    if (new_size) size = *new_size;
+    position = 0;
+  }
+  c10::optional<std::vector<size_t>> next(size_t batch_size) override {
+    if (position == size) return c10::nullopt;
+    std::vector<size_t> indices;
+    for (; position < size && indices.size() < batch_size; ++position) indices.push_back(position);
+    return indices;
+  }
+  void save(torch::serialize::OutputArchive&) const override {}
+  void load(torch::serialize::InputArchive&) override {}
+};
+
+TEST(TensorLoader, SetsAnEpochSamplersEpochAsEachIterationBegins) {
+  auto owned = std::make_unique<EpochRecorder>();
+  EpochRecorder& sampler = *owned;
+  auto ids = torch::arange(6, torch::kLong);
+  TensorLoaderOptions options;
+  options.batch_size = 4;
+  TensorLoader loader(ids.unsqueeze(1).to(torch::kFloat), ids, std::move(owned), options);
+  EXPECT_EQ(loader.size(), 2);
+  EXPECT_TRUE(sampler.epochs.empty()) << "size() set an epoch";
+  EXPECT_EQ(epoch_targets(loader).size(), 6u);
+  EXPECT_EQ(epoch_targets(loader).size(), 6u);
+  loader.set_epoch(5);
+  epoch_targets(loader);
+  EXPECT_EQ(sampler.epochs, (std::vector<uint64_t>{0, 1, 5}));
+}
+
+// LibTorch's distributed samplers shuffle by their epoch too, which its
+// Sampler<> interface does not carry.
+TEST(TensorLoader, SetsTheEpochOfLibTorchsDistributedSamplers) {
+  using torch::data::samplers::DistributedRandomSampler;
+  auto ids = torch::arange(20, torch::kLong);
+  TensorLoaderOptions options;
+  options.batch_size = 4;
+  TensorLoader loader(ids.unsqueeze(1).to(torch::kFloat), ids, std::make_unique<DistributedRandomSampler>(20, 2, 1),
+                      options);
+  std::vector<std::vector<int64_t>> epochs;
+  for (size_t epoch = 0; epoch < 3; ++epoch) {
+    const auto targets = epoch_targets(loader);
+    // What the same sampler hands out, set to that epoch by hand.
+    DistributedRandomSampler expected(20, 2, 1);
+    expected.set_epoch(epoch);
+    expected.reset(20);
+    const auto indices = expected.next(20).value();
+    EXPECT_EQ(targets, std::vector<int64_t>(indices.begin(), indices.end())) << "epoch " << epoch;
+    epochs.push_back(targets);
+  }
+  EXPECT_NE(epochs[0], epochs[1]);
+  EXPECT_NE(epochs[1], epochs[2]);
 }
 
 TEST(TensorLoader, RejectsBadInput) {

@@ -40,8 +40,9 @@ class TensorLoader {
   TensorLoader(torch::Tensor data, torch::Tensor targets, TensorLoaderOptions options = {});
   /// Takes batch indices from `sampler` instead (for example a distributed
   /// sampler giving each rank its shard); options.shuffle must then be false.
-  /// A fulgor::DistributedSampler is set to the loader's epoch as each
-  /// iteration begins.
+  /// A sampler whose order depends on the epoch (a fulgor::EpochSampler, such
+  /// as fulgor::DistributedSampler, or LibTorch's DistributedSampler<>) is set
+  /// to the loader's epoch as each iteration begins.
   TensorLoader(torch::Tensor data, torch::Tensor targets,
                std::unique_ptr<torch::data::samplers::Sampler<>> sampler, TensorLoaderOptions options = {});
 

@@ -1,12 +1,13 @@
 #pragma once
 
-#include <torch/data/samplers/base.h>
 #include <torch/serialize/archive.h>
 
 #include <cstddef>
 #include <cstdint>
 #include <c10/util/Optional.h>
 #include <vector>
+
+#include "fulgor/data/epoch_sampler.h"
 
 namespace fulgor {
 
@@ -40,12 +41,12 @@ struct DistributedSamplerOptions {
 ///     next reset() keeps that position, so a loader resumed mid-epoch goes on
 ///     where the saved one stopped instead of starting the epoch over.
 ///   - Not thread-safe, like LibTorch's samplers.
-class DistributedSampler : public torch::data::samplers::Sampler<> {
+class DistributedSampler : public EpochSampler {
  public:
   /// Throws ConfigError when num_replicas < 1 or rank is outside 0..num_replicas-1.
   DistributedSampler(size_t dataset_size, int64_t num_replicas, int64_t rank, DistributedSamplerOptions options = {});
 
-  void set_epoch(uint64_t epoch);
+  void set_epoch(uint64_t epoch) override;
   uint64_t epoch() const { return epoch_; }
 
   /// Rebuilds this rank's indices for the current epoch (for `new_size`
