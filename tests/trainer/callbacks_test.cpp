@@ -149,31 +149,6 @@ TEST(Loggers, StepValuesAreDueEveryLogEveryNStepsOptimizerSteps) {
   EXPECT_EQ(rates[1], std::make_pair(int64_t{3}, 0.4 * 0.125));
 }
 
-// Once a stop is requested (and min_epochs keeps the loop going), every step's
-// values are due, as in Lightning.
-TEST(Loggers, EveryStepIsDueOnceAStopIsRequested) {
-  TempDir dir;
-  TinyNet model;
-  auto train = sequential_loader(16, 4);
-  auto hooks = std::make_shared<Hooks>();
-  hooks->batch_end = [](Trainer& t, int64_t i) {
-    if (t.current_epoch() == 0 && i == 1) t.request_stop("enough");
-  };
-  auto logger = std::make_shared<RecordingLogger>();
-  auto options = quiet(dir, 3, {hooks});
-  options.loggers = {logger};
-  options.min_epochs = 2;
-  options.log_every_n_steps = 50;
-  Trainer trainer(options);
-  const auto result = trainer.fit(model, train);
-  EXPECT_EQ(result.reason, StopReason::requested);
-  EXPECT_EQ(result.epochs_completed, 2);
-  EXPECT_EQ(trainer.global_step(), 8);
-  std::vector<int64_t> steps;
-  for (const auto& [step, value] : logger->series("train_loss")) steps.push_back(step);
-  EXPECT_EQ(steps, (std::vector<int64_t>{3, 4, 5, 6, 7, 8}));
-}
-
 TEST(Callbacks, LearningRateMonitorLogsOncePerEpochWhenAskedTo) {
   const auto rates = monitored_rates(Interval::epoch);
   ASSERT_EQ(rates.size(), 2u);

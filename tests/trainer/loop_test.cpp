@@ -366,7 +366,9 @@ TEST(TrainerLoop, EarlyStoppingStopsAtTheRightEpoch) {
   EXPECT_EQ(at_least.fit(min_model, train, val).epochs_completed, 5);
 }
 
-TEST(TrainerLoop, AStopAskedForMidEpochWaitsForMinEpochs) {
+// A stop asked for before min_epochs stands until they are done, and from
+// then on every step's values are due for the loggers, as in Lightning.
+TEST(TrainerLoop, AStopAskedForBeforeMinEpochsWaitsForThem) {
   TempDir dir;
   TinyNet model;
   auto train = sequential_loader(16, 4);
@@ -374,15 +376,20 @@ TEST(TrainerLoop, AStopAskedForMidEpochWaitsForMinEpochs) {
   hooks->batch_end = [](Trainer& t, int64_t i) {
     if (t.current_epoch() == 0 && i == 1) t.request_stop("asked once");
   };
+  auto logger = std::make_shared<RecordingLogger>();
   auto options = quiet(dir, 10, {hooks});
+  options.loggers = {logger};
   options.min_epochs = 2;
+  options.log_every_n_steps = 50;
   Trainer trainer(options);
   const auto result = trainer.fit(model, train);
-  // The request stands: both epochs complete, then training stops.
   EXPECT_EQ(result.reason, StopReason::requested);
   EXPECT_EQ(result.message, "asked once");
   EXPECT_EQ(result.epochs_completed, 2);
   EXPECT_EQ(model.training_steps, 8);
+  std::vector<int64_t> logged_steps;
+  for (const auto& [step, value] : logger->series("train_loss")) logged_steps.push_back(step);
+  EXPECT_EQ(logged_steps, (std::vector<int64_t>{3, 4, 5, 6, 7, 8}));
 }
 
 TEST(TrainerLoop, SaveTopKKeepsExactlyTheKBestFiles) {
