@@ -53,12 +53,10 @@ void checkpoint_benchmark(Report& report, const Settings& settings) {
 
   const std::string fulgor_path = (dir / "fulgor.ckpt").string(), raw_path = (dir / "raw.pt").string();
   std::shared_ptr<torch::nn::Module> as_module(&model, [](torch::nn::Module*) {});
-  auto save = interleaved_medians({[&] { torch::save(as_module, raw_path); },
-                                   [&] { trainer.save_checkpoint(fulgor_path); }},
-                                  settings.repeats);
-  auto load = interleaved_medians({[&] { torch::load(as_module, raw_path); },
-                                   [&] { load_module_weights(model, fulgor_path); }},
-                                  settings.repeats);
+  auto save = interleaved_medians(
+      {[&] { torch::save(as_module, raw_path); }, [&] { trainer.save_checkpoint(fulgor_path); }}, settings.repeats);
+  auto load = interleaved_medians(
+      {[&] { torch::load(as_module, raw_path); }, [&] { load_module_weights(model, fulgor_path); }}, settings.repeats);
   const auto raw_bytes = std::filesystem::file_size(raw_path), fulgor_bytes = std::filesystem::file_size(fulgor_path);
   const int64_t parameters = width * width + width;
   report.row({"checkpoint", fmt::format("torch::save, {:.1f}M parameters", parameters / 1e6),

@@ -34,17 +34,17 @@ struct Shape {
 
 void data_benchmark(Report& report, const Settings& settings) {
   const int64_t samples = settings.quick ? 6000 : 60000, batch = 32;
-  for (const Shape& shape : {Shape{"64 features", "", {64}}, Shape{"fashion-mnist 1x28x28", "_fashion_mnist", {1, 28, 28}}}) {
+  for (const Shape& shape :
+       {Shape{"64 features", "", {64}}, Shape{"fashion-mnist 1x28x28", "_fashion_mnist", {1, 28, 28}}}) {
     std::vector<int64_t> sizes{samples};
     sizes.insert(sizes.end(), shape.sample.begin(), shape.sample.end());
     torch::manual_seed(0);
     auto images = torch::rand(sizes);
     auto labels = torch::randint(10, {samples}, torch::kLong);
 
-    auto stacked = torch::data::make_data_loader(
-        InMemory(images, labels).map(torch::data::transforms::Stack<>()),
-        torch::data::samplers::RandomSampler(static_cast<size_t>(samples)),
-        torch::data::DataLoaderOptions().batch_size(batch));
+    auto stacked = torch::data::make_data_loader(InMemory(images, labels).map(torch::data::transforms::Stack<>()),
+                                                 torch::data::samplers::RandomSampler(static_cast<size_t>(samples)),
+                                                 torch::data::DataLoaderOptions().batch_size(batch));
     TensorLoaderOptions options;
     options.batch_size = batch;
     options.shuffle = true;

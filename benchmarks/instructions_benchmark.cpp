@@ -81,12 +81,12 @@ void instructions_benchmark(Report& report, const Settings&) {
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   const auto out = dir / "callgrind.out";
-  const std::string command =
-      fmt::format("OMP_NUM_THREADS=1 valgrind --tool=callgrind --zero-before=fulgor_bench_counted_run "
-                  "--dump-after=fulgor_bench_counted_run --toggle-collect=fulgor_bench_counted_run "
-                  "--callgrind-out-file={} /proc/{}/exe --instructions-child "
-                  ">{} 2>&1",
-                  out.string(), ::getpid(), (dir / "log").string());
+  const std::string command = fmt::format(
+      "OMP_NUM_THREADS=1 valgrind --tool=callgrind --zero-before=fulgor_bench_counted_run "
+      "--dump-after=fulgor_bench_counted_run --toggle-collect=fulgor_bench_counted_run "
+      "--callgrind-out-file={} /proc/{}/exe --instructions-child "
+      ">{} 2>&1",
+      out.string(), ::getpid(), (dir / "log").string());
   if (std::system(command.c_str()) != 0) {
     report.row({"instructions", name, "failed: see " + (dir / "log").string(), ""});
     return;

@@ -7,8 +7,8 @@
 // Run it on an idle machine with one LibTorch thread (OMP_NUM_THREADS=1) and
 // OpenBLAS for figures comparable to docs/benchmarks.md.
 
-#include <nlohmann/json.hpp>
 #include <torch/torch.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cstring>
@@ -57,11 +57,8 @@ int main(int argc, char** argv) {
     }
   }
   const std::vector<std::pair<std::string, void (*)(Report&, const Settings&)>> benchmarks = {
-      {"overhead", overhead_benchmark},
-      {"instructions", instructions_benchmark},
-      {"data", data_benchmark},
-      {"checkpoint", checkpoint_benchmark},
-      {"precision", precision_benchmark},
+      {"overhead", overhead_benchmark},     {"instructions", instructions_benchmark}, {"data", data_benchmark},
+      {"checkpoint", checkpoint_benchmark}, {"precision", precision_benchmark},
   };
   fulgor::BlasInfo blas = fulgor::blas_info();
   std::cout << fmt::format("fulgor {}, LibTorch {}, BLAS {}, {} LibTorch thread(s)\n", fulgor::version(),

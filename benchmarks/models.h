@@ -32,10 +32,13 @@ inline std::vector<ModelSpec> overhead_models() {
   namespace nn = torch::nn;
   return {
       {"linear 64-10", "linear", [] { return nn::Sequential(nn::Linear(64, 10)); }, {64}},
-      {"mlp 64-128-10", "mlp",
-       [] { return nn::Sequential(nn::Linear(64, 128), nn::ReLU(), nn::Linear(128, 10)); }, {64}},
+      {"mlp 64-128-10",
+       "mlp",
+       [] { return nn::Sequential(nn::Linear(64, 128), nn::ReLU(), nn::Linear(128, 10)); },
+       {64}},
       // The Fashion-MNIST example's CNN.
-      {"cnn fashion-mnist", "cnn",
+      {"cnn fashion-mnist",
+       "cnn",
        [] {
          return nn::Sequential(nn::Conv2d(nn::Conv2dOptions(1, 16, 3).padding(1)), nn::ReLU(), nn::MaxPool2d(2),
                                nn::Conv2d(nn::Conv2dOptions(16, 32, 3).padding(1)), nn::ReLU(), nn::MaxPool2d(2),

@@ -71,9 +71,8 @@ Measured measure(const ModelSpec& spec, const Variant& variant, int repeats, boo
   const Workload work = spec.workload(samples, epochs_for(spec, quick));
   torch::manual_seed(1);
   const torch::nn::Sequential initial = spec.make();
-  const auto root = (std::filesystem::temp_directory_path() /
-                     ("fulgor-overhead-benchmark-" + std::to_string(::getpid())))
-                        .string();
+  const auto root =
+      (std::filesystem::temp_directory_path() / ("fulgor-overhead-benchmark-" + std::to_string(::getpid()))).string();
   // The trained models' outputs on the last batch: both sides must agree.
   const auto probe = work.data.narrow(0, samples - kBatch, kBatch);
   torch::Tensor raw_output, fulgor_output;
@@ -94,8 +93,8 @@ Measured measure(const ModelSpec& spec, const Variant& variant, int repeats, boo
 
 // Runs measure() in a fresh copy of this program (see overhead_child).
 Measured measure_in_child(const ModelSpec& spec, size_t variant, int repeats, bool quick) {
-  const std::string command = fmt::format("/proc/{}/exe --overhead-child {} {} {} {}", ::getpid(), spec.key, variant,
-                                          repeats, quick ? 1 : 0);
+  const std::string command =
+      fmt::format("/proc/{}/exe --overhead-child {} {} {} {}", ::getpid(), spec.key, variant, repeats, quick ? 1 : 0);
   std::unique_ptr<FILE, int (*)(FILE*)> pipe(::popen(command.c_str(), "r"), ::pclose);
   Measured m;
   int same = 0, pairs = 0;

@@ -26,10 +26,9 @@ void precision_benchmark(Report& report, const Settings& settings) {
     fp32.precision = "32";
     bf16.precision = "bf16-mixed";
     double loss32 = 0, loss16 = 0;
-    auto medians = interleaved_medians(
-        {[&] { loss32 = final_loss(fulgor_fit(initial, work, fp32, root), work); },
-         [&] { loss16 = final_loss(fulgor_fit(initial, work, bf16, root), work); }},
-        settings.quick ? 1 : settings.repeats);
+    auto medians = interleaved_medians({[&] { loss32 = final_loss(fulgor_fit(initial, work, fp32, root), work); },
+                                        [&] { loss16 = final_loss(fulgor_fit(initial, work, bf16, root), work); }},
+                                       settings.quick ? 1 : settings.repeats);
     report.row({"precision", spec.name + ", 32", fmt::format("{:.1f} us/step", medians[0] / work.steps() * 1e6),
                 fmt::format("final loss {:.4f}", loss32)});
     report.row({"precision", spec.name + ", bf16-mixed", fmt::format("{:.1f} us/step", medians[1] / work.steps() * 1e6),

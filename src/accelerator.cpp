@@ -53,9 +53,10 @@ void Accelerator::move_module(torch::nn::Module& module, torch::Device device) c
       return t.layout() == torch::kStrided && !t.is_quantized() && !t.is_nested() && t.has_storage();
     };
     if (!plain(tensor) || !plain(moved))
-      throw DeviceError(fmt::format("accelerator '{}' cannot move {} to {}: only dense strided tensors can be moved "
-                                    "in place to this device type",
-                                    name(), what, device.str()));
+      throw DeviceError(
+          fmt::format("accelerator '{}' cannot move {} to {}: only dense strided tensors can be moved "
+                      "in place to this device type",
+                      name(), what, device.str()));
     tensor.unsafeGetTensorImpl()->shallow_copy_from(moved.getIntrusivePtr());
   };
   for (const auto& item : module.named_parameters(/*recurse=*/true)) move(item.value(), "parameter " + item.key());
@@ -99,8 +100,8 @@ void Accelerator::set_rng_state(torch::Device device, const torch::Tensor& state
   if (!state.defined()) return;
   at::Generator generator = default_generator(device);
   if (!generator.defined())
-    throw DeviceError(fmt::format("accelerator '{}' has no random generator on {} to restore a state into", name(),
-                                  device.str()));
+    throw DeviceError(
+        fmt::format("accelerator '{}' has no random generator on {} to restore a state into", name(), device.str()));
   std::lock_guard<std::mutex> lock(generator.mutex());
   generator.set_state(state);
 }

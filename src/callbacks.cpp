@@ -63,9 +63,8 @@ ModelCheckpoint::ModelCheckpoint(ModelCheckpointOptions options) : options_(std:
 }
 
 std::string ModelCheckpoint::state_key() const {
-  return fmt::format("ModelCheckpoint{{monitor={},mode={},every_n_train_steps={},every_n_epochs={}}}",
-                     options_.monitor, options_.mode, options_.every_n_train_steps.value_or(0),
-                     options_.every_n_epochs.value_or(0));
+  return fmt::format("ModelCheckpoint{{monitor={},mode={},every_n_train_steps={},every_n_epochs={}}}", options_.monitor,
+                     options_.mode, options_.every_n_train_steps.value_or(0), options_.every_n_epochs.value_or(0));
 }
 
 nlohmann::json ModelCheckpoint::state_dict() const {
@@ -113,7 +112,8 @@ std::string ModelCheckpoint::format_checkpoint_name(const std::map<std::string, 
     } else if (name == "epoch" || name == "step") {
       text = std::to_string(static_cast<int64_t>(value->second));
     } else {
-      text = spec.empty() ? fmt::format("{}", value->second) : fmt::format(fmt::runtime("{:" + spec + "}"), value->second);
+      text =
+          spec.empty() ? fmt::format("{}", value->second) : fmt::format(fmt::runtime("{:" + spec + "}"), value->second);
     }
     out += options_.auto_insert_metric_name ? name + "=" + text : text;
   }
@@ -133,9 +133,10 @@ void ModelCheckpoint::save(Trainer& trainer) {
   if (!options_.monitor.empty()) {
     auto it = metrics.find(options_.monitor);
     if (it == metrics.end())
-      throw ConfigError(fmt::format("ModelCheckpoint(monitor=\"{}\") could not find the monitored metric; logged "
-                                    "metrics: {}. Did you call log(\"{}\", value)?",
-                                    options_.monitor, metric_names(trainer.callback_metrics()), options_.monitor));
+      throw ConfigError(
+          fmt::format("ModelCheckpoint(monitor=\"{}\") could not find the monitored metric; logged "
+                      "metrics: {}. Did you call log(\"{}\", value)?",
+                      options_.monitor, metric_names(trainer.callback_metrics()), options_.monitor));
     score = it->second;
   }
   last_saved_step_ = trainer.global_step();
@@ -213,7 +214,9 @@ std::string EarlyStopping::state_key() const {
 }
 
 nlohmann::json EarlyStopping::state_dict() const {
-  return {{"wait_count", wait_}, {"stopped_epoch", stopped_epoch_}, {"best_score", finite_or_null(best_)},
+  return {{"wait_count", wait_},
+          {"stopped_epoch", stopped_epoch_},
+          {"best_score", finite_or_null(best_)},
           {"patience", options_.patience}};
 }
 
@@ -336,9 +339,11 @@ std::string summarize(const torch::nn::Module& module, int64_t max_depth) {
     bytes += p.numel() * static_cast<int64_t>(p.element_size());
   }
   size_t name_width = 4, type_width = 4;
-  for (const auto& r : rows) name_width = std::max(name_width, r.name.size()), type_width = std::max(type_width, r.type.size());
+  for (const auto& r : rows)
+    name_width = std::max(name_width, r.name.size()), type_width = std::max(type_width, r.type.size());
   std::ostringstream out;
-  const std::string header = fmt::format("  | {:<{}} | {:<{}} | {:>8}", "Name", name_width, "Type", type_width, "Params");
+  const std::string header =
+      fmt::format("  | {:<{}} | {:<{}} | {:>8}", "Name", name_width, "Type", type_width, "Params");
   out << header << "\n" << std::string(header.size(), '-') << "\n";
   for (size_t i = 0; i < rows.size(); ++i)
     out << fmt::format("{:<2}| {:<{}} | {:<{}} | {:>8}\n", i, rows[i].name, name_width, rows[i].type, type_width,
@@ -367,8 +372,7 @@ Timer::Duration parse_duration(const std::string& text) {
   std::smatch m;
   if (!std::regex_match(text, m, shape))
     throw ConfigError(fmt::format("Timer: duration \"{}\" is not of the form DD:HH:MM:SS", text));
-  const double seconds =
-      std::stod(m[1]) * 86400 + std::stod(m[2]) * 3600 + std::stod(m[3]) * 60 + std::stod(m[4]);
+  const double seconds = std::stod(m[1]) * 86400 + std::stod(m[2]) * 3600 + std::stod(m[3]) * 60 + std::stod(m[4]);
   return Timer::Duration(seconds);
 }
 }  // namespace
@@ -394,8 +398,8 @@ double Timer::time_elapsed() const {
 
 void Timer::check(Trainer& trainer) {
   if (time_elapsed() >= duration_.count())
-    trainer.request_stop(fmt::format("Timer: time limit of {:.0f} s reached after {:.1f} s", duration_.count(),
-                                     time_elapsed()));
+    trainer.request_stop(
+        fmt::format("Timer: time limit of {:.0f} s reached after {:.1f} s", duration_.count(), time_elapsed()));
 }
 
 void Timer::on_train_batch_end(Trainer& trainer, ModuleBase&, const torch::Tensor&, int64_t) {

@@ -96,8 +96,10 @@ class ArchiveSink {
     length_ += size;
     try {
       if (buffer_.size() + size > kBufferSize) flush();
-      if (size >= kBufferSize) write_all(fd_, bytes, size, path_);
-      else buffer_.append(bytes, size);
+      if (size >= kBufferSize)
+        write_all(fd_, bytes, size, path_);
+      else
+        buffer_.append(bytes, size);
     } catch (const CheckpointError& e) {
       error_ = e.what();
       return 0;
@@ -151,8 +153,9 @@ void write_checkpoint_file(const std::string& path, torch::serialize::OutputArch
   fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
   std::error_code ec;
   fs::create_directories(dir, ec);
-  if (ec) throw CheckpointError(fmt::format("cannot write checkpoint '{}': cannot create folder '{}': {}", path,
-                                            dir.string(), ec.message()));
+  if (ec)
+    throw CheckpointError(
+        fmt::format("cannot write checkpoint '{}': cannot create folder '{}': {}", path, dir.string(), ec.message()));
   std::string tmp = (dir / ("." + target.filename().string() + ".tmp.XXXXXX")).string();
   int fd = ::mkstemp(tmp.data());
   if (fd < 0) throw CheckpointError(system_error("creating a temporary file", path));
@@ -222,7 +225,8 @@ torch::serialize::InputArchive read_checkpoint_file(const std::string& path) {
   const std::string_view bytes = file.bytes();
   if (bytes.size() < kHeaderSize || std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0) {
     if (bytes.size() < sizeof(kMagic) && std::string_view(kMagic, bytes.size()) == bytes)
-      throw CheckpointError(fmt::format("checkpoint '{}' is truncated: {} bytes, not even a header", path, bytes.size()));
+      throw CheckpointError(
+          fmt::format("checkpoint '{}' is truncated: {} bytes, not even a header", path, bytes.size()));
     throw CheckpointError(fmt::format("'{}' is not a fulgor checkpoint (it does not start with \"FULGORCK\")", path));
   }
   const auto version = get_le<uint32_t>(bytes.data() + 8);
@@ -232,8 +236,8 @@ torch::serialize::InputArchive read_checkpoint_file(const std::string& path) {
     throw CheckpointError(fmt::format("checkpoint '{}' has container version {}; this fulgor reads version {}", path,
                                       version, kContainerVersion));
   if (bytes.size() - kHeaderSize < length)
-    throw CheckpointError(fmt::format("checkpoint '{}' is truncated: {} of {} bytes present", path,
-                                      bytes.size() - kHeaderSize, length));
+    throw CheckpointError(
+        fmt::format("checkpoint '{}' is truncated: {} of {} bytes present", path, bytes.size() - kHeaderSize, length));
   if (bytes.size() - kHeaderSize > length)
     throw CheckpointError(fmt::format("checkpoint '{}' is corrupted: {} bytes past the end of its data", path,
                                       bytes.size() - kHeaderSize - length));
@@ -283,8 +287,8 @@ void load_module_state(torch::nn::Module& module, torch::serialize::InputArchive
       throw CheckpointError(fmt::format("checkpoint '{}' has no {} '{}' for {}", path,
                                         is_buffer ? "buffer" : "parameter", key, module.name()));
     if (saved.sizes() != target.sizes())
-      throw CheckpointError(fmt::format("checkpoint '{}': {} '{}' has shape [{}], the module's has shape [{}]",
-                                        path, is_buffer ? "buffer" : "parameter", key, fmt::join(saved.sizes(), ", "),
+      throw CheckpointError(fmt::format("checkpoint '{}': {} '{}' has shape [{}], the module's has shape [{}]", path,
+                                        is_buffer ? "buffer" : "parameter", key, fmt::join(saved.sizes(), ", "),
                                         fmt::join(target.sizes(), ", ")));
     // Copied into the existing tensor: it may live on any device, and
     // optimizers keep referring to it.
@@ -297,8 +301,8 @@ void load_module_state(torch::nn::Module& module, torch::serialize::InputArchive
     if (!child.value()->is_serializable()) continue;
     torch::serialize::InputArchive child_archive;
     if (!archive.try_read(child.key(), child_archive))
-      throw CheckpointError(fmt::format("checkpoint '{}' has no submodule '{}' of {}", path, child.key(),
-                                        module.name()));
+      throw CheckpointError(
+          fmt::format("checkpoint '{}' has no submodule '{}' of {}", path, child.key(), module.name()));
     load_module_state(*child.value(), child_archive, path);
   }
 }
@@ -308,8 +312,7 @@ void load_module_weights(ModuleBase& module, const std::string& path) {
   auto archive = read_checkpoint_file(path);
   meta_of(archive, path);
   torch::serialize::InputArchive model;
-  if (!archive.try_read("model", model))
-    throw CheckpointError(fmt::format("checkpoint '{}' has no model state", path));
+  if (!archive.try_read("model", model)) throw CheckpointError(fmt::format("checkpoint '{}' has no model state", path));
   detail::load_module_state(module, model, path);
 }
 

@@ -50,7 +50,8 @@ CommandLine parse_command_line(int argc, const char* const* argv, TrainerOptions
       continue;
     }
     if (arg.rfind("--", 0) != 0)
-      throw ConfigError(fmt::format("unexpected argument '{}': expected --config FILE or --<section>.<key>=<value>", arg));
+      throw ConfigError(
+          fmt::format("unexpected argument '{}': expected --config FILE or --<section>.<key>=<value>", arg));
     std::string name = arg.substr(2), value;
     bool has_value = false;
     if (auto eq = name.find('='); eq != std::string::npos) {
@@ -68,7 +69,8 @@ CommandLine parse_command_line(int argc, const char* const* argv, TrainerOptions
     }
     auto dot = name.find('.');
     if (dot == std::string::npos || dot == 0 || dot + 1 == name.size())
-      throw ConfigError(fmt::format("unexpected argument '{}': expected --config FILE or --<section>.<key>=<value>", arg));
+      throw ConfigError(
+          fmt::format("unexpected argument '{}': expected --config FILE or --<section>.<key>=<value>", arg));
     std::string section = name.substr(0, dot), key = name.substr(dot + 1);
     if (section == "trainer") {
       try {
@@ -86,7 +88,8 @@ CommandLine parse_command_line(int argc, const char* const* argv, TrainerOptions
 
 std::string command_line_help(const std::string& program, const TrainerOptions& defaults) {
   std::ostringstream out;
-  out << "usage: " << program << " [--config FILE.json] [--trainer.<option>=<value> ...] [--<section>.<key>=<value> ...]\n\n"
+  out << "usage: " << program
+      << " [--config FILE.json] [--trainer.<option>=<value> ...] [--<section>.<key>=<value> ...]\n\n"
       << "Trainer options (default in brackets):\n";
   json values = defaults;
   for (const auto& name : trainer_option_names())

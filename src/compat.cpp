@@ -20,7 +20,7 @@ bool autocast_supported(c10::DeviceType device_type) { return at::autocast::is_a
 
 std::pair<bool, c10::ScalarType> set_autocast(c10::DeviceType device_type, bool enabled, c10::ScalarType dtype) {
   std::pair<bool, c10::ScalarType> previous{at::autocast::is_autocast_enabled(device_type),
-                                             at::autocast::get_autocast_dtype(device_type)};
+                                            at::autocast::get_autocast_dtype(device_type)};
   at::autocast::set_autocast_enabled(device_type, enabled);
   at::autocast::set_autocast_dtype(device_type, dtype);
   return previous;

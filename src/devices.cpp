@@ -47,8 +47,8 @@ bool parse_int(const std::string& text, int64_t& out) {
 const char* kAccepted = "accepted: \"auto\", -1, a count N >= 1, \"N\", a list of indices like \"0,1\" or {0, 2}";
 
 [[noreturn]] void reject(const Devices& devices, const std::string& accelerator, const std::string& why) {
-  throw ConfigError(fmt::format("devices={} is not valid for accelerator '{}': {} ({})", devices.str(), accelerator,
-                                why, kAccepted));
+  throw ConfigError(
+      fmt::format("devices={} is not valid for accelerator '{}': {} ({})", devices.str(), accelerator, why, kAccepted));
 }
 
 std::vector<int64_t> first_n(int64_t n) {
@@ -128,9 +128,10 @@ int64_t parse_process_count(const Devices& devices, const std::string& accelerat
     if (!parse_int(*s, count)) count = 0;
   }
   if (count <= 0)
-    throw ConfigError(fmt::format("devices={} is not valid for accelerator '{}': it takes a number of processes, "
-                                  "an integer >= 1 or \"auto\" (one process)",
-                                  devices.str(), accelerator));
+    throw ConfigError(
+        fmt::format("devices={} is not valid for accelerator '{}': it takes a number of processes, "
+                    "an integer >= 1 or \"auto\" (one process)",
+                    devices.str(), accelerator));
   return count;
 }
 

@@ -38,8 +38,9 @@ double value_of(const torch::Tensor& t) {
 
 void ModuleBase::log(const std::string& name, const torch::Tensor& value, LogOptions options) {
   if (!value.defined() || value.numel() != 1)
-    throw ConfigError(fmt::format("log('{}', ...): expected a tensor with one element, got {}", name,
-                                  value.defined() ? fmt::format("shape [{}]", fmt::join(value.sizes(), ", ")) : "an undefined tensor"));
+    throw ConfigError(fmt::format(
+        "log('{}', ...): expected a tensor with one element, got {}", name,
+        value.defined() ? fmt::format("shape [{}]", fmt::join(value.sizes(), ", ")) : "an undefined tensor"));
   log(name, value_of(value), options);
 }
 
@@ -130,8 +131,8 @@ void ReduceLROnPlateau::step(std::optional<double> metric) {
   if (!metric) throw ConfigError("ReduceLROnPlateau needs a monitored metric: set SchedulerConfig::monitor");
   ++last_epoch_;
   const double v = *metric;
-  const bool improved = options_.mode == "min" ? v < best_ * (1.0 - options_.threshold)
-                                               : v > best_ * (1.0 + options_.threshold);
+  const bool improved =
+      options_.mode == "min" ? v < best_ * (1.0 - options_.threshold) : v > best_ * (1.0 + options_.threshold);
   if (improved) {
     best_ = v;
     num_bad_ = 0;

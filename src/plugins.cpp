@@ -163,8 +163,8 @@ std::vector<std::string> load_accelerator_plugin(const std::string& path) {
       names.push_back(s.name);
     }
     if (error.empty() && entries.empty())
-      error = fmt::format("accelerator plugin '{}' registers no accelerator (a plugin uses REGISTER_ACCELERATOR)",
-                          path);
+      error =
+          fmt::format("accelerator plugin '{}' registers no accelerator (a plugin uses REGISTER_ACCELERATOR)", path);
     if (error.empty()) {
       error = detail::RegistryAccess::add_all(std::move(entries));
       if (!error.empty()) error = fmt::format("accelerator plugin '{}' cannot be registered: {}", path, error);

@@ -21,7 +21,7 @@ struct Known {
 };
 
 constexpr Known kKnown[] = {
-    {"32-true", "32", false, torch::kFloat},      {"64-true", "64", false, torch::kDouble},
+    {"32-true", "32", false, torch::kFloat},        {"64-true", "64", false, torch::kDouble},
     {"bf16-mixed", "bf16", true, torch::kBFloat16}, {"16-mixed", "16", true, torch::kHalf},
     {"bf16-true", "", false, torch::kBFloat16},     {"16-true", "", false, torch::kHalf},
 };
@@ -84,10 +84,10 @@ GradScaler::GradScaler(GradScalerOptions options)
       found_inf_(torch::zeros({1}, torch::kFloat)) {
   if (options_.init_scale <= 0 || options_.growth_factor <= 1 || options_.backoff_factor <= 0 ||
       options_.backoff_factor >= 1 || options_.growth_interval < 1)
-    throw ConfigError(fmt::format(
-        "GradScaler options are not valid: init_scale={} (> 0), growth_factor={} (> 1), backoff_factor={} "
-        "(between 0 and 1), growth_interval={} (>= 1)",
-        options_.init_scale, options_.growth_factor, options_.backoff_factor, options_.growth_interval));
+    throw ConfigError(
+        fmt::format("GradScaler options are not valid: init_scale={} (> 0), growth_factor={} (> 1), backoff_factor={} "
+                    "(between 0 and 1), growth_interval={} (>= 1)",
+                    options_.init_scale, options_.growth_factor, options_.backoff_factor, options_.growth_interval));
 }
 
 torch::Tensor GradScaler::scale(const torch::Tensor& loss) {

@@ -43,8 +43,8 @@ void PrecisionPlugin::load(torch::serialize::InputArchive& archive, const std::s
   try {
     scaler_->load(scaler_archive);
   } catch (const c10::Error& e) {
-    throw CheckpointError(fmt::format("checkpoint '{}': the GradScaler state does not fit: {}", path,
-                                      e.what_without_backtrace()));
+    throw CheckpointError(
+        fmt::format("checkpoint '{}': the GradScaler state does not fit: {}", path, e.what_without_backtrace()));
   }
 }
 

@@ -39,9 +39,10 @@ AcceleratorRegistry& AcceleratorRegistry::instance() {
 
 void AcceleratorRegistry::add(const std::string& name, AcceleratorFactory factory, RegisterOptions options) {
   if (name.empty() || name == "auto" || name == "gpu")
-    throw RegistryError(fmt::format("cannot register an accelerator named '{}': the name must be non-empty and "
-                                    "neither \"auto\" nor \"gpu\"",
-                                    name));
+    throw RegistryError(
+        fmt::format("cannot register an accelerator named '{}': the name must be non-empty and "
+                    "neither \"auto\" nor \"gpu\"",
+                    name));
   if (!factory) throw RegistryError(fmt::format("cannot register accelerator '{}' without a factory", name));
   std::vector<Entry> one;
   one.push_back({name, std::move(factory), std::move(options)});

@@ -1,14 +1,14 @@
 #include "fulgor/trainer.h"
 
-#include <ATen/Context.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
 #include <fmt/format.h>
 #include <torch/torch.h>
 #include <torch/version.h>
 
 #include <algorithm>
-#include <csignal>
 #include <cmath>
+#include <csignal>
 #include <filesystem>
 #include <functional>
 
@@ -130,7 +130,8 @@ void check_options(const TrainerOptions& o) {
     throw ConfigError(fmt::format("val_check_interval={}: expected a batch count >= 1 or a fraction in (0.0, 1.0]",
                                   o.val_check_interval.str()));
   if (o.gradient_clip_algorithm != "norm" && o.gradient_clip_algorithm != "value")
-    throw ConfigError(fmt::format("unknown gradient_clip_algorithm '{}'; known: norm, value", o.gradient_clip_algorithm));
+    throw ConfigError(
+        fmt::format("unknown gradient_clip_algorithm '{}'; known: norm, value", o.gradient_clip_algorithm));
   if (o.gradient_clip_val && !(*o.gradient_clip_val >= 0))
     throw ConfigError(fmt::format("gradient_clip_val={}: expected a number >= 0", *o.gradient_clip_val));
   if (o.ddp_timeout && !(*o.ddp_timeout > 0))
@@ -225,8 +226,7 @@ struct TrainerState final : MetricSink {
     }
     if (on_epoch) {
       auto& acc = (loop == "train" ? train_accumulators : eval_accumulators)[name];
-      const double weight = static_cast<double>(
-          o.batch_size.value_or(current_batch_size > 0 ? current_batch_size : 1));
+      const double weight = static_cast<double>(o.batch_size.value_or(current_batch_size > 0 ? current_batch_size : 1));
       switch (o.reduce) {
         case Reduce::mean:
           acc.sum += value * weight;
@@ -377,21 +377,24 @@ struct TrainerState final : MetricSink {
 
   std::optional<int64_t> eval_limit(Stage s, const StepRunner& runner) const {
     if (options.fast_dev_run > 0) return options.fast_dev_run;
-    const Limit& limit = s == Stage::validate ? (options.overfit_batches.of(std::nullopt) != 0 ? options.overfit_batches
-                                                                                               : options.limit_val_batches)
-                         : s == Stage::test   ? options.limit_test_batches
-                                              : options.limit_predict_batches;
-    return resolve_limit(limit, runner, s == Stage::validate ? "limit_val_batches"
-                                        : s == Stage::test   ? "limit_test_batches"
-                                                             : "limit_predict_batches");
+    const Limit& limit =
+        s == Stage::validate
+            ? (options.overfit_batches.of(std::nullopt) != 0 ? options.overfit_batches : options.limit_val_batches)
+        : s == Stage::test ? options.limit_test_batches
+                           : options.limit_predict_batches;
+    return resolve_limit(limit, runner,
+                         s == Stage::validate ? "limit_val_batches"
+                         : s == Stage::test   ? "limit_test_batches"
+                                              : "limit_predict_batches");
   }
 
   static std::optional<int64_t> resolve_limit(const Limit& limit, const StepRunner& runner, const char* name) {
     auto n = limit.of(runner.length());
     if (!n && !limit.is_all())
-      throw ConfigError(fmt::format("{}={} is a fraction, but the loader does not tell its length: give a count of "
-                                    "batches, or make the loader with fulgor::make_data_loader",
-                                    name, limit.str()));
+      throw ConfigError(
+          fmt::format("{}={} is a fraction, but the loader does not tell its length: give a count of "
+                      "batches, or make the loader with fulgor::make_data_loader",
+                      name, limit.str()));
     return n;
   }
 
@@ -415,8 +418,7 @@ struct TrainerState final : MetricSink {
       auto t = entry.last_write_time();
       if (!newest || t > newest_time) newest = entry.path(), newest_time = t;
     }
-    if (!newest)
-      throw CheckpointError(fmt::format("ckpt_path=\"last\": no checkpoint in '{}'", dir.string()));
+    if (!newest) throw CheckpointError(fmt::format("ckpt_path=\"last\": no checkpoint in '{}'", dir.string()));
     return newest->string();
   }
 
@@ -434,8 +436,8 @@ struct TrainerState final : MetricSink {
       throw CheckpointError(fmt::format("checkpoint '{}' has no metadata entry", path));
     auto json = nlohmann::json::parse(meta.toStringRef(), nullptr, /*allow_exceptions=*/false);
     if (json.is_discarded() || !json.is_object() || json.value("format", "") != kFormat)
-      throw CheckpointError(fmt::format("'{}' is not a fulgor training checkpoint (its metadata has no format \"{}\")",
-                                        path, kFormat));
+      throw CheckpointError(
+          fmt::format("'{}' is not a fulgor training checkpoint (its metadata has no format \"{}\")", path, kFormat));
     if (json.value("format_version", 0) != kFormatVersion)
       throw CheckpointError(fmt::format("checkpoint '{}' has format version {}; this fulgor reads version {}", path,
                                         json.value("format_version", 0), kFormatVersion));
@@ -557,7 +559,8 @@ struct TrainerState final : MetricSink {
       std::vector<std::string> names;
       for (const auto& [k, v] : callback_metrics) names.push_back(k);
       throw ConfigError(fmt::format("the scheduler monitors '{}', which was not logged; logged metrics: {}",
-                                    config.monitor, names.empty() ? "none" : fmt::format("{}", fmt::join(names, ", "))));
+                                    config.monitor,
+                                    names.empty() ? "none" : fmt::format("{}", fmt::join(names, ", "))));
     }
     return found ? it->second : 0.0;
   }
@@ -686,8 +689,7 @@ Trainer::Trainer(TrainerOptions options) : state_(std::make_unique<detail::Train
     s.callbacks.push_back(std::make_shared<ModelCheckpoint>());
   if (o.fast_dev_run == 0) {
     s.loggers = o.loggers;
-    if (s.loggers.empty() && o.logger)
-      s.loggers.push_back(std::make_shared<CSVLogger>(default_root_dir()));
+    if (s.loggers.empty() && o.logger) s.loggers.push_back(std::make_shared<CSVLogger>(default_root_dir()));
   }
 }
 
@@ -761,10 +763,11 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
         val_every = vci.count();
       } else if (!vci.is_all()) {
         if (!s.train_batches)
-          throw ConfigError(fmt::format("val_check_interval={} is a fraction, but the training loader does not tell "
-                                        "its length: give a count of batches, or make the loader with "
-                                        "fulgor::make_data_loader",
-                                        vci.str()));
+          throw ConfigError(
+              fmt::format("val_check_interval={} is a fraction, but the training loader does not tell "
+                          "its length: give a count of batches, or make the loader with "
+                          "fulgor::make_data_loader",
+                          vci.str()));
         val_every = std::max<int64_t>(1, static_cast<int64_t>(std::floor(*s.train_batches * vci.fraction())));
       }
     }
@@ -846,8 +849,10 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
       // epoch's start as well as its current state: the epoch is begun again
       // from the first, the batches already trained on are fetched and
       // dropped, and then the current state is put back.
-      if (first_after_resume && resuming_mid_epoch) s.restore_rng(*ckpt, "rng_epoch_start");
-      else if (first_after_resume) s.restore_rng(*ckpt, "rng_cpu");
+      if (first_after_resume && resuming_mid_epoch)
+        s.restore_rng(*ckpt, "rng_epoch_start");
+      else if (first_after_resume)
+        s.restore_rng(*ckpt, "rng_cpu");
       s.rng_epoch_start = detail::cpu_rng_state();
       train.set_epoch(s.epoch);  // Note [Loader epochs] in trainer.h
       train.start_epoch();
@@ -869,8 +874,7 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
         s.current_batch_size = train.batch_size();
         s.context = LogContext::train_step;
         const bool steps_optimizer = window + 1 == accumulate || last;
-        s.step_log_due =
-            steps_optimizer && ((s.global_step + 1) % o.log_every_n_steps == 0 || s.should_stop);
+        s.step_log_due = steps_optimizer && ((s.global_step + 1) % o.log_every_n_steps == 0 || s.should_stop);
         s.each_callback([&](Callback& cb) { cb.on_train_batch_start(*this, model, batch_idx); });
         model.on_train_batch_start(batch_idx);
         torch::Tensor loss;
@@ -1146,7 +1150,8 @@ std::string Trainer::checkpoint_dir() const {
 }
 
 std::string Trainer::log_dir() const {
-  if (!state_->loggers.empty() && !state_->loggers.front()->log_dir().empty()) return state_->loggers.front()->log_dir();
+  if (!state_->loggers.empty() && !state_->loggers.front()->log_dir().empty())
+    return state_->loggers.front()->log_dir();
   return default_root_dir();
 }
 

@@ -40,8 +40,8 @@ void from_json(const nlohmann::json& json, Limit& limit) {
   else if (json.is_number_float())
     limit = Limit(json.get<double>());
   else
-    throw ConfigError(fmt::format("expected a batch count (integer) or fraction (number with a decimal point), got {}",
-                                  json.dump()));
+    throw ConfigError(
+        fmt::format("expected a batch count (integer) or fraction (number with a decimal point), got {}", json.dump()));
 }
 
 void to_json(nlohmann::json& json, const Devices& devices) {
@@ -53,10 +53,12 @@ void from_json(const nlohmann::json& json, Devices& devices) {
     devices = Devices(json.get<int64_t>());
   } else if (json.is_string()) {
     devices = Devices(json.get<std::string>());
-  } else if (json.is_array() && std::all_of(json.begin(), json.end(), [](const auto& e) { return e.is_number_integer(); })) {
+  } else if (json.is_array() &&
+             std::all_of(json.begin(), json.end(), [](const auto& e) { return e.is_number_integer(); })) {
     devices = Devices(json.get<std::vector<int64_t>>());
   } else {
-    throw ConfigError(fmt::format("expected devices as an integer, a string or a list of integers, got {}", json.dump()));
+    throw ConfigError(
+        fmt::format("expected devices as an integer, a string or a list of integers, got {}", json.dump()));
   }
 }
 
@@ -138,8 +140,7 @@ const std::vector<Field>& fields() {
     f.push_back(field("devices", "devices (an integer, a string like \"0,1\" or a list of integers)",
                       &TrainerOptions::devices));
     // Lightning accepts the precision as a number too (32).
-    f.push_back({"precision", "a string (or the integer 32)",
-                 [](const TrainerOptions& o) { return json(o.precision); },
+    f.push_back({"precision", "a string (or the integer 32)", [](const TrainerOptions& o) { return json(o.precision); },
                  [](TrainerOptions& o, const json& v) {
                    if (v.is_string())
                      o.precision = v.get<std::string>();
@@ -195,8 +196,8 @@ const std::vector<Field>& fields() {
 const Field& find_field(const std::string& key) {
   for (const auto& f : fields())
     if (key == f.name) return f;
-  throw ConfigError(fmt::format("unknown trainer option '{}'; known options: {}", key,
-                                fmt::join(trainer_option_names(), ", ")));
+  throw ConfigError(
+      fmt::format("unknown trainer option '{}'; known options: {}", key, fmt::join(trainer_option_names(), ", ")));
 }
 
 bool parse_integer(const std::string& text, int64_t& out) {

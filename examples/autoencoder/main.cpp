@@ -61,8 +61,7 @@ int main(int argc, char** argv) {
     // Embed a few images with the trained encoder, as the README does.
     torch::NoGradGuard no_grad;
     autoencoder.eval();
-    auto embeddings = autoencoder.encoder->forward(
-        images.slice(0, 0, 4).view({4, -1}).to(trainer.device()));
+    auto embeddings = autoencoder.encoder->forward(images.slice(0, 0, 4).view({4, -1}).to(trainer.device()));
     nlohmann::json summary = {{"train_loss", trainer.callback_metrics().at("train_loss")},
                               {"epochs", fit.epochs_completed},
                               {"global_step", fit.global_step},

@@ -33,8 +33,7 @@ struct LitClassifier : fulgor::Module {
                            nn::Conv2d(nn::Conv2dOptions(16, 32, 3).padding(1)), nn::ReLU(), nn::MaxPool2d(2),
                            nn::Flatten(), nn::Linear(32 * 7 * 7, 64), nn::ReLU(), nn::Linear(64, 10));
     } else if (arch == "mlp") {
-      net = nn::Sequential(nn::Flatten(), nn::Linear(28 * 28, 256), nn::ReLU(), nn::Dropout(0.2),
-                           nn::Linear(256, 10));
+      net = nn::Sequential(nn::Flatten(), nn::Linear(28 * 28, 256), nn::ReLU(), nn::Dropout(0.2), nn::Linear(256, 10));
     } else {
       throw fulgor::ConfigError("--model.arch: expected \"cnn\" or \"mlp\", got \"" + arch + "\"");
     }
@@ -115,8 +114,7 @@ int main(int argc, char** argv) {
     LitClassifier model(arch, lr);
     auto options = cli.trainer;
     auto checkpoint = std::make_shared<fulgor::ModelCheckpoint>(fulgor::ModelCheckpointOptions{
-        .filename = "{epoch}-{val_acc:.4f}", .monitor = "val_acc", .mode = "max", .save_top_k = 1,
-        .save_last = true});
+        .filename = "{epoch}-{val_acc:.4f}", .monitor = "val_acc", .mode = "max", .save_top_k = 1, .save_last = true});
     if (options.enable_checkpointing) options.callbacks.push_back(checkpoint);
     fulgor::Trainer trainer(options);
     // Training batches are copied onto the device one step ahead.

@@ -89,8 +89,7 @@ struct BatchTransfer<std::tuple<Ts...>> {
 
 template <typename T, typename Alloc>
 struct BatchTransfer<std::vector<T, Alloc>> {
-  static std::vector<T, Alloc> move(std::vector<T, Alloc> v, const Accelerator& a, torch::Device d,
-                                    bool non_blocking) {
+  static std::vector<T, Alloc> move(std::vector<T, Alloc> v, const Accelerator& a, torch::Device d, bool non_blocking) {
     for (auto& item : v) item = move_batch(std::move(item), a, d, non_blocking);
     return v;
   }

@@ -19,8 +19,7 @@ namespace fulgor {
 template <typename Loader>
 class SizedDataLoader {
  public:
-  SizedDataLoader(std::unique_ptr<Loader> loader, int64_t batches)
-      : loader_(std::move(loader)), batches_(batches) {}
+  SizedDataLoader(std::unique_ptr<Loader> loader, int64_t batches) : loader_(std::move(loader)), batches_(batches) {}
   auto begin() { return loader_->begin(); }
   auto end() { return loader_->end(); }
   /// Batches per epoch.

@@ -131,7 +131,7 @@ struct AcceleratorRegistration {
 #define FULGOR_DETAIL_CONCAT(a, b) FULGOR_DETAIL_CONCAT_(a, b)
 
 // Registers with an explicit ABI version; REGISTER_ACCELERATOR is what code uses.
-#define FULGOR_DETAIL_REGISTER_ACCELERATOR(abi_version, name, Class)                                        \
+#define FULGOR_DETAIL_REGISTER_ACCELERATOR(abi_version, name, Class)                                       \
   static const ::fulgor::detail::AcceleratorRegistration FULGOR_DETAIL_CONCAT(fulgor_accelerator_at_load_, \
                                                                               __COUNTER__)(                \
       abi_version, name, []() -> std::unique_ptr<::fulgor::Accelerator> { return std::make_unique<Class>(); })

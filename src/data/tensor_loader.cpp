@@ -44,8 +44,7 @@ int64_t TensorLoader::size() const {
     restored.load_from(buffer);
     sampler_->load(restored);
   }
-  return options_.drop_last ? samples / options_.batch_size
-                            : (samples + options_.batch_size - 1) / options_.batch_size;
+  return options_.drop_last ? samples / options_.batch_size : (samples + options_.batch_size - 1) / options_.batch_size;
 }
 
 void TensorLoader::pin_memory() {

@@ -81,8 +81,8 @@ const bool builtins_registered = [] {
 
 void register_distributed_backend(const std::string& name, DistributedBackendFactory factory) {
   if (name.empty() || !factory)
-    throw ConfigError(fmt::format("cannot register distributed backend '{}': it needs a non-empty name and a factory",
-                                  name));
+    throw ConfigError(
+        fmt::format("cannot register distributed backend '{}': it needs a non-empty name and a factory", name));
   BackendTable& t = table();
   std::lock_guard<std::mutex> lock(t.mutex);
   t.factories[name] = std::move(factory);
@@ -105,9 +105,10 @@ std::vector<std::string> distributed_backend_names() {
 void require_distributed_backend(const std::string& name) {
   if (has_distributed_backend(name)) return;
   const std::vector<std::string> known = distributed_backend_names();
-  throw ConfigError(fmt::format("unknown distributed backend '{}'; registered: {} (an accelerator plugin declares its "
-                                "own with REGISTER_DISTRIBUTED_BACKEND)",
-                                name, known.empty() ? std::string("none") : fmt::format("{}", fmt::join(known, ", "))));
+  throw ConfigError(
+      fmt::format("unknown distributed backend '{}'; registered: {} (an accelerator plugin declares its "
+                  "own with REGISTER_DISTRIBUTED_BACKEND)",
+                  name, known.empty() ? std::string("none") : fmt::format("{}", fmt::join(known, ", "))));
 }
 
 c10::intrusive_ptr<detail::compat::CollectiveBackend> make_distributed_backend(

@@ -33,9 +33,10 @@ class Variables {
   std::string required(const std::string& name, const std::string& launcher) const {
     std::optional<std::string> value = get(name);
     if (!value)
-      throw ConfigError(fmt::format("environment variable {} is not set, but {} set others of its variables; a {} "
-                                    "launch needs it",
-                                    name, launcher, launcher));
+      throw ConfigError(
+          fmt::format("environment variable {} is not set, but {} set others of its variables; a {} "
+                      "launch needs it",
+                      name, launcher, launcher));
     return *value;
   }
 
@@ -50,9 +51,8 @@ class Variables {
 
 void check_less(const std::string& name, int64_t value, const std::string& bound_name, int64_t bound) {
   if (value >= bound)
-    throw ConfigError(
-        fmt::format("environment variable {}={} is not accepted: it must be less than {}={}", name, value, bound_name,
-                    bound));
+    throw ConfigError(fmt::format("environment variable {}={} is not accepted: it must be less than {}={}", name, value,
+                                  bound_name, bound));
 }
 
 void check_consistent(const DistributedEnvironment& env, const std::string& rank_var, const std::string& world_var,
@@ -60,9 +60,10 @@ void check_consistent(const DistributedEnvironment& env, const std::string& rank
   check_less(rank_var, env.rank, world_var, env.world_size);
   check_less(local_rank_var, env.local_rank, local_world_var, env.local_world_size);
   if (env.local_world_size > env.world_size)
-    throw ConfigError(fmt::format("environment variable {}={} is not accepted: a node cannot run more than the {}={} "
-                                  "processes of the whole job",
-                                  local_world_var, env.local_world_size, world_var, env.world_size));
+    throw ConfigError(
+        fmt::format("environment variable {}={} is not accepted: a node cannot run more than the {}={} "
+                    "processes of the whole job",
+                    local_world_var, env.local_world_size, world_var, env.world_size));
 }
 
 DistributedEnvironment from_torchrun(const Variables& vars) {
@@ -72,8 +73,7 @@ DistributedEnvironment from_torchrun(const Variables& vars) {
   env.world_size = vars.integer("WORLD_SIZE", launcher, 1);
   env.rank = vars.integer("RANK", launcher);
   env.local_rank = vars.integer("LOCAL_RANK", launcher);
-  env.local_world_size = vars.has("LOCAL_WORLD_SIZE") ? vars.integer("LOCAL_WORLD_SIZE", launcher, 1)
-                                                      : env.world_size;
+  env.local_world_size = vars.has("LOCAL_WORLD_SIZE") ? vars.integer("LOCAL_WORLD_SIZE", launcher, 1) : env.world_size;
   env.master_addr = vars.required("MASTER_ADDR", launcher);
   if (env.master_addr.empty())
     throw ConfigError("environment variable MASTER_ADDR='' is not accepted: expected a host name or address");
@@ -101,9 +101,10 @@ std::vector<int64_t> expand_tasks_per_node(const std::string& value) {
       try {
         counts.push_back(parse_integer("SLURM_TASKS_PER_NODE", item, 1, INT32_MAX));
       } catch (const ConfigError&) {
-        throw ConfigError(fmt::format("environment variable SLURM_TASKS_PER_NODE='{}' is not accepted: expected "
-                                      "counts such as \"4\" or \"2(x3),1\"",
-                                      value));
+        throw ConfigError(
+            fmt::format("environment variable SLURM_TASKS_PER_NODE='{}' is not accepted: expected "
+                        "counts such as \"4\" or \"2(x3),1\"",
+                        value));
       }
     }
     start = comma + 1;
@@ -124,17 +125,19 @@ DistributedEnvironment from_slurm(const Variables& vars) {
   } else if (vars.has("SLURM_TASKS_PER_NODE")) {
     const std::vector<int64_t> counts = expand_tasks_per_node(*vars.get("SLURM_TASKS_PER_NODE"));
     if (env.node_rank >= static_cast<int64_t>(counts.size()))
-      throw ConfigError(fmt::format("environment variable SLURM_NODEID={} is not accepted: SLURM_TASKS_PER_NODE='{}' "
-                                    "describes only {} nodes",
-                                    env.node_rank, *vars.get("SLURM_TASKS_PER_NODE"), counts.size()));
+      throw ConfigError(
+          fmt::format("environment variable SLURM_NODEID={} is not accepted: SLURM_TASKS_PER_NODE='{}' "
+                      "describes only {} nodes",
+                      env.node_rank, *vars.get("SLURM_TASKS_PER_NODE"), counts.size()));
     env.local_world_size = counts[static_cast<size_t>(env.node_rank)];
   } else {
     const std::string nodes_var = vars.has("SLURM_NNODES") ? "SLURM_NNODES" : "SLURM_JOB_NUM_NODES";
     const int64_t nodes = vars.has(nodes_var) ? vars.integer(nodes_var, launcher, 1) : 1;
     if (env.world_size % nodes != 0)
-      throw ConfigError(fmt::format("environment variable SLURM_NTASKS={} is not accepted: it does not divide evenly "
-                                    "over {}={} nodes; set SLURM_NTASKS_PER_NODE",
-                                    env.world_size, nodes_var, nodes));
+      throw ConfigError(
+          fmt::format("environment variable SLURM_NTASKS={} is not accepted: it does not divide evenly "
+                      "over {}={} nodes; set SLURM_NTASKS_PER_NODE",
+                      env.world_size, nodes_var, nodes));
     env.local_world_size = env.world_size / nodes;
   }
   check_consistent(env, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE");
@@ -180,9 +183,10 @@ void expand_name(const std::string& name, const std::string& whole, std::vector<
   const std::string ranges = name.substr(open + 1, close - open - 1);
   const std::string rest = name.substr(close + 1);
   const auto bad_range = [&](const std::string& range) {
-    return ConfigError(fmt::format("SLURM node list '{}' is not accepted: '{}' is not a number or an ascending range "
-                                   "such as 01-04",
-                                   whole, range));
+    return ConfigError(
+        fmt::format("SLURM node list '{}' is not accepted: '{}' is not a number or an ascending range "
+                    "such as 01-04",
+                    whole, range));
   };
   size_t start = 0;
   while (start <= ranges.size()) {
@@ -217,8 +221,8 @@ std::vector<std::string> expand_slurm_nodelist(const std::string& nodelist) {
     if (c == '[') ++depth;
     if (c == ']') --depth;
     if (depth < 0 || depth > 1)
-      throw ConfigError(fmt::format("SLURM node list '{}' is not accepted: brackets are unbalanced or nested",
-                                    nodelist));
+      throw ConfigError(
+          fmt::format("SLURM node list '{}' is not accepted: brackets are unbalanced or nested", nodelist));
     if (c == ',' && depth == 0) {
       const std::string name = nodelist.substr(start, i - start);
       if (name.empty())
@@ -227,8 +231,7 @@ std::vector<std::string> expand_slurm_nodelist(const std::string& nodelist) {
       start = i + 1;
     }
   }
-  if (depth != 0)
-    throw ConfigError(fmt::format("SLURM node list '{}' is not accepted: '[' without ']'", nodelist));
+  if (depth != 0) throw ConfigError(fmt::format("SLURM node list '{}' is not accepted: '[' without ']'", nodelist));
   return hosts;
 }
 

@@ -69,9 +69,10 @@ void GradientSynchronizer::Impl::on_gradient(size_t index) {
   std::lock_guard<std::mutex> lock(mutex);
   if (!sync) return;
   if (ready[index])
-    throw ConfigError(fmt::format("parameter {} received a second gradient in one synchronized step: call "
-                                  "finish_backward() (or use backward()) after each backward pass",
-                                  index));
+    throw ConfigError(
+        fmt::format("parameter {} received a second gradient in one synchronized step: call "
+                    "finish_backward() (or use backward()) after each backward pass",
+                    index));
   ready[index] = true;
   in_step = true;
   --buckets[bucket_of[index]].pending;
@@ -191,7 +192,8 @@ GradientSynchronizer::GradientSynchronizer(ProcessGroup group, torch::nn::Module
     std::shared_ptr<torch::autograd::Node> accumulator = torch::autograd::impl::grad_accumulator(impl.params[i]);
     if (!accumulator)
       throw ConfigError(fmt::format("parameter {} is not a leaf tensor, so its gradient cannot be synchronized", i));
-    impl.hook_keys.push_back(accumulator->add_post_hook(std::make_unique<AccumulateHook>([state = impl_.get(), i] { state->on_gradient(i); })));
+    impl.hook_keys.push_back(accumulator->add_post_hook(
+        std::make_unique<AccumulateHook>([state = impl_.get(), i] { state->on_gradient(i); })));
     impl.accumulators.push_back(std::move(accumulator));
   }
 }

@@ -53,8 +53,8 @@ DistributedError ProcessGroup::State::failure(const std::string& collective, con
     what = fmt::format("{} is gone: its connection closed", peers);
   else
     what = "the collective failed";
-  return DistributedError(fmt::format("{} failed on rank {} of {} (backend {}): {}. c10d reported: {}", collective, rank,
-                                      size, backend, what, reason));
+  return DistributedError(fmt::format("{} failed on rank {} of {} (backend {}): {}. c10d reported: {}", collective,
+                                      rank, size, backend, what, reason));
 }
 
 void ProcessGroup::State::run(const std::string& collective, const std::function<void()>& body) const {
@@ -79,21 +79,22 @@ ProcessGroup::ProcessGroup(const DistributedEnvironment& environment, const Acce
   s.timeout = options.timeout;
   s.device = device;
   if (s.timeout.count() <= 0)
-    throw ConfigError(fmt::format("process group timeout {} ms is not accepted: it must be positive", s.timeout.count()));
+    throw ConfigError(
+        fmt::format("process group timeout {} ms is not accepted: it must be positive", s.timeout.count()));
   if (s.size < 1 || s.rank < 0 || s.rank >= s.size)
-    throw ConfigError(fmt::format("rank {} of world size {} is not accepted: expected 0 <= rank < world size", s.rank,
-                                  s.size));
+    throw ConfigError(
+        fmt::format("rank {} of world size {} is not accepted: expected 0 <= rank < world size", s.rank, s.size));
   require_distributed_backend(s.backend);
 
   try {
     s.store = detail::compat::make_tcp_store(environment.master_addr, environment.master_port, s.rank == 0,
                                              static_cast<int>(s.size), s.timeout);
   } catch (const std::exception& e) {
-    throw DistributedError(fmt::format("rank {} of {} could not meet the others at the rendezvous store {}:{} ({}) "
-                                       "within {} ms: {}",
-                                       s.rank, s.size, environment.master_addr, environment.master_port,
-                                       s.rank == 0 ? "hosting it" : "hosted by rank 0", s.timeout.count(),
-                                       detail::message_of(e)));
+    throw DistributedError(
+        fmt::format("rank {} of {} could not meet the others at the rendezvous store {}:{} ({}) "
+                    "within {} ms: {}",
+                    s.rank, s.size, environment.master_addr, environment.master_port,
+                    s.rank == 0 ? "hosting it" : "hosted by rank 0", s.timeout.count(), detail::message_of(e)));
   }
   DistributedBackendContext context;
   context.store = s.store;
@@ -119,8 +120,8 @@ void ProcessGroup::broadcast(torch::Tensor& tensor, int64_t root) {
 
 void ProcessGroup::broadcast(std::vector<torch::Tensor>& tensors, int64_t root) {
   if (root < 0 || root >= state_->size)
-    throw ConfigError(fmt::format("broadcast root {} is not accepted: expected a rank from 0 to {}", root,
-                                  state_->size - 1));
+    throw ConfigError(
+        fmt::format("broadcast root {} is not accepted: expected a rank from 0 to {}", root, state_->size - 1));
   if (tensors.empty()) return;
   torch::NoGradGuard no_grad;
   // broadcast_coalesced flattens the tensors into few messages and copies the

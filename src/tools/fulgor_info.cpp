@@ -23,8 +23,7 @@ int usage(const std::string& problem) {
 }
 
 void print_table(const std::vector<fulgor::AcceleratorInfo>& infos) {
-  std::vector<std::vector<std::string>> rows = {
-      {"name", "available", "devices", "backend", "priority", "details"}};
+  std::vector<std::vector<std::string>> rows = {{"name", "available", "devices", "backend", "priority", "details"}};
   for (const auto& info : infos)
     rows.push_back({info.name, info.available ? "yes" : "no", std::to_string(info.device_count),
                     info.distributed_backend, std::to_string(info.priority),
@@ -64,10 +63,9 @@ int main(int argc, char** argv) {
     std::cout << fmt::format("fulgor {} (plugin ABI {}), LibTorch {}\n", fulgor::version(),
                              fulgor::plugin_abi_version(), fulgor::torch_version());
     const fulgor::BlasInfo blas = fulgor::blas_info();
-    std::cout << fmt::format("BLAS: {}{}{}; LibTorch threads: {}\n", blas.name,
-                             blas.path.empty() ? "" : " (" + blas.path + ")",
-                             blas.threads > 0 ? fmt::format(", {} threads", blas.threads) : "",
-                             fulgor::torch_threads());
+    std::cout << fmt::format(
+        "BLAS: {}{}{}; LibTorch threads: {}\n", blas.name, blas.path.empty() ? "" : " (" + blas.path + ")",
+        blas.threads > 0 ? fmt::format(", {} threads", blas.threads) : "", fulgor::torch_threads());
     print_table(registry.describe());
     std::cout << "auto selects: " << registry.resolve("auto") << '\n';
   } catch (const std::exception& e) {

@@ -60,8 +60,8 @@ long parse_number(const std::string& option, const std::string& value, long min,
   errno = 0;
   const long parsed = std::strtol(value.c_str(), &end, 10);
   if (value.empty() || *end != '\0' || errno == ERANGE || parsed < min || parsed > max)
-    throw UsageError{fmt::format("{} '{}' is not accepted: expected a whole number from {} to {}", option, value, min,
-                                 max)};
+    throw UsageError{
+        fmt::format("{} '{}' is not accepted: expected a whole number from {} to {}", option, value, min, max)};
   return parsed;
 }
 
@@ -206,8 +206,8 @@ class Launcher {
 
  private:
   std::vector<std::string> child_environment(long rank, long local, long world_size, long port) const {
-    static const char* const ours[] = {"RANK",        "LOCAL_RANK",  "WORLD_SIZE", "LOCAL_WORLD_SIZE",
-                                       "GROUP_RANK",  "MASTER_ADDR", "MASTER_PORT"};
+    static const char* const ours[] = {"RANK",       "LOCAL_RANK",  "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+                                       "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"};
     std::vector<std::string> env;
     for (char** e = environ; *e != nullptr; ++e) {
       const std::string entry = *e;

@@ -315,8 +315,8 @@ struct LossRecorder : Module {
   std::vector<double> losses;
 
   LossRecorder() {
-    mlp = register_module("mlp", torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::ReLU(),
-                                                        torch::nn::Linear(16, 4)));
+    mlp = register_module("mlp",
+                          torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::ReLU(), torch::nn::Linear(16, 4)));
   }
   torch::Tensor training_step(torch::data::Example<> batch, int64_t) override {
     const torch::Tensor loss = torch::mse_loss(mlp->forward(batch.data), batch.target);
@@ -371,8 +371,8 @@ std::string check_fit(const Accelerator& accelerator, torch::Device device, cons
   }
   const Named actual_state = state_of(*actual), expected_state = state_of(*expected);
   for (size_t i = 0; i < expected_state.size(); ++i)
-    require_matches(actual_state[i].first + " after the fit", actual_state[i].second, expected_state[i].second,
-                    device, tolerance);
+    require_matches(actual_state[i].first + " after the fit", actual_state[i].second, expected_state[i].second, device,
+                    tolerance);
   return fmt::format("{} epochs x {} batches through fulgor::Trainer", kFitEpochs, kFitBatches);
 }
 

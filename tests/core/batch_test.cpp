@@ -63,8 +63,8 @@ TEST(MoveBatch, MovesNestedTensorsAndLeavesValues) {
   EXPECT_EQ(moved.at(1).first.device(), kMeta);
   EXPECT_EQ(moved.at(1).second, 0.5);
 
-  auto unsupervised = move_batch(torch::data::Example<torch::Tensor, torch::data::example::NoTarget>(torch::ones({1})),
-                                 *cpu, kMeta);
+  auto unsupervised =
+      move_batch(torch::data::Example<torch::Tensor, torch::data::example::NoTarget>(torch::ones({1})), *cpu, kMeta);
   EXPECT_EQ(unsupervised.data.device(), kMeta);
 }
 

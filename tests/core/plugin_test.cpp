@@ -81,15 +81,17 @@ TEST_F(PluginTest, EnvironmentFailureIsReportedOnUse) {
     try {
       AcceleratorRegistry::instance();
     } catch (const PluginError& e) {
-      return contains(e.what(), "FULGOR_ACCELERATOR_PLUGINS: accelerator plugin '/nonexistent/libnothing.so' "
-                                "does not exist");
+      return contains(e.what(),
+                      "FULGOR_ACCELERATOR_PLUGINS: accelerator plugin '/nonexistent/libnothing.so' "
+                      "does not exist");
     }
     return false;
   });
 }
 
 TEST_F(PluginTest, MissingFile) {
-  in_child([] { return contains(load_error("/nonexistent/libnothing.so"), "'/nonexistent/libnothing.so' does not exist"); });
+  in_child(
+      [] { return contains(load_error("/nonexistent/libnothing.so"), "'/nonexistent/libnothing.so' does not exist"); });
 }
 
 TEST_F(PluginTest, NotASharedLibrary) {
@@ -103,7 +105,8 @@ TEST_F(PluginTest, NotASharedLibrary) {
 TEST_F(PluginTest, OtherAbiVersionIsRefusedNamingBoth) {
   in_child([] {
     std::string error = load_error(FULGOR_ABI_MISMATCH_PLUGIN);
-    std::string expected = "accelerator plugin '" FULGOR_ABI_MISMATCH_PLUGIN "' was built for fulgor plugin ABI version " +
+    std::string expected = "accelerator plugin '" FULGOR_ABI_MISMATCH_PLUGIN
+                           "' was built for fulgor plugin ABI version " +
                            std::to_string(FULGOR_PLUGIN_ABI_VERSION + 998) +
                            ", but this fulgor (" FULGOR_VERSION_STRING ") has plugin ABI version " +
                            std::to_string(FULGOR_PLUGIN_ABI_VERSION);

@@ -100,7 +100,8 @@ TEST_F(RegistryTest, UnknownNameListsTheRegisteredOnes) {
     registry().create("xpuu");
     FAIL() << "an unknown name was accepted";
   } catch (const RegistryError& e) {
-    EXPECT_EQ(std::string(e.what()), "unknown accelerator 'xpuu'; registered: cpu, cuda, npu, xpu (or \"auto\", \"gpu\")");
+    EXPECT_EQ(std::string(e.what()),
+              "unknown accelerator 'xpuu'; registered: cpu, cuda, npu, xpu (or \"auto\", \"gpu\")");
   }
 }
 

@@ -42,10 +42,11 @@ TEST(DistributedBackends, UnknownNameListsTheKnownOnes) {
 }
 
 TEST(DistributedBackends, FactoryFailureBecomesDistributedError) {
-  fulgor::register_distributed_backend("test-broken", [](const fulgor::DistributedBackendContext&)
-                                                          -> c10::intrusive_ptr<fulgor::detail::compat::CollectiveBackend> {
-    throw std::runtime_error("no device here");
-  });
+  fulgor::register_distributed_backend(
+      "test-broken",
+      [](const fulgor::DistributedBackendContext&) -> c10::intrusive_ptr<fulgor::detail::compat::CollectiveBackend> {
+        throw std::runtime_error("no device here");
+      });
   auto cpu = fulgor::make_accelerator("cpu");
   try {
     fulgor::ProcessGroup(one_process(), *cpu, torch::Device(torch::kCPU), {"test-broken"});
@@ -90,8 +91,9 @@ TEST(ProcessGroup, RejectsMeanOfIntegersAndBadRoots) {
 
 TEST(ProcessGroup, RejectsNonPositiveTimeout) {
   auto cpu = fulgor::make_accelerator("cpu");
-  EXPECT_THROW(fulgor::ProcessGroup(one_process(), *cpu, torch::Device(torch::kCPU), {"", std::chrono::milliseconds(0)}),
-               fulgor::ConfigError);
+  EXPECT_THROW(
+      fulgor::ProcessGroup(one_process(), *cpu, torch::Device(torch::kCPU), {"", std::chrono::milliseconds(0)}),
+      fulgor::ConfigError);
 }
 
 }  // namespace

@@ -8,8 +8,7 @@
 
 namespace {
 
-std::map<std::string, torch::Tensor> load(const std::string& path,
-                                          const std::vector<std::string>& names) {
+std::map<std::string, torch::Tensor> load(const std::string& path, const std::vector<std::string>& names) {
   torch::serialize::InputArchive archive;
   archive.load_from(path);
   std::map<std::string, torch::Tensor> result;

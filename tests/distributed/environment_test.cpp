@@ -27,8 +27,12 @@ std::string error_of(const Vars& vars) {
   return "";
 }
 
-const Vars kTorchrun = {{"RANK", "5"},          {"LOCAL_RANK", "1"},        {"WORLD_SIZE", "8"},
-                        {"LOCAL_WORLD_SIZE", "4"}, {"MASTER_ADDR", "node01"}, {"MASTER_PORT", "29400"}};
+const Vars kTorchrun = {{"RANK", "5"},
+                        {"LOCAL_RANK", "1"},
+                        {"WORLD_SIZE", "8"},
+                        {"LOCAL_WORLD_SIZE", "4"},
+                        {"MASTER_ADDR", "node01"},
+                        {"MASTER_PORT", "29400"}};
 
 TEST(DistributedEnvironment, NoLauncherIsOneProcess) {
   const auto env = detect({{"PATH", "/usr/bin"}});
@@ -100,9 +104,14 @@ TEST(DistributedEnvironment, TorchrunErrorsNameVariableAndValue) {
   EXPECT_NE(message.find("MASTER_ADDR"), std::string::npos) << message;
 }
 
-const Vars kSlurm = {{"SLURM_PROCID", "6"},           {"SLURM_NTASKS", "8"},  {"SLURM_LOCALID", "2"},
-                     {"SLURM_NTASKS_PER_NODE", "4"},  {"SLURM_NODEID", "1"},  {"SLURM_JOB_ID", "123456"},
-                     {"SLURM_JOB_NODELIST", "gpu[07-08]"}, {"SLURM_JOB_NAME", "train"}};
+const Vars kSlurm = {{"SLURM_PROCID", "6"},
+                     {"SLURM_NTASKS", "8"},
+                     {"SLURM_LOCALID", "2"},
+                     {"SLURM_NTASKS_PER_NODE", "4"},
+                     {"SLURM_NODEID", "1"},
+                     {"SLURM_JOB_ID", "123456"},
+                     {"SLURM_JOB_NODELIST", "gpu[07-08]"},
+                     {"SLURM_JOB_NAME", "train"}};
 
 TEST(DistributedEnvironment, ReadsSlurmVariables) {
   const auto env = detect(kSlurm);

@@ -67,8 +67,10 @@ TEST(FulgorRun, ReportsARankKilledBySignal) {
     std::ifstream children("/proc/" + std::to_string(run.pid()) + "/task/" + std::to_string(run.pid()) + "/children");
     std::vector<pid_t> pids;
     for (pid_t pid; children >> pid;) pids.push_back(pid);
-    if (pids.size() == 2) victim = pids[1];
-    else std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (pids.size() == 2)
+      victim = pids[1];
+    else
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   ASSERT_GT(victim, 0) << "fulgor-run did not start 2 ranks";
   kill(victim, SIGKILL);

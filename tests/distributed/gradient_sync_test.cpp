@@ -84,7 +84,8 @@ TEST(GradientSync, NoSyncAccumulatesLocallyUntilTheSynchronizedStep) {
   for (int64_t rank = 0; rank < 2; ++rank) {
     auto model = fulgor::test::make_model(fulgor::test::init_seed(0));
     const auto batch = [&](int64_t m) { return rank * 16 + m * 8; };
-    for (int64_t m : {0, 1}) torch::mse_loss(model->forward(x.narrow(0, batch(m), 8)), y.narrow(0, batch(m), 8)).backward();
+    for (int64_t m : {0, 1})
+      torch::mse_loss(model->forward(x.narrow(0, batch(m), 8)), y.narrow(0, batch(m), 8)).backward();
     local.push_back(flat(grads(*model)));
     torch::mse_loss(model->forward(x.narrow(0, batch(0), 8)), y.narrow(0, batch(0), 8)).backward();
     accumulated.push_back(flat(grads(*model)));

@@ -90,8 +90,9 @@ struct Indices : torch::data::datasets::Dataset<Indices, torch::data::TensorExam
 };
 
 std::vector<int64_t> visit(fulgor::DistributedSampler sampler, size_t batches) {
-  auto loader = torch::data::make_data_loader(Indices().map(torch::data::transforms::Stack<torch::data::TensorExample>()),
-                                              std::move(sampler), torch::data::DataLoaderOptions().batch_size(2));
+  auto loader =
+      torch::data::make_data_loader(Indices().map(torch::data::transforms::Stack<torch::data::TensorExample>()),
+                                    std::move(sampler), torch::data::DataLoaderOptions().batch_size(2));
   std::vector<int64_t> seen;
   for (auto& batch : *loader) {
     for (int64_t i = 0; i < batch.data.size(0); ++i) seen.push_back(batch.data[i].item<int64_t>());

@@ -24,7 +24,9 @@ class Fp16TestAccelerator final : public fulgor::Accelerator {
   std::string description() const override { return "the CPU, claiming 16-mixed for the precision tests"; }
   fulgor::Availability availability() const override { return {true, {}}; }
   int64_t device_count() const override { return 1; }
-  std::vector<torch::Device> parse_devices(const fulgor::Devices&) const override { return {torch::Device(torch::kCPU)}; }
+  std::vector<torch::Device> parse_devices(const fulgor::Devices&) const override {
+    return {torch::Device(torch::kCPU)};
+  }
   std::string distributed_backend() const override { return "gloo"; }
   std::vector<std::string> supported_precisions() const override { return {"32-true", "16-mixed", "bf16-mixed"}; }
 };
@@ -150,8 +152,8 @@ auto blob_loader(int64_t n, uint64_t seed) {
 struct Mlp : fulgor::Module {
   torch::nn::Sequential net;
   Mlp() {
-    net = register_module("net", torch::nn::Sequential(torch::nn::Linear(8, 32), torch::nn::ReLU(),
-                                                       torch::nn::Linear(32, 3)));
+    net = register_module("net",
+                          torch::nn::Sequential(torch::nn::Linear(8, 32), torch::nn::ReLU(), torch::nn::Linear(32, 3)));
   }
   torch::Tensor training_step(torch::data::Example<> batch, int64_t) override {
     return torch::cross_entropy_loss(net->forward(batch.data).to(torch::kFloat), batch.target);
@@ -244,7 +246,7 @@ TEST(TrainerPrecision, SixteenMixedSkipsAnInfStepAndBacksOff) {
   ASSERT_EQ(weights.size(), 4u);
   const double init = fulgor::GradScalerOptions{}.init_scale;
   EXPECT_EQ(scales[0], init);
-  EXPECT_EQ(scales[1], init / 2);  // the inf step backs off...
+  EXPECT_EQ(scales[1], init / 2);                     // the inf step backs off...
   EXPECT_TRUE(torch::equal(weights[1], weights[0]));  // ...and leaves the weights alone
   EXPECT_FALSE(torch::equal(weights[2], weights[1]));
   for (const auto& w : weights) EXPECT_TRUE(torch::isfinite(w).all().item<bool>());

@@ -127,9 +127,7 @@ TEST(Checkpoint, ResumeMidEpochWithAShuffledLoaderIsBitIdentical) {
 TEST(Checkpoint, ResumeMidEpochWithAShuffledTensorLoaderIsBitIdentical) {
   TempDir dir;
   const XY data(36, 7);
-  auto make_loader = [&] {
-    return TensorLoader(data.x, data.y, {.batch_size = 8, .shuffle = true, .seed = 5});
-  };
+  auto make_loader = [&] { return TensorLoader(data.x, data.y, {.batch_size = 8, .shuffle = true, .seed = 5}); };
   auto val = sequential_loader(8, 4);
 
   auto straight = stateful_model();

@@ -291,9 +291,8 @@ TEST(TrainerLoop, SchedulersStepOnTheirInterval) {
     TinyNet model;
     model.make_optimizers = [=](TinyNet& m) {
       auto sgd = std::make_shared<torch::optim::SGD>(m.parameters(), torch::optim::SGDOptions(0.1));
-      return fulgor::OptimizerConfig(sgd, {.scheduler = std::make_shared<StepLR>(*sgd, 1, 0.5),
-                                           .interval = interval,
-                                           .frequency = frequency});
+      return fulgor::OptimizerConfig(
+          sgd, {.scheduler = std::make_shared<StepLR>(*sgd, 1, 0.5), .interval = interval, .frequency = frequency});
     };
     auto options = quiet(dir.str());
     options.max_epochs = epochs;
@@ -398,9 +397,10 @@ TEST(TrainerLoop, SaveTopKKeepsExactlyTheKBestFiles) {
   model.scripted_val = {5.0, 3.0, 4.0, 1.0, 2.0, 6.0};
   auto train = sequential_loader(8, 4);
   auto val = sequential_loader(8, 4);
-  auto checkpoint = std::make_shared<ModelCheckpoint>(ModelCheckpointOptions{
-      .dirpath = (dir.path / "ckpt").string(), .filename = "{epoch}-{val_loss:.1f}", .monitor = "val_loss",
-      .save_top_k = 2});
+  auto checkpoint = std::make_shared<ModelCheckpoint>(ModelCheckpointOptions{.dirpath = (dir.path / "ckpt").string(),
+                                                                             .filename = "{epoch}-{val_loss:.1f}",
+                                                                             .monitor = "val_loss",
+                                                                             .save_top_k = 2});
   auto options = quiet(dir.str());
   options.max_epochs = 6;
   options.callbacks = {checkpoint};
@@ -443,7 +443,12 @@ TEST(TrainerLoop, BadOptionsAreConfigErrors) {
   };
   expect_error([](TrainerOptions& o) { o.strategy = "fsdp"; }, "known strategies: auto, ddp, single_device");
   expect_error([](TrainerOptions& o) { o.precision = "8"; }, "precision '8' is not known; accepted: 32-true");
-  expect_error([](TrainerOptions& o) { o.devices = 2; o.strategy = "single_device"; }, "one device");
+  expect_error(
+      [](TrainerOptions& o) {
+        o.devices = 2;
+        o.strategy = "single_device";
+      },
+      "one device");
   expect_error([](TrainerOptions& o) { o.accumulate_grad_batches = 0; }, "accumulate_grad_batches=0");
   expect_error([](TrainerOptions& o) { o.gradient_clip_algorithm = "max"; }, "known: norm, value");
   expect_error([](TrainerOptions& o) { o.limit_train_batches = 1.5; }, "limit_train_batches=1.5");

@@ -88,10 +88,10 @@ TEST(TrainerOptionsCommandLine, FillsOptionsAndSections) {
   TempDir dir;
   const std::string config = (dir.path / "run.json").string();
   std::ofstream(config) << R"({"trainer": {"max_epochs": 9, "precision": 32}, "model": {"hidden": 16}})";
-  auto cli = parse({"--config", config, "--trainer.max_epochs=3", "--trainer.accelerator", "xpu",
-                    "--trainer.devices=0,1", "--trainer.limit_train_batches=0.5", "--trainer.limit_val_batches=2",
-                    "--trainer.gradient_clip_val=null", "--trainer.seed=5", "--trainer.enable_progress_bar=false",
-                    "--model.lr=0.01", "--model.name=cnn"});
+  auto cli =
+      parse({"--config", config, "--trainer.max_epochs=3", "--trainer.accelerator", "xpu", "--trainer.devices=0,1",
+             "--trainer.limit_train_batches=0.5", "--trainer.limit_val_batches=2", "--trainer.gradient_clip_val=null",
+             "--trainer.seed=5", "--trainer.enable_progress_bar=false", "--model.lr=0.01", "--model.name=cnn"});
   EXPECT_EQ(cli.trainer.max_epochs, 3);  // later arguments win over the config file
   EXPECT_EQ(cli.trainer.precision, "32");
   EXPECT_EQ(cli.trainer.accelerator, "xpu");

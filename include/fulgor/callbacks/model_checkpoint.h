@@ -49,8 +49,7 @@ class ModelCheckpoint : public Callback {
   nlohmann::json state_dict() const override;
   void load_state_dict(const nlohmann::json& state) override;
   void setup(Trainer& trainer, ModuleBase& module, const std::string& stage) override;
-  void on_train_batch_end(Trainer& trainer, ModuleBase& module, const torch::Tensor& loss,
-                          int64_t batch_idx) override;
+  void on_train_batch_end(Trainer& trainer, ModuleBase& module, const torch::Tensor& loss, int64_t batch_idx) override;
   void on_train_epoch_end(Trainer& trainer, ModuleBase& module) override;
 
   const std::string& dirpath() const { return dirpath_; }

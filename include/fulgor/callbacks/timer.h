@@ -25,8 +25,7 @@ class Timer : public Callback {
   void load_state_dict(const nlohmann::json& state) override;
   void on_train_start(Trainer& trainer, ModuleBase& module) override;
   void on_train_end(Trainer& trainer, ModuleBase& module) override;
-  void on_train_batch_end(Trainer& trainer, ModuleBase& module, const torch::Tensor& loss,
-                          int64_t batch_idx) override;
+  void on_train_batch_end(Trainer& trainer, ModuleBase& module, const torch::Tensor& loss, int64_t batch_idx) override;
   void on_train_epoch_end(Trainer& trainer, ModuleBase& module) override;
 
   /// Seconds spent training, this run and the runs it resumed.

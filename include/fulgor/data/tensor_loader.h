@@ -43,8 +43,8 @@ class TensorLoader {
   /// A sampler whose order depends on the epoch (a fulgor::EpochSampler, such
   /// as fulgor::DistributedSampler, or LibTorch's DistributedSampler<>) is set
   /// to the loader's epoch as each iteration begins.
-  TensorLoader(torch::Tensor data, torch::Tensor targets,
-               std::unique_ptr<torch::data::samplers::Sampler<>> sampler, TensorLoaderOptions options = {});
+  TensorLoader(torch::Tensor data, torch::Tensor targets, std::unique_ptr<torch::data::samplers::Sampler<>> sampler,
+               TensorLoaderOptions options = {});
 
   /// Batches per epoch.
   int64_t size() const;

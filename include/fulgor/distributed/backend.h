@@ -6,9 +6,9 @@
 // is Python-only), so fulgor keeps one. Accelerator plugins that bring their
 // own collective library declare it here with REGISTER_DISTRIBUTED_BACKEND.
 
+#include <torch/types.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
-#include <torch/types.h>
 
 #include <chrono>
 #include <functional>
@@ -24,8 +24,8 @@ struct DistributedBackendContext {
   c10::intrusive_ptr<c10d::Store> store;  ///< the job's rendezvous store (a c10d::TCPStore)
   int rank = 0;
   int world_size = 1;
-  torch::Device device{torch::kCPU};  ///< the device this rank trains on
-  std::string master_addr;            ///< host of the rendezvous store
+  torch::Device device{torch::kCPU};    ///< the device this rank trains on
+  std::string master_addr;              ///< host of the rendezvous store
   std::chrono::milliseconds timeout{};  ///< for every collective
 };
 
@@ -69,6 +69,6 @@ struct DistributedBackendRegistration {
 ///   REGISTER_DISTRIBUTED_BACKEND("xccl", [](const fulgor::DistributedBackendContext& c) {
 ///     return c10::make_intrusive<c10d::ProcessGroupXCCL>(c.store, c.rank, c.world_size);
 ///   });
-#define REGISTER_DISTRIBUTED_BACKEND(name, factory)                                                    \
-  static const ::fulgor::detail::DistributedBackendRegistration FULGOR_DETAIL_DB_CONCAT(             \
+#define REGISTER_DISTRIBUTED_BACKEND(name, factory)                                      \
+  static const ::fulgor::detail::DistributedBackendRegistration FULGOR_DETAIL_DB_CONCAT( \
       fulgor_distributed_backend_at_load_, __COUNTER__)(name, ::fulgor::DistributedBackendFactory(factory))

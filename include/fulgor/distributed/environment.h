@@ -16,11 +16,11 @@ namespace fulgor {
 ///   - A process started without a launcher is a job of one: rank 0 of 1 on
 ///     node 0, with source "single process".
 struct DistributedEnvironment {
-  int64_t rank = 0;              ///< global rank, 0 .. world_size-1
-  int64_t local_rank = 0;        ///< rank among the processes of this node
-  int64_t world_size = 1;        ///< processes in the job
-  int64_t local_world_size = 1;  ///< processes on this node
-  int64_t node_rank = 0;         ///< index of this node
+  int64_t rank = 0;                       ///< global rank, 0 .. world_size-1
+  int64_t local_rank = 0;                 ///< rank among the processes of this node
+  int64_t world_size = 1;                 ///< processes in the job
+  int64_t local_world_size = 1;           ///< processes on this node
+  int64_t node_rank = 0;                  ///< index of this node
   std::string master_addr = "127.0.0.1";  ///< host of rank 0, which hosts the rendezvous store
   int master_port = 29500;                ///< port of the rendezvous store
   std::string source = "single process";  ///< "torchrun", "slurm" or "single process"

@@ -2,9 +2,9 @@
 
 #include <torch/serialize/archive.h>
 
+#include <c10/util/Optional.h>
 #include <cstddef>
 #include <cstdint>
-#include <c10/util/Optional.h>
 #include <vector>
 
 #include "fulgor/data/epoch_sampler.h"

@@ -73,8 +73,8 @@ class Child {
   /// plus `extra`; stdout and stderr go to `log` (both).
   Child(const std::vector<std::string>& argv, const std::map<std::string, std::string>& extra, const std::string& log)
       : log_(log) {
-    static const char* const launcher_prefixes[] = {"RANK=",        "LOCAL_RANK=", "WORLD_SIZE=", "LOCAL_WORLD_SIZE=",
-                                                    "GROUP_RANK=",  "MASTER_ADDR=", "MASTER_PORT=", "SLURM_"};
+    static const char* const launcher_prefixes[] = {"RANK=",       "LOCAL_RANK=",  "WORLD_SIZE=",  "LOCAL_WORLD_SIZE=",
+                                                    "GROUP_RANK=", "MASTER_ADDR=", "MASTER_PORT=", "SLURM_"};
     std::vector<std::string> env;
     for (char** e = environ; *e != nullptr; ++e) {
       const std::string entry = *e;
@@ -150,10 +150,9 @@ inline bool exited_with(const std::optional<int>& status, int code) {
 
 /// Runs `fulgor-run --nproc-per-node 2 -- worker args...` and returns its
 /// wait status (nullopt when it overran `limit`) and its output.
-inline std::pair<std::optional<int>, std::string> run_two_ranks(const std::string& worker,
-                                                                 const std::vector<std::string>& worker_args,
-                                                                 const std::string& log,
-                                                                 std::chrono::seconds limit = std::chrono::seconds(120)) {
+inline std::pair<std::optional<int>, std::string> run_two_ranks(
+    const std::string& worker, const std::vector<std::string>& worker_args, const std::string& log,
+    std::chrono::seconds limit = std::chrono::seconds(120)) {
   std::vector<std::string> argv = {FULGOR_RUN_PATH, "--nproc-per-node", "2", "--", worker};
   argv.insert(argv.end(), worker_args.begin(), worker_args.end());
   Child launcher(argv, {}, log);
@@ -162,9 +161,9 @@ inline std::pair<std::optional<int>, std::string> run_two_ranks(const std::strin
 }
 
 /// The same with the distributed layer's worker.
-inline std::pair<std::optional<int>, std::string> run_two_ranks(const std::vector<std::string>& worker_args,
-                                                                 const std::string& log,
-                                                                 std::chrono::seconds limit = std::chrono::seconds(120)) {
+inline std::pair<std::optional<int>, std::string> run_two_ranks(
+    const std::vector<std::string>& worker_args, const std::string& log,
+    std::chrono::seconds limit = std::chrono::seconds(120)) {
   return run_two_ranks(FULGOR_DISTRIBUTED_WORKER, worker_args, log, limit);
 }
 

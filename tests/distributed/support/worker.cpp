@@ -29,7 +29,9 @@ using fulgor::test::kGlobalBatch;
 struct Context {
   fulgor::DistributedEnvironment env;
   std::string out;
-  std::string file(const std::string& name) const { return out + "/" + name + "_rank" + std::to_string(env.rank) + ".pt"; }
+  std::string file(const std::string& name) const {
+    return out + "/" + name + "_rank" + std::to_string(env.rank) + ".pt";
+  }
 };
 
 fulgor::ProcessGroup make_group(const Context& c, std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
