@@ -180,6 +180,12 @@ struct TrainerState final : MetricSink {
 
   // Progress.
   int64_t epoch = 0, global_step = 0, batches_in_epoch = 0, total_train_batches = 0;
+  // Note [Logged steps]
+  // The step loggers label values with is Lightning's: the optimizer steps
+  // taken before the training batch that logged them, so a batch's step
+  // values and a validation run after it share one label (49 for the 50th
+  // step's batch), and epoch-end values carry global_step.
+  int64_t log_step = 0;
   bool epoch_finished = false;
   std::optional<int64_t> train_batches;
   int64_t max_epochs = -1;
@@ -252,7 +258,7 @@ struct TrainerState final : MetricSink {
     if (metrics.empty()) return;
     for (const auto& [k, v] : metrics) logged_metrics[k] = v;
     metrics["epoch"] = static_cast<double>(epoch);
-    for (auto& logger : loggers) logger->log_metrics(metrics, global_step);
+    for (auto& logger : loggers) logger->log_metrics(metrics, log_step);  // Note [Logged steps]
   }
 
   void record_now(const std::map<std::string, double>& metrics, bool prog_bar, bool logger) {
@@ -479,7 +485,7 @@ struct TrainerState final : MetricSink {
     precision.load(ckpt.archive, ckpt.path);
     const auto& loop_state = meta.at("loop");
     epoch = loop_state.at("epoch").get<int64_t>();
-    global_step = loop_state.at("global_step").get<int64_t>();
+    global_step = log_step = loop_state.at("global_step").get<int64_t>();
     batches_in_epoch = loop_state.at("batches_in_epoch").get<int64_t>();
     epoch_finished = loop_state.at("epoch_finished").get<bool>();
     total_train_batches = loop_state.at("total_train_batches").get<int64_t>();
@@ -733,7 +739,7 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
       if (sc.scheduler->needs_metric() && sc.monitor.empty())
         throw ConfigError("configure_optimizers returned a scheduler that needs a metric, without `monitor`");
     }
-    s.epoch = s.global_step = s.batches_in_epoch = s.total_train_batches = 0;
+    s.epoch = s.global_step = s.log_step = s.batches_in_epoch = s.total_train_batches = 0;
     s.epoch_finished = false;
     s.rng_epoch_start = torch::Tensor();
     if (ckpt) s.restore(*ckpt);
@@ -919,6 +925,7 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
         s.step_log_due = true;
 
         if (validation_due(s.batches_in_epoch, false)) s.validation_run(*val_runner, val_limit);
+        s.log_step = s.global_step;
         if (int sig = s.agree_on_stop(detail::SignalTrap::pending())) {
           result.reason = StopReason::signal;
           result.message = fmt::format("stopped by signal {} ({})", sig, sig == SIGINT ? "SIGINT" : "SIGTERM");
@@ -941,6 +948,7 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
       if (stopped) break;
       if (window > 0 && s.ddp) s.ddp->reduce_gradients();
       if (window > 0) s.optimizer_step();
+      s.log_step = s.global_step;
       const bool complete = !broke_early;
       if (complete && validation_due(s.batches_in_epoch, true)) s.validation_run(*val_runner, val_limit);
       s.loop = "train";

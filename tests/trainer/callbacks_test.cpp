@@ -49,8 +49,12 @@ TEST(Loggers, CsvAndJsonLinesWriteVersionedRuns) {
   EXPECT_EQ(nlohmann::json::parse(hparams).at("run"), 1);
   auto jsonl = lines_of(dir.path / "jsonl" / "version_1" / "metrics.jsonl");
   ASSERT_EQ(jsonl.size(), 6u);
+  // Lightning's labels: the steps taken before the batch that logged; each
+  // epoch's validation runs after its last batch and shares its label.
+  std::vector<int64_t> steps;
+  for (const auto& line : jsonl) steps.push_back(nlohmann::json::parse(line).at("step"));
+  EXPECT_EQ(steps, (std::vector<int64_t>{1, 3, 3, 5, 7, 7}));
   auto last = nlohmann::json::parse(jsonl.back());
-  EXPECT_EQ(last.at("step"), 8);
   EXPECT_EQ(last.at("epoch"), 1);
   EXPECT_TRUE(last.contains("val_loss"));
 }
@@ -128,6 +132,7 @@ TEST(Loggers, StepValuesAreDueEveryLogEveryNStepsOptimizerSteps) {
   std::vector<double> batch_losses;
   auto hooks = std::make_shared<Hooks>();
   hooks->batch_end = [&](Trainer& t, int64_t) { batch_losses.push_back(t.callback_metrics().at("train_loss")); };
+  hooks->epoch_end = [](Trainer& t) { t.log_metrics({{"at_epoch_end", 1.0}}); };
   auto logger = std::make_shared<RecordingLogger>();
   auto options = quiet(dir, 1, {hooks, std::make_shared<LearningRateMonitor>(Interval::step)});
   options.loggers = {logger};
@@ -137,16 +142,19 @@ TEST(Loggers, StepValuesAreDueEveryLogEveryNStepsOptimizerSteps) {
   trainer.fit(model, train);
   ASSERT_EQ(trainer.global_step(), 4);
   ASSERT_EQ(batch_losses.size(), 8u);
-  // Batches 3 and 7 take steps 2 and 4; the loggers get them after their steps.
+  // Batches 3 and 7 take steps 2 and 4, labelled as in Lightning with the
+  // steps taken before them.
   const auto losses = logger->series("train_loss");
   ASSERT_EQ(losses.size(), 2u);
-  EXPECT_EQ(losses[0], std::make_pair(int64_t{2}, batch_losses[3]));
-  EXPECT_EQ(losses[1], std::make_pair(int64_t{4}, batch_losses[7]));
+  EXPECT_EQ(losses[0], std::make_pair(int64_t{1}, batch_losses[3]));
+  EXPECT_EQ(losses[1], std::make_pair(int64_t{3}, batch_losses[7]));
   // The monitor logs as those batches begin: the rates steps 2 and 4 use.
   const auto rates = logger->series("lr-SGD");
   ASSERT_EQ(rates.size(), 2u);
   EXPECT_EQ(rates[0], std::make_pair(int64_t{1}, 0.4 * 0.5));
   EXPECT_EQ(rates[1], std::make_pair(int64_t{3}, 0.4 * 0.125));
+  // Values logged at the epoch's end carry the global step.
+  EXPECT_EQ(logger->series("at_epoch_end"), (std::vector<std::pair<int64_t, double>>{{4, 1.0}}));
 }
 
 TEST(Callbacks, LearningRateMonitorLogsOncePerEpochWhenAskedTo) {
