@@ -181,10 +181,10 @@ struct TrainerState final : MetricSink {
   // Progress.
   int64_t epoch = 0, global_step = 0, batches_in_epoch = 0, total_train_batches = 0;
   // Note [Logged steps]
-  // The step loggers label values with is Lightning's: the optimizer steps
-  // taken before the training batch that logged them, so a batch's step
-  // values and a validation run after it share one label (49 for the 50th
-  // step's batch), and epoch-end values carry global_step.
+  // Loggers label values with Lightning's step: the optimizer steps taken
+  // before the training batch that logged them, so a batch's step values and
+  // a validation run after it share one label (49 for the 50th step's batch),
+  // and epoch-end values carry global_step.
   int64_t log_step = 0;
   bool epoch_finished = false;
   std::optional<int64_t> train_batches;
