@@ -1,16 +1,18 @@
 #pragma once
 
 // A small side-by-side benchmark harness: runs the variants of a measurement
-// interleaved (a, b, a, b, ...) so that drifts of a noisy machine hit them
-// alike, and reports medians.
+// interleaved so that drifts of a noisy machine hit them alike, and reports
+// medians.
 
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <functional>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace fulgor::bench {
@@ -27,14 +29,30 @@ inline double median(std::vector<double> values) {
   return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
 }
 
-/// Runs every variant `repeats` times, interleaved (a, b, a, b, ...), after
-/// one warm-up round; returns each variant's times in seconds, in run order.
+/// A 95% confidence interval for the median of the distribution `values` are
+/// drawn from: the order statistics n/2 -/+ 0.98 sqrt(n), which holds whatever
+/// that distribution is (the binomial's normal approximation; n >= 10 or so).
+inline std::pair<double, double> median_interval(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const double n = static_cast<double>(values.size()), half_width = 0.98 * std::sqrt(n);
+  const auto rank = [&](double r) { return static_cast<size_t>(std::clamp(r, 1.0, n)) - 1; };
+  return {values[rank(std::floor(n / 2 - half_width))], values[rank(std::ceil(n / 2 + 1 + half_width))]};
+}
+
+/// Runs every variant `repeats` times, interleaved, after one warm-up round;
+/// returns each variant's times in seconds, round by round. The order turns
+/// round about (a, b, b, a, a, b, ...) so that whatever favours the first or
+/// the second run of a round favours each variant alike.
 inline std::vector<std::vector<double>> interleaved_times(const std::vector<std::function<void()>>& variants,
                                                           int repeats) {
   for (const auto& v : variants) v();
-  std::vector<std::vector<double>> times(variants.size());
+  const size_t n = variants.size();
+  std::vector<std::vector<double>> times(n);
   for (int r = 0; r < repeats; ++r)
-    for (size_t i = 0; i < variants.size(); ++i) times[i].push_back(seconds_of(variants[i]));
+    for (size_t k = 0; k < n; ++k) {
+      const size_t i = r % 2 ? n - 1 - k : k;
+      times[i].push_back(seconds_of(variants[i]));
+    }
   return times;
 }
 

@@ -4,12 +4,23 @@
 // fulgor's own work per step is (fulgor - raw) / steps.
 //
 // Note [Paired runs]
-// On a shared machine the same run's time varies by 20% or more from one run
-// to the next, in spells longer than a run. Each hand-written run and the
-// Trainer run right after it form a pair, and the figures are medians over
-// pairs of the pair's ratio and difference: a spell that slows a pair slows
-// both its runs, where the difference of the two sides' separate medians
-// would take its two terms from different spells.
+// On a shared machine one run's time differs from the next one's by several
+// percent either way, and by about as much for a run of 10 steps as for one of
+// 300: the noise comes with the run and does not average out over its steps.
+// Each hand-written run and the Trainer run next to it form a pair (the
+// Trainer's run second in one pair, first in the next), and the figures are
+// medians over many pairs of the pair's ratio and difference, printed with a
+// 95% confidence interval. Runs are kept short so that many pairs fit in a
+// few minutes: 300 steps for the small models (long enough that the Trainer's
+// set-up, some 30 us per fit, adds about 0.1 us per step), 10 for the CNN.
+//
+// Note [Page faults]
+// glibc gives freed memory back to the kernel and faults it in again at a
+// cadence that depends on the heap's history: in one process the hand-written
+// CNN loop took about 1,000 page faults per step (a third of its time in the
+// kernel) in its first measured run and about 10 in the next. Each measuring
+// process fixes malloc's mmap and trim thresholds, as is common advice for
+// LibTorch on the CPU, so that neither side pays for the other's history.
 //
 // Note [Several processes]
 // Where code and heap blocks happen to lie in one process shifts both sides'
@@ -20,6 +31,7 @@
 // removes. So every model is measured in several fresh processes (new
 // address-space layout, new heap) and the pairs of all of them pooled.
 
+#include <malloc.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -60,10 +72,14 @@ struct Measured {
   }
 };
 
-// 300 steps per run (3 epochs), the CNN 100 (2 epochs, about a second), so
-// that it too gets enough pairs in a few minutes.
-int64_t samples_for(const ModelSpec& spec, bool quick) { return quick ? 640 : spec.key == "cnn" ? 1600 : 3200; }
-int64_t epochs_for(const ModelSpec& spec, bool quick) { return quick ? 1 : spec.key == "cnn" ? 2 : 3; }
+// Note [Paired runs]: 300 steps per run for the small models (3 epochs), 10
+// for the CNN (one epoch, a tenth of a second).
+int64_t samples_for(const ModelSpec& spec, bool quick) { return quick ? 640 : spec.key == "cnn" ? 320 : 3200; }
+int64_t epochs_for(const ModelSpec& spec, bool quick) { return quick ? 1 : spec.key == "cnn" ? 1 : 3; }
+// Pairs per process: about 200 in all for the CNN, 280 for the others.
+int pairs_for(const ModelSpec& spec, const Settings& settings) {
+  return settings.quick ? settings.repeats : spec.key == "cnn" ? 6 * settings.repeats : 8 * settings.repeats;
+}
 
 // `repeats` pairs of runs, in this process.
 Measured measure(const ModelSpec& spec, const Variant& variant, int repeats, bool quick) {
@@ -113,6 +129,9 @@ Measured measure_in_child(const ModelSpec& spec, size_t variant, int repeats, bo
 }  // namespace
 
 int overhead_child(const std::string& model, size_t variant, int repeats, bool quick) {
+  // Note [Page faults]
+  ::mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  ::mallopt(M_TRIM_THRESHOLD, 256 << 20);
   const Measured m = measure(model_named(model), variants().at(variant), repeats, quick);
   std::printf("%d %zu\n", m.same ? 1 : 0, m.raw.size());
   for (size_t i = 0; i < m.raw.size(); ++i) std::printf("%.9f %.9f\n", m.raw[i], m.fulgor[i]);
@@ -126,7 +145,7 @@ void overhead_benchmark(Report& report, const Settings& settings) {
     if (quick && cnn) continue;
     const int64_t steps = epochs_for(spec, quick) * (samples_for(spec, quick) / kBatch);
     const int processes = quick ? 1 : settings.processes;
-    const int repeats = cnn && !quick ? 3 : 2 * settings.repeats;
+    const int repeats = pairs_for(spec, settings);
     for (size_t v = 0; v < variants().size(); ++v) {
       const Variant& variant = variants()[v];
       if (quick && variant.checkpoint) continue;
@@ -139,9 +158,12 @@ void overhead_benchmark(Report& report, const Settings& settings) {
         own_us.push_back((m.fulgor[i] - m.raw[i]) / steps * 1e6);
       }
       const double ratio = median(ratios), own = median(own_us);
+      const auto [ratio_low, ratio_high] = median_interval(ratios);
+      const auto [own_low, own_high] = median_interval(own_us);
       report.row({"overhead", spec.name + ", " + variant.name,
                   fmt::format("{:.1f} us/step", median(m.fulgor) / steps * 1e6),
-                  fmt::format("{:.3f}x, {:+.1f} us/step{}", ratio, own, m.same ? "" : " (results differ!)")});
+                  fmt::format("{:.3f}x [{:.3f}, {:.3f}], {:+.1f} us/step [{:+.1f}, {:+.1f}]{}", ratio, ratio_low,
+                              ratio_high, own, own_low, own_high, m.same ? "" : " (results differ!)")});
       if (variant.name == "barebones") {
         report.figures["overhead_ratio_" + spec.key] = ratio;
         if (spec.key == "linear") report.figures["overhead_us_tiny_barebones"] = own;
