@@ -287,7 +287,7 @@ TEST(TrainerLoop, LogDefaultsAndBatchSizeWeightedEpochMeans) {
 TEST(TrainerLoop, SchedulersStepOnTheirInterval) {
   TempDir dir;
   auto train = sequential_loader(16, 4);  // 4 batches
-  auto lr_after = [&](Interval interval, int64_t frequency, int64_t epochs) {
+  auto lr_after = [&](Interval interval, int64_t frequency, int64_t epochs, int64_t accumulate = 1) {
     TinyNet model;
     model.make_optimizers = [=](TinyNet& m) {
       auto sgd = std::make_shared<torch::optim::SGD>(m.parameters(), torch::optim::SGDOptions(0.1));
@@ -296,6 +296,7 @@ TEST(TrainerLoop, SchedulersStepOnTheirInterval) {
     };
     auto options = quiet(dir.str());
     options.max_epochs = epochs;
+    options.accumulate_grad_batches = accumulate;
     Trainer trainer(options);
     trainer.fit(model, train);
     return trainer.optimizers().front()->param_groups().front().options().get_lr();
@@ -304,6 +305,10 @@ TEST(TrainerLoop, SchedulersStepOnTheirInterval) {
   EXPECT_DOUBLE_EQ(lr_after(Interval::epoch, 1, 1), 0.05);
   EXPECT_DOUBLE_EQ(lr_after(Interval::epoch, 2, 3), 0.05);
   EXPECT_DOUBLE_EQ(lr_after(Interval::step, 2, 1), 0.025);
+  // A step scheduler's frequency counts optimizer steps, across epochs (12
+  // steps: 3, 6, 9, 12) and with accumulation (2 steps: the second).
+  EXPECT_DOUBLE_EQ(lr_after(Interval::step, 3, 3), 0.1 * std::pow(0.5, 4));
+  EXPECT_DOUBLE_EQ(lr_after(Interval::step, 2, 1, 2), 0.05);
 }
 
 TEST(TrainerLoop, PlateauSchedulerReadsTheMonitoredMetric) {
