@@ -184,8 +184,11 @@ struct TrainerState final : MetricSink {
   // Loggers label values with Lightning's step: the optimizer steps taken
   // before the training batch that logged them, so a batch's step values and
   // a validation run after it share one label (49 for the 50th step's batch),
-  // and epoch-end values carry global_step.
-  int64_t log_step = 0;
+  // and epoch-end values carry global_step. Step values of validation_step and
+  // test_step carry instead the number of evaluation batches run before
+  // theirs in this fit, validate or test call (the sanity check's not
+  // counted), and no epoch, as Lightning's do.
+  int64_t log_step = 0, eval_log_step = 0;
   bool epoch_finished = false;
   std::optional<int64_t> train_batches;
   int64_t max_epochs = -1;
@@ -254,11 +257,12 @@ struct TrainerState final : MetricSink {
     }
   }
 
-  void send_to_loggers(std::map<std::string, double> metrics) {
+  // Note [Logged steps]: an evaluation batch's values come with their own step.
+  void send_to_loggers(std::map<std::string, double> metrics, std::optional<int64_t> eval_step = std::nullopt) {
     if (metrics.empty()) return;
     for (const auto& [k, v] : metrics) logged_metrics[k] = v;
-    metrics["epoch"] = static_cast<double>(epoch);
-    for (auto& logger : loggers) logger->log_metrics(metrics, log_step);  // Note [Logged steps]
+    if (!eval_step) metrics["epoch"] = static_cast<double>(epoch);
+    for (auto& logger : loggers) logger->log_metrics(metrics, eval_step.value_or(log_step));
   }
 
   void record_now(const std::map<std::string, double>& metrics, bool prog_bar, bool logger) {
@@ -272,8 +276,10 @@ struct TrainerState final : MetricSink {
   // Sends the step values logged in the last batch (only a batch whose step
   // log was due records them).
   void flush_step_logs() {
+    std::optional<int64_t> eval_step;  // Note [Logged steps]
+    if (context == LogContext::eval_step && !sanity) eval_step = eval_log_step++;
     if (pending_step.empty()) return;
-    send_to_loggers(pending_step);
+    send_to_loggers(pending_step, eval_step);
     pending_step.clear();
   }
 
@@ -320,6 +326,7 @@ struct TrainerState final : MetricSink {
     precision.setup(options.precision, *accelerator);
     device = devices.front();
     stage = name;
+    eval_log_step = 0;
     should_stop = false;
     stop_reason.clear();
     callback_metrics.clear();

@@ -396,6 +396,42 @@ TEST(TrainerLoop, AStopAskedForBeforeMinEpochsWaitsForThem) {
   EXPECT_EQ(logged_steps, (std::vector<int64_t>{2, 3, 4, 5, 6, 7}));
 }
 
+// Step values logged in validation_step and test_step carry the number of
+// evaluation batches before theirs in the fit or test call (the sanity
+// check's not counted) and no epoch, as in Lightning; epoch-end values keep
+// the training step.
+TEST(TrainerLoop, EvaluationStepValuesCarryTheirOwnBatchCount) {
+  struct EvalSteps : TinyNet {
+    void validation_step(torch::data::Example<> batch, int64_t i) override {
+      log("val_idx", static_cast<double>(i), {.on_step = true, .on_epoch = false});
+      TinyNet::validation_step(std::move(batch), i);
+    }
+    void test_step(torch::data::Example<> batch, int64_t i) override {
+      log("test_idx", static_cast<double>(i), {.on_step = true, .on_epoch = false});
+      TinyNet::test_step(std::move(batch), i);
+    }
+  };
+  TempDir dir;
+  EvalSteps model;
+  auto train = sequential_loader(8, 4);  // 2 steps per epoch
+  auto val = sequential_loader(12, 4);   // 3 batches per run
+  auto logger = std::make_shared<RecordingLogger>();
+  auto options = quiet(dir, 2);
+  options.loggers = {logger};
+  options.num_sanity_val_steps = 2;
+  Trainer trainer(options);
+  trainer.fit(model, train, val);
+  using Series = std::vector<std::pair<int64_t, double>>;
+  EXPECT_EQ(logger->series("val_idx"), (Series{{0, 0.0}, {1, 1.0}, {2, 2.0}, {3, 0.0}, {4, 1.0}, {5, 2.0}}));
+  std::vector<int64_t> val_loss_steps;
+  for (const auto& [step, value] : logger->series("val_loss")) val_loss_steps.push_back(step);
+  EXPECT_EQ(val_loss_steps, (std::vector<int64_t>{1, 3}));
+  for (const auto& [step, metrics] : logger->calls)
+    EXPECT_EQ(metrics.count("epoch"), metrics.count("val_idx") ? 0u : 1u) << "step " << step;
+  trainer.test(model, val);
+  EXPECT_EQ(logger->series("test_idx"), (Series{{0, 0.0}, {1, 1.0}, {2, 2.0}}));
+}
+
 TEST(TrainerLoop, SaveTopKKeepsExactlyTheKBestFiles) {
   TempDir dir;
   TinyNet model;
