@@ -391,9 +391,7 @@ TEST(TrainerLoop, AStopAskedForBeforeMinEpochsWaitsForThem) {
   EXPECT_EQ(result.message, "asked once");
   EXPECT_EQ(result.epochs_completed, 2);
   EXPECT_EQ(model.training_steps, 8);
-  std::vector<int64_t> logged_steps;
-  for (const auto& [step, value] : logger->series("train_loss")) logged_steps.push_back(step);
-  EXPECT_EQ(logged_steps, (std::vector<int64_t>{2, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(logger->steps("train_loss"), (std::vector<int64_t>{2, 3, 4, 5, 6, 7}));
 }
 
 // Step values logged in validation_step and test_step carry the number of
@@ -423,9 +421,7 @@ TEST(TrainerLoop, EvaluationStepValuesCarryTheirOwnBatchCount) {
   trainer.fit(model, train, val);
   using Series = std::vector<std::pair<int64_t, double>>;
   EXPECT_EQ(logger->series("val_idx"), (Series{{0, 0.0}, {1, 1.0}, {2, 2.0}, {3, 0.0}, {4, 1.0}, {5, 2.0}}));
-  std::vector<int64_t> val_loss_steps;
-  for (const auto& [step, value] : logger->series("val_loss")) val_loss_steps.push_back(step);
-  EXPECT_EQ(val_loss_steps, (std::vector<int64_t>{1, 3}));
+  EXPECT_EQ(logger->steps("val_loss"), (std::vector<int64_t>{1, 3}));
   for (const auto& [step, metrics] : logger->calls)
     EXPECT_EQ(metrics.count("epoch"), metrics.count("val_idx") ? 0u : 1u) << "step " << step;
   trainer.test(model, val);

@@ -139,6 +139,12 @@ struct RecordingLogger : fulgor::Logger {
       if (auto it = metrics.find(metric); it != metrics.end()) values.emplace_back(step, it->second);
     return values;
   }
+  // The steps of every call that logged `metric`.
+  std::vector<int64_t> steps(const std::string& metric) const {
+    std::vector<int64_t> result;
+    for (const auto& [step, value] : series(metric)) result.push_back(step);
+    return result;
+  }
 };
 
 inline bool same_parameters(torch::nn::Module& a, torch::nn::Module& b) {
