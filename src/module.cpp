@@ -1,6 +1,7 @@
 #include "fulgor/module.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cmath>
 

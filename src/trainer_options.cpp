@@ -1,6 +1,7 @@
 #include "fulgor/trainer_options.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cerrno>
 #include <cmath>
