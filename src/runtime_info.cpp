@@ -1,6 +1,7 @@
 #include "fulgor/runtime_info.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/Version.h>
 #include <dlfcn.h>
 #include <link.h>
 
@@ -29,6 +30,21 @@ std::string classify(const std::string& path) {
   return "unknown";
 }
 
+// The BLAS LibTorch was built with, from its build settings ("BLAS_INFO=mkl"),
+// or "" when they do not say.
+std::string configured_blas() {
+  const std::string config = at::show_config();
+  const std::string key = "BLAS_INFO=";
+  const size_t at = config.find(key);
+  if (at == std::string::npos) return "";
+  const size_t begin = at + key.size();
+  const std::string value = config.substr(begin, config.find_first_of(", \n", begin) - begin);
+  if (value == "mkl") return "MKL";
+  if (value == "open" || value == "openblas") return "OpenBLAS";
+  if (value == "blis") return "BLIS";
+  return value;
+}
+
 }  // namespace
 
 BlasInfo blas_info() {
@@ -42,7 +58,11 @@ BlasInfo blas_info() {
       &found);
   BlasInfo info;
   if (found.empty()) {
-    info.name = "unknown";
+    // No BLAS library of its own is loaded: PyTorch's own builds link MKL
+    // into LibTorch.
+    info.name = configured_blas();
+    info.linked_into_libtorch = !info.name.empty();
+    if (info.name.empty()) info.name = "unknown";
     return info;
   }
   char resolved[PATH_MAX];

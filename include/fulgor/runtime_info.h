@@ -11,6 +11,8 @@ struct BlasInfo {
   std::string name;  ///< "OpenBLAS", "BLIS", "MKL", "ATLAS", "reference BLAS", or "unknown"
   std::string path;  ///< the loaded library, symbolic links resolved; empty when none was found
   int threads = 0;   ///< the library's own thread count when it reports one, else 0
+  /// No BLAS library is loaded: LibTorch has one linked in, named by its build settings.
+  bool linked_into_libtorch = false;
 };
 
 BlasInfo blas_info();

@@ -63,9 +63,12 @@ int main(int argc, char** argv) {
     std::cout << fmt::format("fulgor {} (plugin ABI {}), LibTorch {}\n", fulgor::version(),
                              fulgor::plugin_abi_version(), fulgor::torch_version());
     const fulgor::BlasInfo blas = fulgor::blas_info();
-    std::cout << fmt::format(
-        "BLAS: {}{}{}; LibTorch threads: {}\n", blas.name, blas.path.empty() ? "" : " (" + blas.path + ")",
-        blas.threads > 0 ? fmt::format(", {} threads", blas.threads) : "", fulgor::torch_threads());
+    const std::string where = blas.linked_into_libtorch ? " (linked into LibTorch)"
+                              : blas.path.empty()       ? ""
+                                                        : " (" + blas.path + ")";
+    std::cout << fmt::format("BLAS: {}{}{}; LibTorch threads: {}\n", blas.name, where,
+                             blas.threads > 0 ? fmt::format(", {} threads", blas.threads) : "",
+                             fulgor::torch_threads());
     print_table(registry.describe());
     std::cout << "auto selects: " << registry.resolve("auto") << '\n';
   } catch (const std::exception& e) {

@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <regex>
 
+#include "fulgor/registry.h"
+
 namespace {
 
 struct Outcome {
@@ -32,13 +34,24 @@ TEST(FulgorInfo, ListsVersionsAndTheBuiltIns) {
   EXPECT_EQ(run.status, 0) << run.output;
   EXPECT_TRUE(has_row(run.output, R"(fulgor \d+\.\d+\.\d+ \(plugin ABI \d+\), LibTorch \d+\.\d+)")) << run.output;
   EXPECT_TRUE(has_row(run.output, R"(cpu +yes +1 +gloo +0 )")) << run.output;
-  // LibTorch is linked against a BLAS on every supported system; the line names it.
-  EXPECT_TRUE(has_row(run.output, R"(BLAS: (OpenBLAS|BLIS|MKL|ATLAS|reference BLAS) \(/.+\).*; LibTorch threads: \d+)"))
+  // Every supported LibTorch computes with a BLAS, loaded as a library of its
+  // own (Debian's) or linked into LibTorch (PyTorch's own builds); the line names it.
+  EXPECT_TRUE(has_row(run.output, R"(BLAS: (OpenBLAS|BLIS|MKL|ATLAS|reference BLAS) \((/.+|linked into LibTorch)\).*; )"
+                                  R"(LibTorch threads: \d+)"))
       << run.output;
-  EXPECT_TRUE(has_row(run.output, R"(cuda +no +0 +nccl +400 +this LibTorch was built without CUDA)")) << run.output;
+  // The CUDA row says what this machine has, and "auto" follows it.
+  const auto cuda = fulgor::make_accelerator("cuda");
+  if (cuda->is_available()) {
+    EXPECT_TRUE(has_row(run.output, R"(cuda +yes +[1-9]\d* +nccl +400 )")) << run.output;
+    EXPECT_TRUE(has_row(run.output, "auto selects: cuda")) << run.output;
+  } else {
+    const std::string reason =
+        std::regex_replace(cuda->availability().reason, std::regex(R"([.^$|()\[\]{}*+?\\])"), R"(\$&)");
+    EXPECT_TRUE(has_row(run.output, R"(cuda +no +0 +nccl +400 +)" + reason)) << run.output;
+    EXPECT_TRUE(has_row(run.output, "auto selects: cpu")) << run.output;
+  }
   EXPECT_TRUE(has_row(run.output, R"(xpu +no +0 +xccl +300 )")) << run.output;
   EXPECT_TRUE(has_row(run.output, R"(npu +no +0 +hccl +200 )")) << run.output;
-  EXPECT_TRUE(has_row(run.output, "auto selects: cpu")) << run.output;
 }
 
 TEST(FulgorInfo, ShowsPluginsFromTheCommandLineAndTheEnvironment) {
