@@ -9,6 +9,24 @@
 #include "fulgor/error.h"
 
 namespace fulgor {
+namespace {
+
+// Rows `index` of `source`, gathered straight into pinned memory when `pin`.
+torch::Tensor select_rows(const torch::Tensor& source, const torch::Tensor& index, bool pin) {
+  if (!pin) return source.index_select(0, index);
+  std::vector<int64_t> shape = source.sizes().vec();
+  shape[0] = index.size(0);
+  torch::Tensor out = torch::empty(shape, source.options().pinned_memory(true));
+  return torch::index_select_out(out, source, 0, index);
+}
+
+// Rows [position, position + count) of `source`, in pinned memory when `pin`.
+torch::Tensor slice_rows(const torch::Tensor& source, int64_t position, int64_t count, bool pin) {
+  torch::Tensor rows = source.narrow(0, position, count);
+  return !pin || rows.is_pinned() ? rows : rows.pin_memory();
+}
+
+}  // namespace
 
 TensorLoader::TensorLoader(torch::Tensor data, torch::Tensor targets, TensorLoaderOptions options)
     : TensorLoader(std::move(data), std::move(targets), nullptr, options) {}
@@ -25,6 +43,7 @@ TensorLoader::TensorLoader(torch::Tensor data, torch::Tensor targets,
     throw ConfigError(fmt::format("TensorLoader batch_size={} is not valid: it must be >= 1", options_.batch_size));
   if (sampler_ && options_.shuffle)
     throw ConfigError("TensorLoader takes either shuffle=true or a sampler, not both: the sampler decides the order");
+  if (options_.pin_memory) pin_memory();
 }
 
 int64_t TensorLoader::size() const {
@@ -48,8 +67,17 @@ int64_t TensorLoader::size() const {
 }
 
 void TensorLoader::pin_memory() {
-  data_ = data_.pin_memory();
-  targets_ = targets_.pin_memory();
+  // Asked here rather than at the first batch, so that a LibTorch that cannot
+  // pin says so where pinning was asked for.
+  try {
+    torch::empty({1}, torch::TensorOptions().pinned_memory(true));
+  } catch (const c10::Error& e) {
+    throw ConfigError(
+        fmt::format("TensorLoader pin_memory: this LibTorch cannot pin host memory ({}); pinned "
+                    "batches need a LibTorch with CUDA",
+                    e.what_without_backtrace()));
+  }
+  options_.pin_memory = true;
 }
 
 TensorLoader::Iterator TensorLoader::begin() {
@@ -78,17 +106,18 @@ bool TensorLoader::next_batch(int64_t& position, Batch& batch) {
     if (!indices || indices->empty() || (options_.drop_last && static_cast<int64_t>(indices->size()) < batch_size))
       return false;
     auto index = torch::tensor(std::vector<int64_t>(indices->begin(), indices->end()), torch::kLong);
-    batch = Batch(data_.index_select(0, index), targets_.index_select(0, index));
+    batch = Batch(select_rows(data_, index, options_.pin_memory), select_rows(targets_, index, options_.pin_memory));
     return true;
   }
   const int64_t remaining = dataset_size() - position;
   const int64_t count = std::min(batch_size, remaining);
   if (count <= 0 || (options_.drop_last && count < batch_size)) return false;
+  const bool pin = options_.pin_memory;
   if (order_.defined()) {
     auto index = order_.narrow(0, position, count);
-    batch = Batch(data_.index_select(0, index), targets_.index_select(0, index));
+    batch = Batch(select_rows(data_, index, pin), select_rows(targets_, index, pin));
   } else {
-    batch = Batch(data_.narrow(0, position, count), targets_.narrow(0, position, count));
+    batch = Batch(slice_rows(data_, position, count, pin), slice_rows(targets_, position, count, pin));
   }
   position += count;
   return true;

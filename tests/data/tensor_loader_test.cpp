@@ -159,6 +159,64 @@ TEST(TensorLoader, RejectsBadInput) {
                ConfigError);
 }
 
+// Pinned batches hold what unpinned ones do, in order, shuffled and sampled,
+// and a DevicePrefetcher on CUDA asks its TensorLoader for them.
+TEST(TensorLoader, PinnedBatchesHoldTheSameSamples) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "pinning host memory needs CUDA, which this machine lacks";
+  for (const bool shuffle : {false, true}) {
+    TensorLoaderOptions options;
+    options.batch_size = 4;
+    options.shuffle = shuffle;
+    auto plain = make_loader(10, options);
+    options.pin_memory = true;
+    auto pinned = make_loader(10, options);
+    std::vector<torch::Tensor> expected;
+    for (auto& batch : plain) expected.push_back(batch.data);
+    size_t i = 0;
+    for (auto& batch : pinned) {
+      EXPECT_TRUE(batch.data.is_pinned() && batch.target.is_pinned()) << "batch " << i << " shuffle " << shuffle;
+      ASSERT_LT(i, expected.size());
+      EXPECT_TRUE(torch::equal(batch.data, expected[i++]));
+    }
+    EXPECT_EQ(i, expected.size());
+  }
+  auto sampled = TensorLoader(torch::arange(6, torch::kFloat), torch::arange(6),
+                              std::make_unique<torch::data::samplers::RandomSampler>(6), {.batch_size = 4});
+  sampled.pin_memory();
+  for (auto& batch : sampled)
+    EXPECT_TRUE(batch.data.is_pinned() && torch::equal(batch.data.to(torch::kLong), batch.target));
+
+  auto loader = make_loader(10, {.batch_size = 4, .shuffle = true});
+  auto cuda = make_accelerator("cuda");
+  DevicePrefetcher<TensorLoader> prefetcher(loader, *cuda, torch::Device(torch::kCUDA, 0));
+  std::set<int64_t> seen;
+  for (auto& batch : prefetcher) {
+    EXPECT_TRUE(batch.data.is_cuda());
+    const torch::Tensor ids = batch.target.cpu();
+    for (int64_t j = 0; j < ids.numel(); ++j) seen.insert(ids[j].item<int64_t>());
+  }
+  EXPECT_TRUE(loader.options().pin_memory);
+  EXPECT_EQ(seen.size(), 10u);
+}
+
+TEST(TensorLoader, PinMemoryWhereNothingCanPinSaysSo) {
+  if (torch::cuda::is_available()) GTEST_SKIP() << "CUDA can pin host memory here";
+  try {
+    make_loader(4, {.batch_size = 2, .pin_memory = true});
+    FAIL() << "pin_memory was accepted by a LibTorch that cannot pin";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("TensorLoader pin_memory: this LibTorch cannot pin host memory"),
+              std::string::npos)
+        << e.what();
+  }
+  // A prefetcher on an accelerator without pinned memory asks for none.
+  auto loader = make_loader(4, {.batch_size = 2});
+  auto cpu = make_accelerator("cpu");
+  DevicePrefetcher<TensorLoader> prefetcher(loader, *cpu, torch::Device(torch::kCPU));
+  for (auto& batch : prefetcher) EXPECT_FALSE(batch.data.is_pinned());
+  EXPECT_FALSE(loader.options().pin_memory);
+}
+
 TEST(DevicePrefetcher, HandsOutEveryBatchOnTheDevice) {
   TensorLoaderOptions options;
   options.batch_size = 4;

@@ -14,8 +14,10 @@ namespace fulgor {
 /// data loader) and hands out its batches already on `device`, keeping one
 /// batch in flight: the copy of batch k+1 is issued before batch k is handed
 /// out, so it proceeds while batch k is being computed on devices whose copies
-/// are asynchronous. Copies are non-blocking when the accelerator supports
-/// pinned memory (pin the source, e.g. TensorLoader::pin_memory()).
+/// are asynchronous. Where the accelerator supports pinned memory, copies are
+/// non-blocking, and a loader that can make its batches in pinned memory
+/// (a TensorLoader: pin_memory()) is asked to as iteration begins; other
+/// loaders' batches are pinned one by one before their copy.
 ///
 /// Given to a Trainer, a prefetcher made without an accelerator and device is
 /// bound to the Trainer's when each epoch begins:
@@ -101,11 +103,19 @@ class DevicePrefetcher {
       throw Error(
           "DevicePrefetcher: iterated without an accelerator and device; construct it with them, or give it to a "
           "Trainer, which binds its own");
+    if (accelerator_->supports_pinned_memory()) pin_batches(*loader_, 0);
     return Iterator(this);
   }
   Iterator end() { return Iterator(); }
 
  private:
+  template <typename L>
+  static auto pin_batches(L& loader, int) -> decltype(loader.pin_memory(), void()) {
+    loader.pin_memory();
+  }
+  template <typename L>
+  static void pin_batches(L&, long) {}
+
   Loader* loader_;
   const Accelerator* accelerator_ = nullptr;
   std::optional<torch::Device> device_;

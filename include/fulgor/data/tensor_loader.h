@@ -19,6 +19,13 @@ struct TensorLoaderOptions {
   /// Shuffling draws epoch e's order from a generator seeded with seed + e, so
   /// the order of any epoch can be reproduced (on resume, on every rank).
   uint64_t seed = 0;
+  /// Make every batch in pinned (page-locked) host memory, as PyTorch's
+  /// DataLoader(pin_memory=True) does, so that copying it to an accelerator
+  /// that supports pinned memory can be asynchronous: a shuffled or sampled
+  /// batch is gathered straight into pinned memory, an in-order one is copied
+  /// there (or is a view, where the data set is pinned already). Needs a
+  /// LibTorch that can pin host memory (one with CUDA).
+  bool pin_memory = false;
 };
 
 /// Batches from a data set held in memory as whole tensors: data [N, ...] and
@@ -56,7 +63,8 @@ class TensorLoader {
   void set_epoch(int64_t epoch) { epoch_ = epoch; }
   int64_t epoch() const { return epoch_; }
 
-  /// Pins the host memory of the data set so copies to a device can be asynchronous.
+  /// From the next batch on, makes batches in pinned memory (options.pin_memory).
+  /// A DevicePrefetcher calls it where its accelerator supports pinned memory.
   void pin_memory();
 
   class Iterator {
