@@ -151,6 +151,9 @@ void ModelCheckpoint::save(Trainer& trainer) {
         if (better(worst->second, it->second)) worst = it;
       keep = std::isfinite(*score) && better(*score, worst->second);
     }
+    // Saving is a collective under ddp: save only where every rank would
+    // (ranks that log the metric without sync_dist may disagree).
+    keep = trainer.reduce_boolean_decision(keep);
     if (keep) {
       trainer.save_checkpoint(path);
       best_k_models_[path] = score.value_or(0.0);
@@ -171,7 +174,8 @@ void ModelCheckpoint::save(Trainer& trainer) {
       }
       for (const auto& p : drop) {
         best_k_models_.erase(p);
-        if (p != last_model_path_) {
+        // Rank 0 wrote the files; another rank's paths may name files it keeps.
+        if (p != last_model_path_ && trainer.is_global_zero()) {
           std::error_code ec;
           fs::remove(p, ec);
         }

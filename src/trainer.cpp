@@ -1156,6 +1156,13 @@ int64_t Trainer::global_rank() const { return state_->ddp ? state_->ddp->environ
 int64_t Trainer::world_size() const { return state_->ddp ? state_->ddp->environment().world_size : 1; }
 bool Trainer::is_global_zero() const { return global_rank() == 0; }
 
+bool Trainer::reduce_boolean_decision(bool decision, bool all) {
+  if (!state_->ddp) return decision;
+  // All: no rank says no, so the largest "no" is 0.
+  if (all) return state_->ddp->max_over_ranks(decision ? 0 : 1) == 0;
+  return state_->ddp->max_over_ranks(decision ? 1 : 0) == 1;
+}
+
 std::string Trainer::default_root_dir() const {
   return state_->options.default_root_dir.empty() ? "." : state_->options.default_root_dir;
 }

@@ -357,6 +357,12 @@ class Trainer {
   int64_t global_rank() const;
   int64_t world_size() const;
   bool is_global_zero() const;
+  /// Under strategy "ddp", whether `decision` holds on every rank (all) or on
+  /// any rank (!all); elsewhere `decision`. For callbacks whose decision leads
+  /// to a collective, such as saving a checkpoint: every rank must call it at
+  /// the same point, and then acts on the same answer (Lightning's
+  /// strategy.reduce_boolean_decision).
+  bool reduce_boolean_decision(bool decision, bool all = true);
   /// default_root_dir, or "." when empty.
   std::string default_root_dir() const;
   /// Where checkpoints go: the ModelCheckpoint's dirpath, else default_root_dir/checkpoints.

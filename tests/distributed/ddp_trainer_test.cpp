@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 
 #include "support/ddp_trainer_scenario.h"
 #include "support/spawn.h"
@@ -152,6 +153,22 @@ TEST(DdpTrainer, OnlyRankZeroWritesFilesAndPrints) {
   EXPECT_NE(log0.find("Total params"), std::string::npos) << "rank 0 printed no model summary: " << log0;
   EXPECT_EQ(log1.find("Epoch"), std::string::npos) << "rank 1 showed progress: " << log1;
   EXPECT_EQ(log1.find("Total params"), std::string::npos) << "rank 1 printed a model summary: " << log1;
+}
+
+// Ranks that log a monitored metric without sync_dist disagree on whether it
+// improved. A save is a collective, so a rank saving alone would wait at its
+// barrier while the others went on to their next collective (gloo aborts the
+// job); ModelCheckpoint saves only where every rank's values call for it.
+TEST(DdpTrainer, CheckpointSavesAreDecidedTogether) {
+  TempDir dir;
+  auto [status, log] = run_with_fulgor_run({"disagree", dir.str()}, dir / "log");
+  ASSERT_TRUE(exited_with(status, 0)) << log;
+  // Rank 0's metric worsens (0, 1, 2) and rank 1's improves (0, -1, -2): only
+  // the first epoch's save is unanimous.
+  std::set<std::string> files;
+  for (const auto& entry : std::filesystem::directory_iterator(dir / "checkpoints"))
+    files.insert(entry.path().filename().string());
+  EXPECT_EQ(files, (std::set<std::string>{"epoch=0.ckpt"}));
 }
 
 TEST(DdpTrainer, ResumingMidEpochContinuesExactly) {

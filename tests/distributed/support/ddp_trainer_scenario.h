@@ -34,6 +34,9 @@ struct RegressionNet : fulgor::Module {
   std::vector<torch::Tensor> gradients;
   /// Rank 1 sends itself this signal in the training step of batch 2 (0: never).
   int die_signal = 0;
+  /// Logs "disagreeing" without sync_dist: the epoch on rank 0, minus the
+  /// epoch on the others, so the ranks disagree on whether it improved.
+  bool log_disagreeing = false;
 
   explicit RegressionNet(uint64_t seed) { net = register_module("net", make_model(seed)); }
 
@@ -57,6 +60,10 @@ struct RegressionNet : fulgor::Module {
     local.on_step = false;
     local.on_epoch = true;
     log("rank_local", value, local);
+    if (log_disagreeing) {
+      const double epoch = static_cast<double>(trainer().current_epoch());
+      log("disagreeing", trainer().global_rank() == 0 ? epoch : -epoch, local);
+    }
     log("train_loss", loss);
     return loss;
   }

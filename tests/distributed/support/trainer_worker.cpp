@@ -4,12 +4,16 @@
 //   fulgor_ddp_trainer_worker fit OUTDIR EPOCHS ACCUMULATE
 //   fulgor_ddp_trainer_worker resume OUTDIR EPOCHS ACCUMULATE
 //   fulgor_ddp_trainer_worker die OUTDIR kill|stop
+//   fulgor_ddp_trainer_worker disagree OUTDIR
 //
 // "fit" trains the shared model with strategy "ddp" for EPOCHS epochs.
 // "resume" trains until the middle of the second epoch, saves a checkpoint,
 // and fits EPOCHS epochs from it with a new Trainer and a differently
 // initialised model. "die" trains with a ddp_timeout of 10 s; rank 1 kills or
-// stops itself at batch 2. Each rank works in OUTDIR/rankR and writes its
+// stops itself at batch 2. "disagree" trains 3 epochs with a ddp_timeout of
+// 10 s, both ranks in OUTDIR, keeping the best checkpoint by a metric the
+// ranks log unsynchronized (RegressionNet::log_disagreeing) in
+// OUTDIR/checkpoints. Otherwise each rank works in OUTDIR/rankR and writes its
 // final parameters, the gradients it held after each backward pass and its
 // metrics to OUTDIR. Exits 0 on success, 3 with the message on a
 // fulgor::Error, 4 on any other exception.
@@ -50,9 +54,11 @@ int main(int argc, char** argv) {
     const auto env = fulgor::detect_distributed_environment();
     rank = env.rank;
     const std::string mode = argc > 1 ? argv[1] : "";
-    if (!((mode == "fit" || mode == "resume") && argc == 5) && !(mode == "die" && argc == 4)) {
+    if (!((mode == "fit" || mode == "resume") && argc == 5) && !(mode == "die" && argc == 4) &&
+        !(mode == "disagree" && argc == 3)) {
       std::cerr << "usage: fulgor_ddp_trainer_worker fit|resume OUTDIR EPOCHS ACCUMULATE\n"
-                   "       fulgor_ddp_trainer_worker die OUTDIR kill|stop\n";
+                   "       fulgor_ddp_trainer_worker die OUTDIR kill|stop\n"
+                   "       fulgor_ddp_trainer_worker disagree OUTDIR\n";
       return 2;
     }
     const std::string out = argv[2];
@@ -66,6 +72,21 @@ int main(int argc, char** argv) {
       fulgor::Trainer trainer(options);
       trainer.fit(model, loader);
       std::cerr << "worker rank " << rank << ": the fit ended normally\n";
+      return 0;
+    }
+    if (mode == "disagree") {
+      RegressionNet model(init_seed(env.rank));
+      model.log_disagreeing = true;
+      auto options = ddp_options(out, 3, 1);
+      options.ddp_timeout = 10.0;
+      options.logger = false;
+      fulgor::ModelCheckpointOptions best;
+      best.dirpath = out + "/checkpoints";
+      best.filename = "{epoch}";
+      best.monitor = "disagreeing";
+      options.callbacks = {std::make_shared<fulgor::ModelCheckpoint>(best)};
+      fulgor::Trainer trainer(options);
+      trainer.fit(model, loader);
       return 0;
     }
     const int64_t epochs = std::stoll(argv[3]), accumulate = std::stoll(argv[4]);
