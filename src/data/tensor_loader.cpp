@@ -26,6 +26,19 @@ torch::Tensor slice_rows(const torch::Tensor& source, int64_t position, int64_t 
   return !pin || rows.is_pinned() ? rows : rows.pin_memory();
 }
 
+// Throws a ConfigError where this LibTorch cannot pin host memory, so that it
+// says so where pinning is asked for rather than at the first batch.
+void require_pinning() {
+  try {
+    torch::empty({1}, torch::TensorOptions().pinned_memory(true));
+  } catch (const c10::Error& e) {
+    throw ConfigError(
+        fmt::format("TensorLoader pin_memory: this LibTorch cannot pin host memory ({}); pinned "
+                    "batches need a LibTorch with CUDA",
+                    e.what_without_backtrace()));
+  }
+}
+
 }  // namespace
 
 TensorLoader::TensorLoader(torch::Tensor data, torch::Tensor targets, TensorLoaderOptions options)
@@ -43,7 +56,7 @@ TensorLoader::TensorLoader(torch::Tensor data, torch::Tensor targets,
     throw ConfigError(fmt::format("TensorLoader batch_size={} is not valid: it must be >= 1", options_.batch_size));
   if (sampler_ && options_.shuffle)
     throw ConfigError("TensorLoader takes either shuffle=true or a sampler, not both: the sampler decides the order");
-  if (options_.pin_memory) pin_memory();
+  if (options_.pin_memory) require_pinning();
 }
 
 int64_t TensorLoader::size() const {
@@ -67,16 +80,9 @@ int64_t TensorLoader::size() const {
 }
 
 void TensorLoader::pin_memory() {
-  // Asked here rather than at the first batch, so that a LibTorch that cannot
-  // pin says so where pinning was asked for.
-  try {
-    torch::empty({1}, torch::TensorOptions().pinned_memory(true));
-  } catch (const c10::Error& e) {
-    throw ConfigError(
-        fmt::format("TensorLoader pin_memory: this LibTorch cannot pin host memory ({}); pinned "
-                    "batches need a LibTorch with CUDA",
-                    e.what_without_backtrace()));
-  }
+  // A DevicePrefetcher asks again as each epoch begins.
+  if (options_.pin_memory) return;
+  require_pinning();
   options_.pin_memory = true;
 }
 
@@ -101,18 +107,18 @@ TensorLoader::Iterator TensorLoader::begin() {
 
 bool TensorLoader::next_batch(int64_t& position, Batch& batch) {
   const int64_t batch_size = options_.batch_size;
+  const bool pin = options_.pin_memory;
   if (sampler_) {
     auto indices = sampler_->next(static_cast<size_t>(batch_size));
     if (!indices || indices->empty() || (options_.drop_last && static_cast<int64_t>(indices->size()) < batch_size))
       return false;
     auto index = torch::tensor(std::vector<int64_t>(indices->begin(), indices->end()), torch::kLong);
-    batch = Batch(select_rows(data_, index, options_.pin_memory), select_rows(targets_, index, options_.pin_memory));
+    batch = Batch(select_rows(data_, index, pin), select_rows(targets_, index, pin));
     return true;
   }
   const int64_t remaining = dataset_size() - position;
   const int64_t count = std::min(batch_size, remaining);
   if (count <= 0 || (options_.drop_last && count < batch_size)) return false;
-  const bool pin = options_.pin_memory;
   if (order_.defined()) {
     auto index = order_.narrow(0, position, count);
     batch = Batch(select_rows(data_, index, pin), select_rows(targets_, index, pin));
