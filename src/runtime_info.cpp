@@ -35,9 +35,9 @@ std::string classify(const std::string& path) {
 std::string configured_blas() {
   const std::string config = at::show_config();
   const std::string key = "BLAS_INFO=";
-  const size_t at = config.find(key);
-  if (at == std::string::npos) return "";
-  const size_t begin = at + key.size();
+  const size_t found = config.find(key);
+  if (found == std::string::npos) return "";
+  const size_t begin = found + key.size();
   const std::string value = config.substr(begin, config.find_first_of(", \n", begin) - begin);
   if (value == "mkl") return "MKL";
   if (value == "open" || value == "openblas") return "OpenBLAS";
