@@ -63,16 +63,14 @@ torch::Tensor Precision::convert_input(const torch::Tensor& input) const {
   return input.to(dtype);
 }
 
-AutocastScope::AutocastScope(const Precision& precision, const Accelerator& accelerator) {
-  if (!precision.mixed) return;
+void AutocastScope::enter(const Precision& precision, const Accelerator& accelerator) {
   device_type_ = accelerator.autocast_device_type();
   std::tie(previous_enabled_, previous_dtype_) = detail::compat::set_autocast(device_type_, true, precision.dtype);
   detail::compat::autocast_enter();
   active_ = true;
 }
 
-AutocastScope::~AutocastScope() {
-  if (!active_) return;
+void AutocastScope::exit() {
   detail::compat::autocast_exit();
   detail::compat::set_autocast(device_type_, previous_enabled_, previous_dtype_);
 }

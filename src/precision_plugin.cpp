@@ -13,22 +13,6 @@ void PrecisionPlugin::setup(const std::string& value, const Accelerator& acceler
   if (precision_.needs_grad_scaler() && !scaler_) scaler_.emplace();
 }
 
-torch::Tensor PrecisionPlugin::scale_loss(const torch::Tensor& loss) { return scaler_ ? scaler_->scale(loss) : loss; }
-
-void PrecisionPlugin::unscale(torch::optim::Optimizer& optimizer) {
-  if (scaler_) scaler_->unscale(optimizer);
-}
-
-bool PrecisionPlugin::step(torch::optim::Optimizer& optimizer) {
-  if (scaler_) return scaler_->step(optimizer);
-  optimizer.step();
-  return true;
-}
-
-void PrecisionPlugin::update() {
-  if (scaler_) scaler_->update();
-}
-
 void PrecisionPlugin::save(torch::serialize::OutputArchive& archive) const {
   if (!scaler_) return;
   torch::serialize::OutputArchive scaler_archive;

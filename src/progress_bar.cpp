@@ -43,6 +43,17 @@ void ProgressBar::begin(const std::string& label) {
 }
 
 void ProgressBar::update(Trainer& trainer, int64_t done, std::optional<int64_t> total, bool final) {
+  // Plain lines: every refresh_lines percent of a known length, else every
+  // 50 batches, and no sooner than min_line_interval_ after the last one. The
+  // batch count is checked first, so that batches between lines cost no
+  // clock read (Note [The per-step path] in src/trainer.cpp).
+  const bool known = total && *total > 0;
+  if (!terminal_ && !final) {
+    const bool count_due =
+        known ? refresh_lines_ > 0 && done >= next_line_ + std::max<int64_t>(1, *total * refresh_lines_ / 100)
+              : !total && done % 50 == 0;
+    if (!count_due) return;
+  }
   const auto now = Clock::now();
   const double elapsed = std::chrono::duration<double>(now - start_).count();
   const double rate = elapsed > 0 ? static_cast<double>(done) / elapsed : 0.0;
@@ -51,7 +62,7 @@ void ProgressBar::update(Trainer& trainer, int64_t done, std::optional<int64_t> 
     if (!final && now - last_draw_ < std::chrono::milliseconds(100)) return;
     last_draw_ = now;
     std::string bar;
-    if (total && *total > 0) {
+    if (known) {
       const int width = 25;
       const auto filled = static_cast<int>(width * std::min<int64_t>(done, *total) / *total);
       bar = fmt::format(" [{}{}] {}/{}", std::string(filled, '='), std::string(width - filled, ' '), done, *total);
@@ -65,19 +76,13 @@ void ProgressBar::update(Trainer& trainer, int64_t done, std::optional<int64_t> 
     out() << std::flush;
     return;
   }
-  // Plain lines: every refresh_lines percent of a known length, else every
-  // 50 batches, and no sooner than min_line_interval_ after the last one.
-  bool due = final;
-  if (!due && total && *total > 0 && refresh_lines_ > 0) {
-    const int64_t step = std::max<int64_t>(1, *total * refresh_lines_ / 100);
-    due = done >= next_line_ + step && now - last_draw_ >= min_line_interval_;
-    if (due) next_line_ = done;
-  } else if (!due && !total) {
-    due = done % 50 == 0 && now - last_draw_ >= min_line_interval_;
+  if (!final) {
+    if (now - last_draw_ < min_line_interval_) return;
+    if (known) next_line_ = done;
   }
   // An epoch that stopped right after a line (max_steps, a stop request, a
   // length unknown) would end with the same line again.
-  if (!due || (final && done == last_line_)) return;
+  if (final && done == last_line_) return;
   last_line_ = done;
   last_draw_ = now;
   out() << label_ << (total ? fmt::format(" {}/{}", done, *total) : fmt::format(" {}", done))

@@ -6,14 +6,13 @@
 namespace fulgor::detail {
 namespace {
 
-volatile std::sig_atomic_t g_pending = 0;
 struct sigaction g_previous_int, g_previous_term;
 std::mutex g_mutex;
 int g_depth = 0;
 
 extern "C" void on_signal(int signal) {
-  if (g_pending == 0) {
-    g_pending = signal;
+  if (g_signal_pending == 0) {
+    g_signal_pending = signal;
     return;
   }
   // The default disposition, not the previous one, which may ignore the signal.
@@ -26,7 +25,7 @@ extern "C" void on_signal(int signal) {
 SignalTrap::SignalTrap() {
   std::lock_guard<std::mutex> lock(g_mutex);
   if (g_depth++ > 0) return;
-  g_pending = 0;
+  g_signal_pending = 0;
   struct sigaction action {};
   action.sa_handler = on_signal;
   sigemptyset(&action.sa_mask);
@@ -40,9 +39,7 @@ SignalTrap::~SignalTrap() {
   if (--g_depth > 0) return;
   ::sigaction(SIGINT, &g_previous_int, nullptr);
   ::sigaction(SIGTERM, &g_previous_term, nullptr);
-  g_pending = 0;
+  g_signal_pending = 0;
 }
-
-int SignalTrap::pending() { return g_pending; }
 
 }  // namespace fulgor::detail

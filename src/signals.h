@@ -1,6 +1,12 @@
 #pragma once
 
+#include <csignal>
+
 namespace fulgor::detail {
+
+// The first signal caught since the trap was set, or 0; written by the
+// handler only.
+inline volatile std::sig_atomic_t g_signal_pending = 0;
 
 // Note [Stopping on a signal]
 // While a fit runs, SIGINT and SIGTERM are caught: the first only records the
@@ -15,8 +21,9 @@ class SignalTrap {
   ~SignalTrap();
   SignalTrap(const SignalTrap&) = delete;
   SignalTrap& operator=(const SignalTrap&) = delete;
-  // The first signal caught since the trap was set, or 0.
-  static int pending();
+  // The first signal caught since the trap was set, or 0. Inline: the
+  // training loop asks after every batch (Note [The per-step path]).
+  static int pending() { return g_signal_pending; }
 };
 
 }  // namespace fulgor::detail

@@ -44,12 +44,20 @@ struct Precision {
 /// Restores the previous autocast state on exit.
 class AutocastScope {
  public:
-  AutocastScope(const Precision& precision, const Accelerator& accelerator);
-  ~AutocastScope();
+  // The checks are inline: every training step makes one of these.
+  AutocastScope(const Precision& precision, const Accelerator& accelerator) {
+    if (precision.mixed) enter(precision, accelerator);
+  }
+  ~AutocastScope() {
+    if (active_) exit();
+  }
   AutocastScope(const AutocastScope&) = delete;
   AutocastScope& operator=(const AutocastScope&) = delete;
 
  private:
+  void enter(const Precision& precision, const Accelerator& accelerator);
+  void exit();
+
   bool active_ = false;
   torch::DeviceType device_type_ = torch::kCPU;
   bool previous_enabled_ = false;

@@ -123,7 +123,9 @@ bool TensorLoader::next_batch(int64_t& position, Batch& batch) {
     auto index = order_.narrow(0, position, count);
     batch = Batch(select_rows(data_, index, pin), select_rows(targets_, index, pin));
   } else {
-    batch = Batch(slice_rows(data_, position, count, pin), slice_rows(targets_, position, count, pin));
+    // Field by field: no temporary batch (Note [The per-step path] in src/trainer.cpp).
+    batch.data = slice_rows(data_, position, count, pin);
+    batch.target = slice_rows(targets_, position, count, pin);
   }
   position += count;
   return true;

@@ -117,14 +117,32 @@ class PrecisionPlugin {
   /// The loss scaler; nullptr unless the precision is "16-mixed".
   const GradScaler* scaler() const { return scaler_ ? &*scaler_ : nullptr; }
 
+  // Inline, so that a precision without a scaler adds no calls to the
+  // training step (Note [The per-step path] in src/trainer.cpp).
+
   /// The tensor to call backward on.
-  torch::Tensor scale_loss(const torch::Tensor& loss);
+  torch::Tensor scale_loss(const torch::Tensor& loss) { return scaler_ ? scaler_->scale(loss) : loss; }
+  /// Runs backward from `loss`, scaled.
+  void backward(const torch::Tensor& loss) {
+    if (scaler_)
+      scaler_->scale(loss).backward();
+    else
+      loss.backward();
+  }
   /// Unscales the optimizer's gradients, so that clipping and the optimizer see true values.
-  void unscale(torch::optim::Optimizer& optimizer);
+  void unscale(torch::optim::Optimizer& optimizer) {
+    if (scaler_) scaler_->unscale(optimizer);
+  }
   /// Steps the optimizer unless the scaler found inf/NaN gradients; returns whether it stepped.
-  bool step(torch::optim::Optimizer& optimizer);
+  bool step(torch::optim::Optimizer& optimizer) {
+    if (scaler_) return scaler_->step(optimizer);
+    optimizer.step();
+    return true;
+  }
   /// Adjusts the loss scale once all optimizers have stepped.
-  void update();
+  void update() {
+    if (scaler_) scaler_->update();
+  }
 
   /// Writes the scaler's state into `archive` under "grad_scaler"; nothing without a scaler.
   void save(torch::serialize::OutputArchive& archive) const;
