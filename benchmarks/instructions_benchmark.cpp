@@ -1,20 +1,32 @@
-// Instructions per training step, counted by callgrind: wall time on a busy
-// machine drifts, instruction counts do not. The benchmark starts this program
-// again under `valgrind --tool=callgrind` in a child mode that runs the
-// hand-written loop and the Trainer for two numbers of steps each; callgrind
-// zeroes its counters before and dumps them after each counted run (its
-// --zero-before/--dump-after options, so no valgrind header is needed) and
-// counts only inside it (--toggle-collect: a thread LibTorch starts during the
-// first run would otherwise add its start-up to that run's count). The
-// difference between the two lengths cancels set-up and teardown, leaving the
-// per-step cost.
+// Instructions and cache misses per training step, counted by callgrind:
+// wall time on a busy machine drifts, these counts do not. The benchmark
+// starts this program again under `valgrind --tool=callgrind` in a child mode
+// that runs the hand-written loop and the Trainer for two numbers of steps
+// each; callgrind zeroes its counters before and dumps them after each counted
+// run (its --zero-before/--dump-after options, so no valgrind header is
+// needed) and counts only inside it (--toggle-collect: a thread LibTorch
+// starts during the first run would otherwise add its start-up to that run's
+// count). The difference between the two lengths cancels set-up and teardown,
+// leaving the per-step cost.
+//
+// Note [Simulated caches]
+// A small model's step is bound by fetching LibTorch's code (Note [The
+// per-step path] in src/trainer.cpp), so the Trainer's instructions say little
+// about its time; the cache lines it adds say more. callgrind simulates a
+// first-level instruction cache and a last level, here of fixed sizes so that
+// the counts do not depend on the machine: 32 KiB, 8-way, as most x86 cores
+// have, and 512 KiB, 8-way, standing for one core's second level (AMD Zen 2 to
+// 4). A real cache's replacement and the physical placement of pages differ,
+// so the counts show the direction and size of a change, not a time.
 
 #include <torch/torch.h>
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "benchmarks.h"
@@ -32,14 +44,29 @@ const std::vector<Variant>& counted_variants() {
   return variants;
 }
 
-// The count callgrind wrote into one dump file ("totals: N" or "summary: N").
-uint64_t instructions_in(const std::filesystem::path& dump) {
+struct Counts {
+  double instructions = 0, l1i_misses = 0, last_level_misses = 0;
+};
+
+// The totals callgrind wrote into one dump file, by the names of its "events:" line.
+Counts counts_in(const std::filesystem::path& dump) {
   std::ifstream in(dump);
   std::string line;
-  while (std::getline(in, line))
-    for (const char* key : {"totals: ", "summary: "})
-      if (line.rfind(key, 0) == 0) return std::stoull(line.substr(std::strlen(key)));
-  throw std::runtime_error("no instruction total in " + dump.string());
+  std::vector<std::string> events;
+  while (std::getline(in, line)) {
+    if (line.rfind("events: ", 0) == 0) {
+      std::istringstream names(line.substr(8));
+      for (std::string name; names >> name;) events.push_back(name);
+    }
+    for (const char* key : {"totals: ", "summary: "}) {
+      if (line.rfind(key, 0) != 0) continue;
+      std::istringstream values(line.substr(std::strlen(key)));
+      std::map<std::string, double> total;
+      for (const auto& name : events) values >> total[name];
+      return {total["Ir"], total["I1mr"], total["ILmr"] + total["DLmr"] + total["DLmw"]};
+    }
+  }
+  throw std::runtime_error("no totals in " + dump.string());
 }
 
 }  // namespace
@@ -82,7 +109,8 @@ void instructions_benchmark(Report& report, const Settings&) {
   std::filesystem::create_directories(dir);
   const auto out = dir / "callgrind.out";
   const std::string command = fmt::format(
-      "OMP_NUM_THREADS=1 valgrind --tool=callgrind --zero-before=fulgor_bench_counted_run "
+      "OMP_NUM_THREADS=1 valgrind --tool=callgrind --cache-sim=yes --I1=32768,8,64 --D1=32768,8,64 "
+      "--LL=524288,8,64 --zero-before=fulgor_bench_counted_run "
       "--dump-after=fulgor_bench_counted_run --toggle-collect=fulgor_bench_counted_run "
       "--callgrind-out-file={} /proc/{}/exe --instructions-child "
       ">{} 2>&1",
@@ -94,20 +122,36 @@ void instructions_benchmark(Report& report, const Settings&) {
   // Dumps are numbered in the order the child made them: per length, raw then each variant.
   const size_t per_length = 1 + counted_variants().size();
   auto dump = [&](size_t length, size_t side) {
-    return instructions_in(out.string() + "." + std::to_string(length * per_length + side + 1));
+    return counts_in(out.string() + "." + std::to_string(length * per_length + side + 1));
   };
   auto per_step = [&](size_t side) {
-    return static_cast<double>(dump(1, side) - dump(0, side)) / (kLongSteps - kShortSteps);
+    const Counts short_run = dump(0, side), long_run = dump(1, side);
+    const double steps = kLongSteps - kShortSteps;
+    return Counts{(long_run.instructions - short_run.instructions) / steps,
+                  (long_run.l1i_misses - short_run.l1i_misses) / steps,
+                  (long_run.last_level_misses - short_run.last_level_misses) / steps};
   };
-  const double raw = per_step(0);
-  report.row({"instructions", name + ", hand-written loop", fmt::format("{:.0f} instr/step", raw), ""});
+  // Note [Simulated caches]
+  auto misses = [](const Counts& c) {
+    return fmt::format("{:.0f} L1i, {:.0f} L2 misses/step", c.l1i_misses, c.last_level_misses);
+  };
+  const Counts raw = per_step(0);
+  report.row({"instructions", name + ", hand-written loop", fmt::format("{:.0f} instr/step", raw.instructions), ""});
+  report.row({"caches", name + ", hand-written loop", misses(raw), ""});
   for (size_t i = 0; i < counted_variants().size(); ++i) {
-    const double fulgor = per_step(i + 1);
-    report.row({"instructions", name + ", " + counted_variants()[i].name, fmt::format("{:.0f} instr/step", fulgor),
-                fmt::format("{:.3f}x, {:+.0f} instr/step", fulgor / raw, fulgor - raw)});
-    report.figures["instructions_tiny_own" + std::string(i == 0 ? "_barebones" : "")] = fulgor - raw;
+    const Counts fulgor = per_step(i + 1);
+    const std::string variant = counted_variants()[i].name, suffix = i == 0 ? "_barebones" : "";
+    report.row({"instructions", name + ", " + variant, fmt::format("{:.0f} instr/step", fulgor.instructions),
+                fmt::format("{:.3f}x, {:+.0f} instr/step", fulgor.instructions / raw.instructions,
+                            fulgor.instructions - raw.instructions)});
+    report.row({"caches", name + ", " + variant, misses(fulgor),
+                fmt::format("{:+.0f} L1i, {:+.0f} L2", fulgor.l1i_misses - raw.l1i_misses,
+                            fulgor.last_level_misses - raw.last_level_misses)});
+    report.figures["instructions_tiny_own" + suffix] = fulgor.instructions - raw.instructions;
+    report.figures["l1i_misses_tiny_own" + suffix] = fulgor.l1i_misses - raw.l1i_misses;
+    report.figures["l2_misses_tiny_own" + suffix] = fulgor.last_level_misses - raw.last_level_misses;
   }
-  report.figures["instructions_tiny_raw"] = raw;
+  report.figures["instructions_tiny_raw"] = raw.instructions;
   std::filesystem::remove_all(dir);
 }
 
