@@ -35,24 +35,27 @@ double value_of(const torch::Tensor& t) {
   return t.item<double>();
 }
 
+[[noreturn]] void throw_not_running(std::string_view name, const std::string& module) {
+  throw Error(fmt::format("log('{}', ...) was called on {} while no Trainer loop is running it", name, module));
+}
+
 }  // namespace
 
-void ModuleBase::log(const std::string& name, const torch::Tensor& value, LogOptions options) {
+void ModuleBase::log(std::string_view name, const torch::Tensor& value, const LogOptions& options) {
   if (!value.defined() || value.numel() != 1)
     throw ConfigError(fmt::format(
         "log('{}', ...): expected a tensor with one element, got {}", name,
         value.defined() ? fmt::format("shape [{}]", fmt::join(value.sizes(), ", ")) : "an undefined tensor"));
-  log(name, value_of(value), options);
+  if (sink_ == nullptr) throw_not_running(name, torch::nn::Module::name());
+  sink_->log(name, value_of(value), options);
 }
 
-void ModuleBase::log(const std::string& name, double value, LogOptions options) {
-  if (sink_ == nullptr)
-    throw Error(fmt::format("log('{}', ...) was called on {} while no Trainer loop is running it", name,
-                            torch::nn::Module::name()));
+void ModuleBase::log(std::string_view name, double value, const LogOptions& options) {
+  if (sink_ == nullptr) throw_not_running(name, torch::nn::Module::name());
   sink_->log(name, value, options);
 }
 
-void ModuleBase::log_dict(const std::map<std::string, double>& values, LogOptions options) {
+void ModuleBase::log_dict(const std::map<std::string, double>& values, const LogOptions& options) {
   for (const auto& [name, value] : values) log(name, value, options);
 }
 

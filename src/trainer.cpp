@@ -20,6 +20,7 @@
 #include "fulgor/registry.h"
 #include "fulgor/strategy.h"
 #include "fulgor/version.h"
+#include "metric_table.h"
 #include "signals.h"
 
 // Note [The per-step path]
@@ -223,11 +224,14 @@ struct TrainerState final : MetricSink {
   // Metrics.
   LogContext context = LogContext::none;
   int64_t current_batch_size = -1;
-  std::map<std::string, double> callback_metrics, logged_metrics, progress_bar_metrics, pending_step;
+  // Note [Metric tables]: callback and progress bar values, and the epoch
+  // accumulators, are written at every step; logger values only on due steps.
+  MetricTable<double> callback_metrics, progress_bar_metrics;
+  std::map<std::string, double> logged_metrics, pending_step;
   // Trainer::logs_due; skipping the step values of other batches keeps log()
-  // to a few map updates.
+  // to a few table updates.
   bool step_log_due = true;
-  std::map<std::string, Accumulator> train_accumulators, eval_accumulators;
+  MetricTable<Accumulator> train_accumulators, eval_accumulators;
 
   // ---- Hooks ----------------------------------------------------------------
   template <typename F>
@@ -236,25 +240,25 @@ struct TrainerState final : MetricSink {
   }
 
   // ---- Logging --------------------------------------------------------------
-  void log(const std::string& name, double local_value, const LogOptions& o) override {
+  void log(std::string_view name, double local_value, const LogOptions& o) override {
     // Only a training step logs in a train_step context: the common case
     // needs no string comparison.
     if (sanity || (context != LogContext::train_step && loop == "predict")) return;
     const double value = o.sync_dist && ddp ? ddp->reduce(local_value, o.reduce) : local_value;
     if (context == LogContext::none) {
-      record_now({{name, value}}, o.prog_bar, o.logger);
+      record_now({{std::string(name), value}}, o.prog_bar, o.logger);
       return;
     }
     const bool step_default = context == LogContext::train_step;
     const bool on_step = o.on_step.value_or(step_default), on_epoch = o.on_epoch.value_or(!step_default);
     if (on_step) {
       // name_step beside an epoch value; else the name itself, not a copy.
-      const std::string suffixed = on_epoch ? name + "_step" : std::string();
-      const std::string& step_name = on_epoch ? suffixed : name;
+      const std::string suffixed = on_epoch ? std::string(name) + "_step" : std::string();
+      const std::string_view step_name = on_epoch ? std::string_view(suffixed) : name;
       callback_metrics[step_name] = value;
       if (on_epoch) callback_metrics[name] = value;
       if (o.prog_bar) progress_bar_metrics[step_name] = value;
-      if (o.logger && step_log_due) pending_step[step_name] = value;
+      if (o.logger && step_log_due) pending_step[std::string(step_name)] = value;
     }
     if (on_epoch) {
       auto& acc = (step_default ? train_accumulators : eval_accumulators)[name];
@@ -306,9 +310,9 @@ struct TrainerState final : MetricSink {
     pending_step.clear();
   }
 
-  std::map<std::string, double> aggregate(std::map<std::string, Accumulator>& accumulators) {
+  std::map<std::string, double> aggregate(MetricTable<Accumulator>& accumulators) {
     std::map<std::string, double> result, to_log;
-    for (const auto& [name, acc] : accumulators) {
+    for (const auto& [name, acc] : accumulators.map()) {
       if (!acc.any) continue;
       double value = acc.options.reduce == Reduce::mean  ? (acc.weight > 0 ? acc.sum / acc.weight : 0.0)
                      : acc.options.reduce == Reduce::sum ? acc.sum
@@ -589,11 +593,11 @@ struct TrainerState final : MetricSink {
 
   // ---- Loops ----------------------------------------------------------------
   double monitored(const SchedulerConfig& config, bool& found) const {
-    auto it = callback_metrics.find(config.monitor);
-    found = it != callback_metrics.end();
+    auto it = callback_metrics.map().find(config.monitor);
+    found = it != callback_metrics.map().end();
     if (!found && config.strict) {
       std::vector<std::string> names;
-      for (const auto& [k, v] : callback_metrics) names.push_back(k);
+      for (const auto& [k, v] : callback_metrics.map()) names.push_back(k);
       throw ConfigError(fmt::format("the scheduler monitors '{}', which was not logged; logged metrics: {}",
                                     config.monitor,
                                     names.empty() ? "none" : fmt::format("{}", fmt::join(names, ", "))));
@@ -1149,9 +1153,11 @@ bool Trainer::should_stop() const { return state_->should_stop; }
 const std::string& Trainer::stop_reason() const { return state_->stop_reason; }
 bool Trainer::logs_due() const { return state_->step_log_due; }
 
-const std::map<std::string, double>& Trainer::callback_metrics() const { return state_->callback_metrics; }
+const std::map<std::string, double>& Trainer::callback_metrics() const { return state_->callback_metrics.map(); }
 const std::map<std::string, double>& Trainer::logged_metrics() const { return state_->logged_metrics; }
-const std::map<std::string, double>& Trainer::progress_bar_metrics() const { return state_->progress_bar_metrics; }
+const std::map<std::string, double>& Trainer::progress_bar_metrics() const {
+  return state_->progress_bar_metrics.map();
+}
 void Trainer::log_metrics(const std::map<std::string, double>& metrics) { state_->send_to_loggers(metrics); }
 
 const std::vector<std::shared_ptr<Callback>>& Trainer::callbacks() const { return state_->callbacks; }

@@ -10,6 +10,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "fulgor/scheduler.h"
 
@@ -44,7 +45,7 @@ namespace detail {
 class MetricSink {
  public:
   virtual ~MetricSink() = default;
-  virtual void log(const std::string& name, double value, const LogOptions& options) = 0;
+  virtual void log(std::string_view name, double value, const LogOptions& options) = 0;
 };
 struct ModuleAccess;
 }  // namespace detail
@@ -93,9 +94,9 @@ class ModuleBase : public torch::nn::Module {
 
   // ---- Logging --------------------------------------------------------------
   /// Records a metric (see LogOptions). A tensor must hold one element.
-  void log(const std::string& name, const torch::Tensor& value, LogOptions options = {});
-  void log(const std::string& name, double value, LogOptions options = {});
-  void log_dict(const std::map<std::string, double>& values, LogOptions options = {});
+  void log(std::string_view name, const torch::Tensor& value, const LogOptions& options = {});
+  void log(std::string_view name, double value, const LogOptions& options = {});
+  void log_dict(const std::map<std::string, double>& values, const LogOptions& options = {});
 
   // ---- Hyper-parameters -----------------------------------------------------
   /// Records hyper-parameters: saved in checkpoints and sent to the loggers.

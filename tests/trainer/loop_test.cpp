@@ -284,6 +284,49 @@ TEST(TrainerLoop, LogDefaultsAndBatchSizeWeightedEpochMeans) {
   EXPECT_EQ(fit.callback_metrics().count("idx_epoch"), 0u);
 }
 
+// The Trainer remembers where the names a step logs live (Note [Metric
+// tables] in src/metric_table.h): names logged in changing orders and subsets,
+// more names in one step than it remembers, epoch sums and a second fit must
+// still each find their own value.
+TEST(TrainerLoop, LoggedNamesKeepTheirOwnValuesWhateverTheOrder) {
+  struct Shuffled : TinyNet {
+    torch::Tensor training_step(torch::data::Example<> batch, int64_t i) override {
+      const auto x = static_cast<double>(i);
+      if (i % 2 == 1) log("b", 10 * x);
+      log("a", x, {.prog_bar = true});
+      if (i % 2 == 0) log("c", -x);
+      if (i == 3)
+        for (int k = 0; k < 70; ++k) log("n" + std::to_string(k), 300.0 + k);
+      log("m", 1.0, {.on_step = false, .on_epoch = true, .reduce = Reduce::sum});
+      return TinyNet::training_step(std::move(batch), i);
+    }
+  };
+  struct Check : Callback {
+    int64_t batches = 0;
+    void on_train_batch_end(Trainer& trainer, ModuleBase&, const torch::Tensor&, int64_t i) override {
+      ++batches;
+      const auto& m = trainer.callback_metrics();
+      const auto x = static_cast<double>(i);
+      EXPECT_EQ(m.at("a"), x);
+      EXPECT_EQ(trainer.progress_bar_metrics().at("a"), x);
+      EXPECT_EQ(trainer.progress_bar_metrics().count("b"), 0u);
+      EXPECT_EQ(m.at(i % 2 == 1 ? "b" : "c"), i % 2 == 1 ? 10 * x : -x);
+      for (int k = 0; k < 70 && i >= 3; ++k) EXPECT_EQ(m.at("n" + std::to_string(k)), 300.0 + k) << k;
+    }
+  };
+  TempDir dir;
+  Shuffled model;
+  auto train = sequential_loader(24, 4);  // 6 batches
+  auto check = std::make_shared<Check>();
+  Trainer trainer(quiet(dir, 2, {check}));
+  for (int fit = 0; fit < 2; ++fit) {
+    trainer.fit(model, train);
+    EXPECT_EQ(check->batches, 12 * (fit + 1));
+    EXPECT_EQ(trainer.callback_metrics().at("a"), 5.0);
+    EXPECT_EQ(trainer.callback_metrics().at("m"), 6.0);  // each epoch's own sum
+  }
+}
+
 TEST(TrainerLoop, SchedulersStepOnTheirInterval) {
   TempDir dir;
   auto train = sequential_loader(16, 4);  // 4 batches
