@@ -3,13 +3,20 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <iostream>
+#include <limits>
 #include <optional>
 
 #include "fulgor/trainer.h"
 
 namespace fulgor {
 namespace {
+
+// The batches to run, at `rate` per second, before `wait` has passed (at least one).
+int64_t batches_within(std::chrono::duration<double> wait, double rate) {
+  return std::max<int64_t>(1, static_cast<int64_t>(wait.count() * rate));
+}
 
 std::string clock_text(double seconds) {
   if (!(seconds >= 0) || seconds > 360000) return "--:--";
@@ -38,28 +45,42 @@ std::string ProgressBar::metrics_text(const Trainer& trainer) const {
 void ProgressBar::begin(const std::string& label) {
   label_ = label;
   start_ = last_draw_ = Clock::now();
-  next_line_ = 0;
+  begun_at_ = next_line_ = 0;
   last_line_ = -1;
+  next_look_ = 0;
 }
 
 void ProgressBar::update(Trainer& trainer, int64_t done, std::optional<int64_t> total, bool final) {
+  // Note [Looking at the clock]
   // Plain lines: every refresh_lines percent of a known length, else every
-  // 50 batches, and no sooner than min_line_interval_ after the last one. The
-  // batch count is checked first, so that batches between lines cost no
-  // clock read (Note [The per-step path] in src/trainer.cpp).
+  // 50 batches, and no sooner than min_line_interval_ after the last one;
+  // redraws on a terminal: ten a second. Until the batch count at which one
+  // can next be due (next_look_, by count or by the rate so far), a batch
+  // costs one comparison and no clock read (Note [The per-step path] in
+  // src/trainer.cpp).
+  if (!final && done < next_look_) return;
   const bool known = total && *total > 0;
   if (!terminal_ && !final) {
-    const bool count_due =
-        known ? refresh_lines_ > 0 && done >= next_line_ + std::max<int64_t>(1, *total * refresh_lines_ / 100)
-              : !total && done % 50 == 0;
-    if (!count_due) return;
+    constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
+    const int64_t due =
+        known    ? (refresh_lines_ > 0 ? next_line_ + std::max<int64_t>(1, *total * refresh_lines_ / 100) : kNever)
+        : !total ? (done + 49) / 50 * 50
+                 : kNever;
+    if (done < due) {
+      next_look_ = due;
+      return;
+    }
   }
   const auto now = Clock::now();
   const double elapsed = std::chrono::duration<double>(now - start_).count();
-  const double rate = elapsed > 0 ? static_cast<double>(done) / elapsed : 0.0;
+  const double rate = elapsed > 0 ? static_cast<double>(done - begun_at_) / elapsed : 0.0;
+  const std::chrono::duration<double> interval = terminal_ ? std::chrono::duration<double>(0.1) : min_line_interval_;
+  if (!final && now - last_draw_ < interval) {
+    next_look_ = done + batches_within(interval - (now - last_draw_), rate);
+    return;
+  }
+  next_look_ = done + 1;
   if (terminal_) {
-    // Redrawing costs a write per batch; ten a second is enough to look live.
-    if (!final && now - last_draw_ < std::chrono::milliseconds(100)) return;
     last_draw_ = now;
     std::string bar;
     if (known) {
@@ -76,10 +97,7 @@ void ProgressBar::update(Trainer& trainer, int64_t done, std::optional<int64_t> 
     out() << std::flush;
     return;
   }
-  if (!final) {
-    if (now - last_draw_ < min_line_interval_) return;
-    if (known) next_line_ = done;
-  }
+  if (!final && known) next_line_ = done;
   // An epoch that stopped right after a line (max_steps, a stop request, a
   // length unknown) would end with the same line again.
   if (final && done == last_line_) return;
@@ -97,10 +115,11 @@ void ProgressBar::on_train_epoch_start(Trainer& trainer, ModuleBase&) {
   begin(max > 0 ? fmt::format("Epoch {}/{}", trainer.current_epoch() + 1, max)
                 : fmt::format("Epoch {}", trainer.current_epoch() + 1));
   // A resumed epoch starts part-way.
-  next_line_ = trainer.batches_in_epoch();
+  begun_at_ = next_line_ = trainer.batches_in_epoch();
 }
 
-void ProgressBar::on_train_batch_end(Trainer& trainer, ModuleBase&, const torch::Tensor&, int64_t) {
+void ProgressBar::on_train_batch_end(Trainer& trainer, ModuleBase&, const torch::Tensor&, int64_t batch_idx) {
+  if (batch_idx + 1 < next_look_) return;  // Note [Looking at the clock]
   // The epoch's last batch is shown by on_train_epoch_end's line, which
   // follows with the epoch's metrics.
   const auto total = trainer.num_training_batches();

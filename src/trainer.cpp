@@ -876,7 +876,7 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
       }
       const int64_t skip = resuming_mid_epoch ? s.batches_in_epoch : 0;
       s.epoch_finished = false;
-      s.batches_in_epoch = 0;
+      s.batches_in_epoch = skip;  // a resumed epoch's hooks see the batches done before
       s.loop = "train";
       s.train_accumulators.clear();
       model.train();
@@ -900,7 +900,6 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
       for (int64_t i = 0; i < skip; ++i)
         if (!train.next(false)) exhausted = true;
       if (first_after_resume && resuming_mid_epoch) s.restore_rng(*ckpt, "rng_cpu");
-      s.batches_in_epoch = skip;
       first_after_resume = resuming_mid_epoch = false;
 
       int64_t window = 0;

@@ -250,6 +250,58 @@ TEST(Callbacks, ProgressBarSpacesPlainLinesInTime) {
   EXPECT_EQ(line_heads(out.str(), 3), (std::vector<std::string>{"Epoch 1/2 10/10", "Epoch 2/2 10/10"})) << out.str();
 }
 
+// Lines due every 10% but 0.1 s apart, batches of 20 ms: between lines the
+// bar looks at the clock only near the time one is due (Note [Looking at the
+// clock] in src/progress_bar.cpp), and still writes them as time passes.
+TEST(Callbacks, ProgressBarWritesPlainLinesAsTheirTimeComes) {
+  TempDir dir;
+  ShowLoss model;
+  model.pause = std::chrono::milliseconds(20);
+  auto train = sequential_loader(160, 4);  // 40 batches, 0.8 s or more
+  std::ostringstream out;
+  Trainer trainer(quiet(dir, 1, {std::make_shared<ProgressBar>(&out, 10, false, /*min_line_seconds=*/0.1)}));
+  trainer.fit(model, train);
+  const auto heads = line_heads(out.str(), 3);
+  ASSERT_FALSE(heads.empty());
+  EXPECT_EQ(heads.back(), "Epoch 1/1 40/40");
+  EXPECT_GE(heads.size(), 4u) << out.str();
+}
+
+// A resumed epoch's rate counts only its own batches: 20 batches of 20 ms
+// or more after 200 restored ones run at 50 batches a second at most, and
+// their line comes once 0.3 s have passed, not after the epoch's end.
+TEST(Callbacks, ProgressBarRateOfAResumedEpochCountsItsOwnBatches) {
+  TempDir dir;
+  const std::string path = (dir.path / "mid.ckpt").string();
+  auto train = sequential_loader(880, 4);  // 220 batches
+  {
+    ShowLoss model;
+    auto options = quiet(dir, 1);
+    options.max_steps = 200;
+    Trainer trainer(options);
+    trainer.fit(model, train);
+    trainer.save_checkpoint(path);
+  }
+  ShowLoss model;
+  model.pause = std::chrono::milliseconds(20);
+  std::ostringstream out;
+  Trainer trainer(quiet(dir, 1, {std::make_shared<ProgressBar>(&out, 5, false, /*min_line_seconds=*/0.3)}));
+  trainer.fit(model, train, {.ckpt_path = path});
+  const std::regex line(R"(Epoch 1/1 (\d+)/220 (\d+\.\d)it/s .*)");
+  std::vector<int> counts;
+  std::istringstream lines(out.str());
+  for (std::string one; std::getline(lines, one);) {
+    std::smatch m;
+    ASSERT_TRUE(std::regex_match(one, m, line)) << one;
+    counts.push_back(std::stoi(m[1]));
+    EXPECT_LE(std::stod(m[2]), 50.5) << one;
+  }
+  ASSERT_EQ(counts.size(), 2u) << out.str();
+  EXPECT_GT(counts[0], 200);
+  EXPECT_LT(counts[0], 220);
+  EXPECT_EQ(counts[1], 220);
+}
+
 TEST(Callbacks, ProgressBarWritesALineOnceWhenTheEpochStopsRightAfterIt) {
   TempDir dir;
   ShowLoss model;

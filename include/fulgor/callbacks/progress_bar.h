@@ -52,8 +52,12 @@ class ProgressBar : public Callback {
   std::string label_;
   Clock::time_point start_, last_draw_;  // last_draw_: also the last plain line's time
   int64_t next_line_ = 0;
+  // The batches done when the bar began: a resumed epoch's rate counts its own.
+  int64_t begun_at_ = 0;
   // The batches done when the current plain line was last written (-1: none).
   int64_t last_line_ = -1;
+  // Before this many batches are done, no line or redraw can be due.
+  int64_t next_look_ = 0;
   bool in_eval_during_fit_ = false;
 };
 
