@@ -112,6 +112,15 @@ struct has_bind_device<Loader, std::void_t<decltype(std::declval<Loader&>().bind
                                    std::declval<const Accelerator&>(), std::declval<torch::Device>()))>>
     : std::true_type {};
 
+// Whether a loader tells that its batches are on a device already
+// (batches_on), as fulgor::TensorLoader does.
+template <typename Loader, typename = void>
+struct has_batches_on : std::false_type {};
+template <typename Loader>
+struct has_batches_on<Loader,
+                      std::void_t<decltype(std::declval<const Loader&>().batches_on(std::declval<torch::Device>()))>>
+    : std::true_type {};
+
 template <typename Batch, typename Loader>
 class LoaderRunner final : public StepRunner {
   using Iterator = decltype(std::declval<Loader&>().begin());
@@ -136,6 +145,7 @@ class LoaderRunner final : public StepRunner {
     fetched_.reset();
     replay_ = cache_limit_ > 0 && static_cast<int64_t>(cache_.size()) == cache_limit_;
     position_ = 0;
+    if constexpr (has_batches_on<Loader>::value) moves_ = !loader_.batches_on(*device_);
     if (replay_) return;
     cache_.clear();
     it_.reset();
@@ -164,7 +174,7 @@ class LoaderRunner final : public StepRunner {
       }
     }
     if (move) {
-      fetched_.emplace(move_batch(std::move(*fetched_), *accelerator_, *device_));
+      if (moves_) fetched_.emplace(move_batch(std::move(*fetched_), *accelerator_, *device_));
       if (precision_->converts_module()) fetched_.emplace(convert_batch(std::move(*fetched_), *precision_));
     }
     return true;
@@ -196,6 +206,7 @@ class LoaderRunner final : public StepRunner {
   Loader& loader_;
   std::optional<Iterator> it_, end_;
   bool started_ = false;
+  bool moves_ = true;  // false: the loader's batches are on the device already
   std::optional<Batch> fetched_;
   std::vector<Batch> cache_;
   bool replay_ = false;

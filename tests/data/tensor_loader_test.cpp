@@ -40,6 +40,20 @@ TEST(TensorLoader, InOrderBatchesCoverTheDataSet) {
   EXPECT_EQ(loader.size(), 3);
 }
 
+// A Trainer leaves batches where they are when the loader says they are on
+// its device already; the meta device stands for a second device here.
+TEST(TensorLoader, SaysWhetherItsBatchesAreOnADevice) {
+  const torch::Device cpu(torch::kCPU), meta(torch::kMeta);
+  auto on_cpu = make_loader(6, {});
+  EXPECT_TRUE(on_cpu.batches_on(cpu));
+  EXPECT_FALSE(on_cpu.batches_on(meta));
+  EXPECT_FALSE(on_cpu.batches_on(torch::Device(torch::kCUDA, 0)));
+  const auto data = torch::zeros({6, 2}), targets = torch::zeros({6});
+  EXPECT_FALSE(TensorLoader(data, targets.to(meta)).batches_on(cpu));
+  EXPECT_FALSE(TensorLoader(data.to(meta), targets).batches_on(meta));
+  EXPECT_TRUE(TensorLoader(data.to(meta), targets.to(meta)).batches_on(meta));
+}
+
 TEST(TensorLoader, DropLastDropsTheShortBatch) {
   TensorLoaderOptions options;
   options.batch_size = 4;

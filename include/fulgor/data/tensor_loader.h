@@ -59,6 +59,10 @@ class TensorLoader {
   int64_t dataset_size() const { return data_.size(0); }
   const TensorLoaderOptions& options() const { return options_; }
 
+  /// Whether every batch is on `device` as made (the data and targets are
+  /// there), so that a Trainer need not move it.
+  bool batches_on(torch::Device device) const { return data_.device() == device && targets_.device() == device; }
+
   /// The epoch the next iteration plays (its shuffle order).
   void set_epoch(int64_t epoch) { epoch_ = epoch; }
   int64_t epoch() const { return epoch_; }
