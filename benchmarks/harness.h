@@ -29,14 +29,24 @@ inline double median(std::vector<double> values) {
   return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
 }
 
-/// A 95% confidence interval for the median of the distribution `values` are
-/// drawn from: the order statistics n/2 -/+ 0.98 sqrt(n), which holds whatever
-/// that distribution is (the binomial's normal approximation; n >= 10 or so).
+/// A confidence interval of at least 95% for the median of the distribution
+/// `values` are independent draws from, whatever that distribution is: the
+/// j-th smallest and j-th largest values, for the largest j with
+/// P(Binomial(n, 1/2) < j) <= 2.5%. Below 6 values it is their range, which
+/// covers less than 95%.
 inline std::pair<double, double> median_interval(std::vector<double> values) {
   std::sort(values.begin(), values.end());
-  const double n = static_cast<double>(values.size()), half_width = 0.98 * std::sqrt(n);
-  const auto rank = [&](double r) { return static_cast<size_t>(std::clamp(r, 1.0, n)) - 1; };
-  return {values[rank(std::floor(n / 2 - half_width))], values[rank(std::ceil(n / 2 + 1 + half_width))]};
+  const size_t n = values.size();
+  size_t j = 1;
+  double pmf = std::pow(0.5, static_cast<double>(n));  // P(B = j - 1)
+  double below = pmf;                                  // P(B < j)
+  while (j < n / 2) {
+    pmf *= static_cast<double>(n - j + 1) / static_cast<double>(j);
+    if (below + pmf > 0.025) break;
+    below += pmf;
+    ++j;
+  }
+  return {values[j - 1], values[n - j]};
 }
 
 /// Runs every variant `repeats` times, interleaved, after one warm-up round;

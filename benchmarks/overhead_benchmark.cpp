@@ -29,7 +29,9 @@
 // another; the CNN's hand-written loop came out 6% slower than the Trainer in
 // one process, three runs out of three), which no number of repeats inside it
 // removes. So every model is measured in several fresh processes (new
-// address-space layout, new heap) and the pairs of all of them pooled.
+// address-space layout, new heap). The pairs of one process share its layout
+// and are no independent draws: each figure is the median of the processes'
+// own medians, with its interval from those (with 7 processes, their range).
 
 #include <malloc.h>
 #include <torch/torch.h>
@@ -64,12 +66,6 @@ const ModelSpec& model_named(const std::string& key) {
 struct Measured {
   std::vector<double> raw, fulgor;  // seconds per run, pair by pair
   bool same = true;                 // both sides ended with the same model
-
-  void add(const Measured& other) {
-    raw.insert(raw.end(), other.raw.begin(), other.raw.end());
-    fulgor.insert(fulgor.end(), other.fulgor.begin(), other.fulgor.end());
-    same = same && other.same;
-  }
 };
 
 // Note [Paired runs]: 300 steps per run for the small models (3 epochs), 10
@@ -149,21 +145,34 @@ void overhead_benchmark(Report& report, const Settings& settings) {
     for (size_t v = 0; v < variants().size(); ++v) {
       const Variant& variant = variants()[v];
       if (quick && variant.checkpoint) continue;
-      Measured m;
-      for (int p = 0; p < processes; ++p)
-        m.add(processes == 1 ? measure(spec, variant, repeats, quick) : measure_in_child(spec, v, repeats, quick));
-      std::vector<double> ratios, own_us;
-      for (size_t i = 0; i < m.raw.size(); ++i) {
-        ratios.push_back(m.fulgor[i] / m.raw[i]);
-        own_us.push_back((m.fulgor[i] - m.raw[i]) / steps * 1e6);
+      // Note [Several processes]: one process's pairs are one draw, unless
+      // there is a single process.
+      std::vector<double> ratios, own_us, fulgor_us;
+      bool same = true;
+      for (int p = 0; p < processes; ++p) {
+        const Measured m =
+            processes == 1 ? measure(spec, variant, repeats, quick) : measure_in_child(spec, v, repeats, quick);
+        std::vector<double> pair_ratios, pair_own_us;
+        for (size_t i = 0; i < m.raw.size(); ++i) {
+          pair_ratios.push_back(m.fulgor[i] / m.raw[i]);
+          pair_own_us.push_back((m.fulgor[i] - m.raw[i]) / steps * 1e6);
+          fulgor_us.push_back(m.fulgor[i] / steps * 1e6);
+        }
+        if (processes == 1) {
+          ratios = pair_ratios;
+          own_us = pair_own_us;
+        } else {
+          ratios.push_back(median(pair_ratios));
+          own_us.push_back(median(pair_own_us));
+        }
+        same = same && m.same;
       }
       const double ratio = median(ratios), own = median(own_us);
       const auto [ratio_low, ratio_high] = median_interval(ratios);
       const auto [own_low, own_high] = median_interval(own_us);
-      report.row({"overhead", spec.name + ", " + variant.name,
-                  fmt::format("{:.1f} us/step", median(m.fulgor) / steps * 1e6),
+      report.row({"overhead", spec.name + ", " + variant.name, fmt::format("{:.1f} us/step", median(fulgor_us)),
                   fmt::format("{:.3f}x [{:.3f}, {:.3f}], {:+.1f} us/step [{:+.1f}, {:+.1f}]{}", ratio, ratio_low,
-                              ratio_high, own, own_low, own_high, m.same ? "" : " (results differ!)")});
+                              ratio_high, own, own_low, own_high, same ? "" : " (results differ!)")});
       if (variant.name == "barebones") {
         report.figures["overhead_ratio_" + spec.key] = ratio;
         if (spec.key == "linear") report.figures["overhead_us_tiny_barebones"] = own;
