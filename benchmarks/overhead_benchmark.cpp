@@ -9,10 +9,10 @@
 // 300: the noise comes with the run and does not average out over its steps.
 // Each hand-written run and the Trainer run next to it form a pair (the
 // Trainer's run second in one pair, first in the next), and the figures are
-// medians over many pairs of the pair's ratio and difference, printed with a
-// 95% confidence interval. Runs are kept short so that many pairs fit in a
-// few minutes: 300 steps for the small models (long enough that the Trainer's
-// set-up, some 30 us per fit, adds about 0.1 us per step), 10 for the CNN.
+// medians of the pairs' ratios and differences (Note [Several processes]).
+// Runs are kept short so that many pairs fit in a few minutes: 300 steps for
+// the small models (long enough that the Trainer's set-up and teardown, some
+// 50 to 90 us per fit, add 0.2 to 0.3 us per step), 10 for the CNN.
 //
 // Note [Page faults]
 // glibc gives freed memory back to the kernel and faults it in again at a

@@ -33,8 +33,10 @@
 // overhead benchmark, docs/benchmarks.md). So the per-step path is kept
 // short in code lines: rare branches (ddp, accumulation, anomaly detection,
 // clipping, stops, validation) are marked unlikely so that the compiler moves
-// them out of the way, and the checks of precision plugins and the progress
-// bar are inline or come before any other work.
+// them out of the way, the checks of precision plugins and the progress bar
+// are inline or come before any other work, log() finds its names in
+// MetricTables (Note [Metric tables]), and batches a loader makes on the
+// device already are not moved (TensorLoader::batches_on).
 #if defined(__GNUC__)
 #define FULGOR_UNLIKELY(x) __builtin_expect(!!(x), 0)
 #else
