@@ -119,12 +119,13 @@ void ProgressBar::on_train_epoch_start(Trainer& trainer, ModuleBase&) {
 }
 
 void ProgressBar::on_train_batch_end(Trainer& trainer, ModuleBase&, const torch::Tensor&, int64_t batch_idx) {
-  if (batch_idx + 1 < next_look_) return;  // Note [Looking at the clock]
+  const int64_t done = batch_idx + 1;  // the epoch's batches done, resumed ones included
+  if (done < next_look_) return;       // Note [Looking at the clock]
   // The epoch's last batch is shown by on_train_epoch_end's line, which
   // follows with the epoch's metrics.
   const auto total = trainer.num_training_batches();
-  if (total && trainer.batches_in_epoch() >= *total) return;
-  update(trainer, trainer.batches_in_epoch(), total, false);
+  if (total && done >= *total) return;
+  update(trainer, done, total, false);
 }
 
 void ProgressBar::on_train_epoch_end(Trainer& trainer, ModuleBase&) {
