@@ -54,7 +54,7 @@ class ModelCheckpoint : public Callback {
 
   const std::string& dirpath() const { return dirpath_; }
   const std::string& best_model_path() const { return best_model_path_; }
-  std::optional<double> best_model_score() const;
+  std::optional<double> best_model_score() const { return best_model_score_; }
   const std::string& last_model_path() const { return last_model_path_; }
   /// The kept checkpoints and their monitored scores (0 without a monitor).
   const std::map<std::string, double>& best_k_models() const { return best_k_models_; }
@@ -63,13 +63,24 @@ class ModelCheckpoint : public Callback {
 
  private:
   void save(Trainer& trainer);
+  bool check_monitor_top_k(Trainer& trainer, double current) const;
+  void update_best_and_save(double current, Trainer& trainer, const std::map<std::string, double>& candidates);
+  void save_none_monitor_checkpoint(Trainer& trainer, const std::map<std::string, double>& candidates);
+  void save_checkpoint(Trainer& trainer, const std::string& filepath);
+  bool should_remove_checkpoint(const std::string& previous, const std::string& current) const;
+  void remove_checkpoint(Trainer& trainer, const std::string& filepath) const;
+  double worst_score() const;
   bool better(double a, double b) const;
 
   ModelCheckpointOptions options_;
   std::string dirpath_;
   std::map<std::string, double> best_k_models_;
+  std::string kth_best_model_path_;
+  double kth_value_;
+  std::optional<double> best_model_score_, current_score_;
   std::string best_model_path_, last_model_path_;
-  int64_t last_saved_step_ = -1;
+  // Lightning starts at 0: nothing is saved before the first optimizer step.
+  int64_t last_global_step_saved_ = 0;
 };
 
 }  // namespace fulgor

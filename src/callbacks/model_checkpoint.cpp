@@ -1,0 +1,219 @@
+// ModelCheckpoint: Lightning 2.6's callbacks/model_checkpoint.py.
+
+#include "fulgor/callbacks/model_checkpoint.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <regex>
+
+#include "fulgor/trainer.h"
+
+namespace fulgor {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string metric_names(const std::map<std::string, double>& metrics) {
+  std::vector<std::string> names;
+  for (const auto& [k, v] : metrics) names.push_back(k);
+  return names.empty() ? "none" : fmt::format("{}", fmt::join(names, ", "));
+}
+
+}  // namespace
+
+ModelCheckpoint::ModelCheckpoint(ModelCheckpointOptions options) : options_(std::move(options)) {
+  if (options_.mode != "min" && options_.mode != "max")
+    throw ConfigError(fmt::format("ModelCheckpoint: mode must be \"min\" or \"max\", got \"{}\"", options_.mode));
+  if (options_.save_top_k < -1)
+    throw ConfigError(fmt::format("ModelCheckpoint: save_top_k must be >= -1, got {}", options_.save_top_k));
+  if (options_.monitor.empty() && options_.save_top_k > 1)
+    throw ConfigError(fmt::format(
+        "ModelCheckpoint: save_top_k={} ranks checkpoints, which needs a monitor; without one use -1, 0 or 1",
+        options_.save_top_k));
+  if (options_.filename.empty()) options_.filename = "{epoch}-{step}";
+  if (!options_.every_n_epochs && !options_.every_n_train_steps) options_.every_n_epochs = 1;
+  dirpath_ = options_.dirpath;
+  kth_value_ = worst_score();
+}
+
+std::string ModelCheckpoint::state_key() const {
+  return fmt::format("ModelCheckpoint{{monitor={},mode={},every_n_train_steps={},every_n_epochs={}}}", options_.monitor,
+                     options_.mode, options_.every_n_train_steps.value_or(0), options_.every_n_epochs.value_or(0));
+}
+
+nlohmann::json ModelCheckpoint::state_dict() const {
+  nlohmann::json best_k = nlohmann::json::object();
+  for (const auto& [path, score] : best_k_models_) best_k[path] = score;
+  return {{"dirpath", dirpath_},
+          {"best_model_path", best_model_path_},
+          {"last_model_path", last_model_path_},
+          {"best_k_models", best_k}};
+}
+
+void ModelCheckpoint::load_state_dict(const nlohmann::json& state) {
+  // Files ranked in another folder are not this run's to keep or delete.
+  if (state.value("dirpath", "") != dirpath_) return;
+  best_model_path_ = state.value("best_model_path", "");
+  last_model_path_ = state.value("last_model_path", "");
+  best_k_models_.clear();
+  for (const auto& item : state.at("best_k_models").items()) best_k_models_[item.key()] = item.value().get<double>();
+  if (auto it = best_k_models_.find(best_model_path_); it != best_k_models_.end()) best_model_score_ = it->second;
+  if (!best_k_models_.empty()) {
+    auto kth = std::max_element(best_k_models_.begin(), best_k_models_.end(),
+                                [&](const auto& a, const auto& b) { return better(a.second, b.second); });
+    kth_best_model_path_ = kth->first;
+    kth_value_ = kth->second;
+  }
+}
+
+void ModelCheckpoint::setup(Trainer& trainer, ModuleBase&, const std::string&) {
+  if (dirpath_.empty()) dirpath_ = (fs::path(trainer.default_root_dir()) / "checkpoints").string();
+}
+
+std::string ModelCheckpoint::format_checkpoint_name(const std::map<std::string, double>& metrics) const {
+  static const std::regex group(R"(\{([^}:]+)(?::([^}]*))?\})");
+  std::string out;
+  auto begin = std::sregex_iterator(options_.filename.begin(), options_.filename.end(), group);
+  size_t last = 0;
+  for (auto it = begin; it != std::sregex_iterator(); ++it) {
+    const auto& m = *it;
+    out += options_.filename.substr(last, static_cast<size_t>(m.position()) - last);
+    last = static_cast<size_t>(m.position() + m.length());
+    const std::string name = m[1].str(), spec = m[2].str();
+    auto value = metrics.find(name);
+    std::string text;
+    if (value == metrics.end()) {
+      text = "nan";
+    } else if (name == "epoch" || name == "step") {
+      text = std::to_string(static_cast<int64_t>(value->second));
+    } else {
+      text =
+          spec.empty() ? fmt::format("{}", value->second) : fmt::format(fmt::runtime("{:" + spec + "}"), value->second);
+    }
+    out += options_.auto_insert_metric_name ? name + "=" + text : text;
+  }
+  out += options_.filename.substr(last);
+  return out;
+}
+
+double ModelCheckpoint::worst_score() const {
+  return options_.mode == "min" ? std::numeric_limits<double>::infinity() : -std::numeric_limits<double>::infinity();
+}
+
+bool ModelCheckpoint::better(double a, double b) const { return options_.mode == "min" ? a < b : a > b; }
+
+void ModelCheckpoint::save(Trainer& trainer) {
+  if (trainer.sanity_checking() || trainer.global_step() == last_global_step_saved_) return;
+  std::map<std::string, double> candidates = trainer.callback_metrics();
+  candidates["epoch"] = static_cast<double>(trainer.current_epoch());
+  candidates["step"] = static_cast<double>(trainer.global_step());
+  if (options_.save_top_k != 0) {
+    if (options_.monitor.empty()) {
+      save_none_monitor_checkpoint(trainer, candidates);
+    } else {
+      auto it = candidates.find(options_.monitor);
+      if (it == candidates.end())
+        throw ConfigError(
+            fmt::format("ModelCheckpoint(monitor=\"{}\") could not find the monitored metric; logged "
+                        "metrics: {}. Did you call log(\"{}\", value)?",
+                        options_.monitor, metric_names(trainer.callback_metrics()), options_.monitor));
+      if (check_monitor_top_k(trainer, it->second)) update_best_and_save(it->second, trainer, candidates);
+    }
+  }
+  if (options_.save_last) {
+    last_model_path_ = (fs::path(dirpath_) / "last.ckpt").string();
+    save_checkpoint(trainer, last_model_path_);
+  }
+}
+
+// Lightning's check_monitor_top_k: a NaN is never better than the k-th score.
+bool ModelCheckpoint::check_monitor_top_k(Trainer& trainer, double current) const {
+  if (options_.save_top_k == -1) return true;
+  if (static_cast<int64_t>(best_k_models_.size()) < options_.save_top_k) return true;
+  // Saving is a collective under ddp: save only where every rank would
+  // (ranks that log the metric without sync_dist may disagree).
+  return trainer.reduce_boolean_decision(better(current, best_k_models_.at(kth_best_model_path_)));
+}
+
+void ModelCheckpoint::update_best_and_save(double current, Trainer& trainer,
+                                           const std::map<std::string, double>& candidates) {
+  const auto k = options_.save_top_k == -1 ? static_cast<int64_t>(best_k_models_.size()) + 1 : options_.save_top_k;
+  std::string del_filepath;
+  if (static_cast<int64_t>(best_k_models_.size()) == k && k > 0) {
+    del_filepath = kth_best_model_path_;
+    best_k_models_.erase(del_filepath);
+  }
+  // Note [NaN scores]
+  // A NaN is kept as the worst possible score, as in Lightning: it takes a
+  // free place among the k, and any real score replaces it.
+  if (std::isnan(current)) current = worst_score();
+  const std::string filepath = (fs::path(dirpath_) / (format_checkpoint_name(candidates) + ".ckpt")).string();
+  current_score_ = current;
+  best_k_models_[filepath] = current;
+  auto by_score = [](const auto& a, const auto& b) { return a.second < b.second; };
+  const bool min_mode = options_.mode == "min";
+  if (static_cast<int64_t>(best_k_models_.size()) == k) {
+    auto kth = min_mode ? std::max_element(best_k_models_.begin(), best_k_models_.end(), by_score)
+                        : std::min_element(best_k_models_.begin(), best_k_models_.end(), by_score);
+    kth_best_model_path_ = kth->first;
+    kth_value_ = kth->second;
+  }
+  auto best = min_mode ? std::min_element(best_k_models_.begin(), best_k_models_.end(), by_score)
+                       : std::max_element(best_k_models_.begin(), best_k_models_.end(), by_score);
+  best_model_path_ = best->first;
+  best_model_score_ = best->second;
+  save_checkpoint(trainer, filepath);
+  if (!del_filepath.empty() && should_remove_checkpoint(del_filepath, filepath))
+    remove_checkpoint(trainer, del_filepath);
+}
+
+void ModelCheckpoint::save_none_monitor_checkpoint(Trainer& trainer, const std::map<std::string, double>& candidates) {
+  const std::string filepath = (fs::path(dirpath_) / (format_checkpoint_name(candidates) + ".ckpt")).string();
+  const std::string previous = std::exchange(best_model_path_, filepath);
+  save_checkpoint(trainer, filepath);
+  if (options_.save_top_k == 1 && !previous.empty() && should_remove_checkpoint(previous, filepath))
+    remove_checkpoint(trainer, previous);
+}
+
+void ModelCheckpoint::save_checkpoint(Trainer& trainer, const std::string& filepath) {
+  trainer.save_checkpoint(filepath);
+  last_global_step_saved_ = trainer.global_step();
+}
+
+// Lightning's _should_remove_checkpoint: only files in this folder, never the
+// file just written.
+bool ModelCheckpoint::should_remove_checkpoint(const std::string& previous, const std::string& current) const {
+  if (previous == current) return false;
+  const fs::path file = fs::absolute(previous), dir = fs::absolute(dirpath_).lexically_normal();
+  for (fs::path p = file.parent_path().lexically_normal(); !p.empty(); p = p.parent_path()) {
+    if (p == dir) return true;
+    if (p == p.parent_path()) break;
+  }
+  return false;
+}
+
+void ModelCheckpoint::remove_checkpoint(Trainer& trainer, const std::string& filepath) const {
+  // Rank 0 wrote the files.
+  if (!trainer.is_global_zero()) return;
+  std::error_code ec;
+  fs::remove(filepath, ec);
+}
+
+void ModelCheckpoint::on_train_batch_end(Trainer& trainer, ModuleBase&, const torch::Tensor&, int64_t) {
+  if (options_.every_n_train_steps && *options_.every_n_train_steps > 0 &&
+      trainer.global_step() % *options_.every_n_train_steps == 0)
+    save(trainer);
+}
+
+void ModelCheckpoint::on_train_epoch_end(Trainer& trainer, ModuleBase&) {
+  if (options_.every_n_epochs && *options_.every_n_epochs > 0 &&
+      (trainer.current_epoch() + 1) % *options_.every_n_epochs == 0)
+    save(trainer);
+}
+
+}  // namespace fulgor

@@ -1,0 +1,79 @@
+// ModelCheckpoint's decisions, each written from Lightning 2.6's
+// callbacks/model_checkpoint.py.
+
+#include <cmath>
+#include <limits>
+#include <set>
+
+#include "tiny.h"
+
+namespace fulgor::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// The set-up of the reports: 64 training and 32 validation samples in batches
+// of 8 (8 optimizer steps per epoch), SGD 0.1; validation logs `val_loss` from
+// the model's script, one value per validation run.
+struct Run {
+  TempDir dir;
+  TinyNet model;
+  std::shared_ptr<ModelCheckpoint> checkpoint;
+  TrainerOptions options;
+
+  Run(std::vector<double> val_losses, ModelCheckpointOptions checkpoint_options, int64_t epochs) {
+    model.scripted_val = std::move(val_losses);
+    if (checkpoint_options.dirpath.empty()) checkpoint_options.dirpath = (dir.path / "ckpt").string();
+    checkpoint = std::make_shared<ModelCheckpoint>(checkpoint_options);
+    options = quiet(dir, epochs, {checkpoint});
+  }
+  void fit() {
+    auto train = sequential_loader(64, 8);
+    auto val = sequential_loader(32, 8, 8);
+    Trainer trainer(options);
+    trainer.fit(model, train, val);
+  }
+  std::set<std::string> files() const {
+    std::set<std::string> names;
+    for (const auto& e : fs::directory_iterator(checkpoint->dirpath())) names.insert(e.path().filename().string());
+    return names;
+  }
+  std::string name(const std::string& path) const { return fs::path(path).filename().string(); }
+  int64_t step_in(const std::string& file) const {
+    return read_checkpoint_meta((fs::path(checkpoint->dirpath()) / file).string()).at("loop").at("global_step");
+  }
+};
+
+// A NaN score is the worst: it is not kept over a real one, and a later
+// real score replaces it (the NaN becomes +inf in "min" mode).
+TEST(ModelCheckpoint, ANanScoreIsTheWorstAndDoesNotBlockLaterSaves) {
+  Run one({kNaN, 0.5, 0.7, 0.3}, {.filename = "{epoch}", .monitor = "val_loss", .save_top_k = 1}, 4);
+  one.fit();
+  EXPECT_EQ(one.files(), (std::set<std::string>{"epoch=3.ckpt"}));
+  EXPECT_EQ(one.name(one.checkpoint->best_model_path()), "epoch=3.ckpt");
+  EXPECT_EQ(one.checkpoint->best_model_score(), 0.3);
+
+  // With room for two, the NaN takes the free place and the next real
+  // score (0.7, worse than 0.5 but better than NaN) pushes it out.
+  Run two({0.5, kNaN, 0.7, 0.3}, {.filename = "{epoch}", .monitor = "val_loss", .save_top_k = 2}, 4);
+  two.fit();
+  EXPECT_EQ(two.files(), (std::set<std::string>{"epoch=0.ckpt", "epoch=3.ckpt"}));
+  EXPECT_EQ(two.name(two.checkpoint->best_model_path()), "epoch=3.ckpt");
+
+  // "max" mode: NaN is -inf.
+  Run max({kNaN, 0.5}, {.filename = "{epoch}", .monitor = "val_loss", .mode = "max", .save_top_k = 1}, 2);
+  max.fit();
+  EXPECT_EQ(max.files(), (std::set<std::string>{"epoch=1.ckpt"}));
+  EXPECT_EQ(max.checkpoint->best_model_score(), 0.5);
+
+  // Only NaN so far: it is kept, with the worst score.
+  Run only({kNaN}, {.filename = "{epoch}", .monitor = "val_loss", .save_top_k = 1}, 1);
+  only.fit();
+  EXPECT_EQ(only.files(), (std::set<std::string>{"epoch=0.ckpt"}));
+  EXPECT_EQ(only.checkpoint->best_model_score(), std::numeric_limits<double>::infinity());
+}
+
+}  // namespace
+}  // namespace fulgor::testing
