@@ -101,6 +101,29 @@ std::string ModelCheckpoint::format_checkpoint_name(const std::map<std::string, 
   return out;
 }
 
+std::string ModelCheckpoint::checkpoint_path(const std::string& name, std::optional<int64_t> version) const {
+  return (fs::path(dirpath_) / (version ? fmt::format("{}-v{}.ckpt", name, *version) : name + ".ckpt")).string();
+}
+
+// Lightning's _get_metric_interpolated_filepath_name: a name that exists
+// already gets "-v1", "-v2", ... unless it is the file being replaced.
+std::string ModelCheckpoint::metric_interpolated_filepath(const std::map<std::string, double>& candidates,
+                                                          Trainer& trainer, const std::string& del_filepath) const {
+  const std::string name = format_checkpoint_name(candidates);
+  std::string filepath = checkpoint_path(name);
+  if (options_.enable_version_counter)
+    for (int64_t version = kStartingVersion; file_exists(filepath, trainer) && filepath != del_filepath; ++version)
+      filepath = checkpoint_path(name, version);
+  return filepath;
+}
+
+// Only rank 0 looks at the disk; every rank gets its answer, so that all of
+// them name the file alike.
+bool ModelCheckpoint::file_exists(const std::string& filepath, Trainer& trainer) const {
+  const bool local = trainer.is_global_zero() && fs::exists(filepath);
+  return trainer.reduce_boolean_decision(local, /*all=*/false);
+}
+
 double ModelCheckpoint::worst_score() const {
   return options_.mode == "min" ? std::numeric_limits<double>::infinity() : -std::numeric_limits<double>::infinity();
 }
@@ -152,7 +175,7 @@ void ModelCheckpoint::update_best_and_save(double current, Trainer& trainer,
   // A NaN is kept as the worst possible score, as in Lightning: it takes a
   // free place among the k, and any real score replaces it.
   if (std::isnan(current)) current = worst_score();
-  const std::string filepath = (fs::path(dirpath_) / (format_checkpoint_name(candidates) + ".ckpt")).string();
+  const std::string filepath = metric_interpolated_filepath(candidates, trainer, del_filepath);
   current_score_ = current;
   best_k_models_[filepath] = current;
   auto by_score = [](const auto& a, const auto& b) { return a.second < b.second; };
@@ -173,7 +196,7 @@ void ModelCheckpoint::update_best_and_save(double current, Trainer& trainer,
 }
 
 void ModelCheckpoint::save_none_monitor_checkpoint(Trainer& trainer, const std::map<std::string, double>& candidates) {
-  const std::string filepath = (fs::path(dirpath_) / (format_checkpoint_name(candidates) + ".ckpt")).string();
+  const std::string filepath = metric_interpolated_filepath(candidates, trainer, best_model_path_);
   const std::string previous = std::exchange(best_model_path_, filepath);
   save_checkpoint(trainer, filepath);
   if (options_.save_top_k == 1 && !previous.empty() && should_remove_checkpoint(previous, filepath))

@@ -75,5 +75,27 @@ TEST(ModelCheckpoint, ANanScoreIsTheWorstAndDoesNotBlockLaterSaves) {
   EXPECT_EQ(only.checkpoint->best_model_score(), std::numeric_limits<double>::infinity());
 }
 
+// A name without a metric in it is versioned (Lightning's
+// _get_metric_interpolated_filepath_name: "-v1", "-v2", ... while the file
+// exists, except the one being replaced) instead of overwriting a kept file.
+TEST(ModelCheckpoint, AConstantFilenameIsVersionedInsteadOfOverwritten) {
+  Run run({0.5, 0.4, 0.6, 0.3}, {.filename = "best", .monitor = "val_loss", .save_top_k = 2}, 4);
+  run.fit();
+  // Epoch 0 writes best.ckpt, epoch 1 best-v1.ckpt; epoch 2 is not in the top
+  // 2; epoch 3 replaces the worse of the two, best.ckpt, under its own name.
+  EXPECT_EQ(run.files(), (std::set<std::string>{"best.ckpt", "best-v1.ckpt"}));
+  EXPECT_EQ(run.step_in("best-v1.ckpt"), 16);
+  EXPECT_EQ(run.step_in("best.ckpt"), 32);
+  EXPECT_EQ(run.name(run.checkpoint->best_model_path()), "best.ckpt");
+  EXPECT_EQ(run.checkpoint->best_model_score(), 0.3);
+
+  // enable_version_counter=false overwrites, as Lightning does.
+  Run plain({0.5, 0.4}, {.filename = "best", .monitor = "val_loss", .save_top_k = 2, .enable_version_counter = false},
+            2);
+  plain.fit();
+  EXPECT_EQ(plain.files(), (std::set<std::string>{"best.ckpt"}));
+  EXPECT_EQ(plain.step_in("best.ckpt"), 16);
+}
+
 }  // namespace
 }  // namespace fulgor::testing

@@ -31,6 +31,10 @@ struct ModelCheckpointOptions {
   /// Saves after every N optimizer steps.
   std::optional<int64_t> every_n_train_steps;
   bool auto_insert_metric_name = true;
+  /// A file name that exists already (a `filename` without a changing
+  /// metric) gets a version, `best-v1.ckpt`, `best-v2.ckpt`, ..., instead of
+  /// being overwritten.
+  bool enable_version_counter = true;
 };
 
 /// Saves checkpoints while fitting and keeps the best (Lightning's ModelCheckpoint).
@@ -62,6 +66,8 @@ class ModelCheckpoint : public Callback {
   std::string format_checkpoint_name(const std::map<std::string, double>& metrics) const;
 
  private:
+  static constexpr int64_t kStartingVersion = 1;
+
   void save(Trainer& trainer);
   bool check_monitor_top_k(Trainer& trainer, double current) const;
   void update_best_and_save(double current, Trainer& trainer, const std::map<std::string, double>& candidates);
@@ -69,6 +75,10 @@ class ModelCheckpoint : public Callback {
   void save_checkpoint(Trainer& trainer, const std::string& filepath);
   bool should_remove_checkpoint(const std::string& previous, const std::string& current) const;
   void remove_checkpoint(Trainer& trainer, const std::string& filepath) const;
+  std::string checkpoint_path(const std::string& name, std::optional<int64_t> version = std::nullopt) const;
+  std::string metric_interpolated_filepath(const std::map<std::string, double>& candidates, Trainer& trainer,
+                                           const std::string& del_filepath) const;
+  bool file_exists(const std::string& filepath, Trainer& trainer) const;
   double worst_score() const;
   bool better(double a, double b) const;
 
