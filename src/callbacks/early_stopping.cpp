@@ -14,12 +14,6 @@
 namespace fulgor {
 namespace {
 
-std::string metric_names(const std::map<std::string, double>& metrics) {
-  std::vector<std::string> names;
-  for (const auto& [k, v] : metrics) names.push_back(k);
-  return names.empty() ? "none" : fmt::format("{}", fmt::join(names, ", "));
-}
-
 // JSON has no infinity; the "nothing yet" score is stored as null.
 nlohmann::json finite_or_null(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
 
@@ -52,30 +46,51 @@ void EarlyStopping::load_state_dict(const nlohmann::json& state) {
 }
 
 void EarlyStopping::setup(Trainer& trainer, ModuleBase&, const std::string&) {
-  // Lightning checks after validation when fit validates, else at epoch end.
-  (void)trainer;
-  on_validation_ = false;
+  // Note [When EarlyStopping checks]
+  // As in Lightning's setup: at the end of each training epoch when every
+  // epoch ends with exactly one validation run (or has none), else after
+  // each validation run, so that an epoch without validation (with
+  // check_val_every_n_epoch > 1) is not checked.
+  if (!options_.check_on_train_epoch_end) {
+    const TrainerOptions& o = trainer.options();
+    const Limit& interval = o.val_check_interval;
+    const bool one_per_epoch = interval.is_count() ? interval.count() == 1 : interval.fraction() == 1.0;
+    options_.check_on_train_epoch_end = one_per_epoch && o.check_val_every_n_epoch == 1;
+  }
+}
+
+bool EarlyStopping::should_skip_check(const Trainer& trainer) const {
+  return trainer.stage() != "fit" || trainer.sanity_checking();
 }
 
 void EarlyStopping::on_validation_end(Trainer& trainer, ModuleBase&) {
-  if (trainer.stage() != "fit" || trainer.sanity_checking()) return;
-  on_validation_ = true;
+  if (options_.check_on_train_epoch_end.value_or(false) || should_skip_check(trainer)) return;
   check(trainer);
 }
 
 void EarlyStopping::on_train_epoch_end(Trainer& trainer, ModuleBase&) {
-  if (!on_validation_) check(trainer);
+  if (!options_.check_on_train_epoch_end.value_or(false) || should_skip_check(trainer)) return;
+  check(trainer);
+}
+
+// Lightning's _validate_condition_metric.
+bool EarlyStopping::validate_condition_metric(const std::map<std::string, double>& logs) const {
+  if (logs.count(options_.monitor)) return true;
+  std::vector<std::string> names;
+  for (const auto& [name, value] : logs) names.push_back(name);
+  const std::string message = fmt::format(
+      "Early stopping conditioned on metric `{}` which is not available. Pass in or modify your `EarlyStopping` "
+      "callback to use any of the following: `{}`",
+      options_.monitor, fmt::join(names, "`, `"));
+  if (options_.strict) throw ConfigError(message);
+  if (options_.verbose) std::cerr << message << std::endl;
+  return false;
 }
 
 void EarlyStopping::check(Trainer& trainer) {
   const auto& metrics = trainer.callback_metrics();
-  auto it = metrics.find(options_.monitor);
-  if (it == metrics.end()) {
-    if (!options_.strict) return;
-    throw ConfigError(fmt::format("EarlyStopping could not find the monitored metric '{}'; logged metrics: {}",
-                                  options_.monitor, metric_names(metrics)));
-  }
-  const double current = it->second;
+  if (trainer.options().fast_dev_run > 0 || !validate_condition_metric(metrics)) return;
+  const double current = metrics.at(options_.monitor);
   const bool min_mode = options_.mode == "min";
   auto improves = [&](double a, double b) { return min_mode ? a < b : a > b; };
   std::string reason;

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 
@@ -26,12 +27,17 @@ struct EarlyStoppingOptions {
   bool strict = true;
   /// Print the reason when stopping.
   bool verbose = false;
+  /// Check at the end of each training epoch (true) or after each validation
+  /// run (false). Unset: at the epoch's end when val_check_interval is 1.0 and
+  /// check_val_every_n_epoch is 1, else after validation (Lightning's rule).
+  std::optional<bool> check_on_train_epoch_end;
 };
 
 /// Stops fitting when a monitored metric stops improving (Lightning's EarlyStopping).
 ///
-/// Contract: checks after each validation run when fit has validation, else at
-/// the end of each training epoch; asks the Trainer to stop with a reason
+/// Contract: checks at the end of each training epoch or after each
+/// validation run, as check_on_train_epoch_end says (never in the sanity
+/// check, nor outside fit, nor under fast_dev_run); asks the Trainer to stop with a reason
 /// (also in reason()) naming the metric and the rule that fired.
 class EarlyStopping : public Callback {
  public:
@@ -51,10 +57,11 @@ class EarlyStopping : public Callback {
   const std::string& reason() const { return reason_; }
 
  private:
+  bool should_skip_check(const Trainer& trainer) const;
+  bool validate_condition_metric(const std::map<std::string, double>& logs) const;
   void check(Trainer& trainer);
 
   EarlyStoppingOptions options_;
-  bool on_validation_ = false;
   double best_;
   int64_t wait_ = 0;
   int64_t stopped_epoch_ = 0;
