@@ -97,5 +97,38 @@ TEST(ModelCheckpoint, AConstantFilenameIsVersionedInsteadOfOverwritten) {
   EXPECT_EQ(plain.step_in("best.ckpt"), 16);
 }
 
+// Without a monitor nothing is ranked: Lightning's best_model_score stays
+// None and best_k_models empty, and best_model_path is the latest file.
+TEST(ModelCheckpoint, WithoutAMonitorThereIsNoBestScore) {
+  Run run({0.5, 0.4}, {.filename = "{epoch}"}, 2);
+  run.fit();
+  EXPECT_EQ(run.files(), (std::set<std::string>{"epoch=1.ckpt"}));
+  EXPECT_EQ(run.name(run.checkpoint->best_model_path()), "epoch=1.ckpt");
+  EXPECT_FALSE(run.checkpoint->best_model_score().has_value());
+  EXPECT_TRUE(run.checkpoint->best_k_models().empty());
+  EXPECT_EQ(run.checkpoint->kth_best_model_path(), "");
+}
+
+// The k-th best is the worst of the k kept (_update_best_and_save), set once
+// k files are kept; until then kth_value is the mode's worst value.
+TEST(ModelCheckpoint, TheKthBestIsTheWorstOfTheKKept) {
+  Run partial({0.5, 0.4}, {.filename = "{epoch}", .monitor = "val_loss", .save_top_k = 3}, 2);
+  partial.fit();
+  EXPECT_EQ(partial.checkpoint->kth_best_model_path(), "");
+  EXPECT_EQ(partial.checkpoint->kth_value(), std::numeric_limits<double>::infinity());
+
+  Run full({0.5, 0.4, 0.6, 0.3}, {.filename = "{epoch}", .monitor = "val_loss", .save_top_k = 3}, 4);
+  full.fit();
+  // After epoch 2 the kept are 0.5, 0.4, 0.6 (k-th: 0.6); 0.3 replaces it.
+  EXPECT_EQ(full.files(), (std::set<std::string>{"epoch=0.ckpt", "epoch=1.ckpt", "epoch=3.ckpt"}));
+  EXPECT_EQ(full.name(full.checkpoint->kth_best_model_path()), "epoch=0.ckpt");
+  EXPECT_EQ(full.checkpoint->kth_value(), 0.5);
+
+  Run max({0.5, 0.4, 0.6}, {.filename = "{epoch}", .monitor = "val_loss", .mode = "max", .save_top_k = 2}, 3);
+  max.fit();
+  EXPECT_EQ(max.name(max.checkpoint->kth_best_model_path()), "epoch=0.ckpt");
+  EXPECT_EQ(max.checkpoint->kth_value(), 0.5);
+}
+
 }  // namespace
 }  // namespace fulgor::testing

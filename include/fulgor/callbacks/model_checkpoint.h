@@ -57,11 +57,19 @@ class ModelCheckpoint : public Callback {
   void on_train_epoch_end(Trainer& trainer, ModuleBase& module) override;
 
   const std::string& dirpath() const { return dirpath_; }
+  /// The best checkpoint (without a monitor: the latest top-k save).
   const std::string& best_model_path() const { return best_model_path_; }
+  /// Its monitored score; empty without a monitor. A NaN score is kept as
+  /// the mode's worst value (+inf for "min", -inf for "max").
   std::optional<double> best_model_score() const { return best_model_score_; }
   const std::string& last_model_path() const { return last_model_path_; }
-  /// The kept checkpoints and their monitored scores (0 without a monitor).
+  /// The kept checkpoints and their monitored scores; empty without a monitor.
   const std::map<std::string, double>& best_k_models() const { return best_k_models_; }
+  /// The worst of the kept checkpoints, the one the next better score
+  /// replaces, and its score; set once save_top_k files are kept (before
+  /// that, "" and the mode's worst value).
+  const std::string& kth_best_model_path() const { return kth_best_model_path_; }
+  double kth_value() const { return kth_value_; }
   /// The file name `filename` gives with these metrics, without the folder.
   std::string format_checkpoint_name(const std::map<std::string, double>& metrics) const;
 
