@@ -12,6 +12,7 @@
 #include <regex>
 
 #include "fulgor/trainer.h"
+#include "python_format.h"
 
 namespace fulgor {
 namespace {
@@ -75,30 +76,36 @@ void ModelCheckpoint::setup(Trainer& trainer, ModuleBase&, const std::string&) {
   if (dirpath_.empty()) dirpath_ = (fs::path(trainer.default_root_dir()) / "checkpoints").string();
 }
 
+// Lightning's _format_checkpoint_name: each `{name}` or `{name:spec}` takes
+// the metric's value through Python's format (epoch and step as integers, a
+// missing metric as the integer 0), after "name=" with auto_insert_metric_name.
 std::string ModelCheckpoint::format_checkpoint_name(const std::map<std::string, double>& metrics) const {
-  static const std::regex group(R"(\{([^}:]+)(?::([^}]*))?\})");
+  static const std::regex group(R"(\{([^}:]*)(?::([^}]*))?\})");
+  const std::string& filename = options_.filename;
   std::string out;
-  auto begin = std::sregex_iterator(options_.filename.begin(), options_.filename.end(), group);
   size_t last = 0;
-  for (auto it = begin; it != std::sregex_iterator(); ++it) {
+  for (auto it = std::sregex_iterator(filename.begin(), filename.end(), group); it != std::sregex_iterator(); ++it) {
     const auto& m = *it;
-    out += options_.filename.substr(last, static_cast<size_t>(m.position()) - last);
+    out += filename.substr(last, static_cast<size_t>(m.position()) - last);
     last = static_cast<size_t>(m.position() + m.length());
     const std::string name = m[1].str(), spec = m[2].str();
     auto value = metrics.find(name);
-    std::string text;
-    if (value == metrics.end()) {
-      text = "nan";
-    } else if (name == "epoch" || name == "step") {
-      text = std::to_string(static_cast<int64_t>(value->second));
-    } else {
-      text =
-          spec.empty() ? fmt::format("{}", value->second) : fmt::format(fmt::runtime("{:" + spec + "}"), value->second);
+    const bool integer = value == metrics.end() || name == "epoch" || name == "step";
+    const double number = value == metrics.end() ? 0.0 : value->second;
+    if (options_.auto_insert_metric_name) out += name + "=";
+    try {
+      // Python formats an integer with a float presentation (`{epoch:.1f}`)
+      // as a float.
+      if (integer && (spec.empty() || spec.find_first_of("eEfFgG%") == std::string::npos))
+        out += fmt::format(fmt::runtime("{:" + spec + "}"), static_cast<int64_t>(number));
+      else
+        out += spec.empty() ? detail::python_repr(number) : fmt::format(fmt::runtime("{:" + spec + "}"), number);
+    } catch (const fmt::format_error& e) {
+      throw ConfigError(fmt::format("ModelCheckpoint: filename \"{}\": the format \"{}\" does not fit {} = {} ({})",
+                                    filename, spec, name, number, e.what()));
     }
-    out += options_.auto_insert_metric_name ? name + "=" + text : text;
   }
-  out += options_.filename.substr(last);
-  return out;
+  return out + filename.substr(last);
 }
 
 std::string ModelCheckpoint::checkpoint_path(const std::string& name, std::optional<int64_t> version) const {
@@ -124,6 +131,18 @@ bool ModelCheckpoint::file_exists(const std::string& filepath, Trainer& trainer)
   return trainer.reduce_boolean_decision(local, /*all=*/false);
 }
 
+// Lightning's _monitor_candidates: the logged metrics, with epoch and step
+// as integers (a logged "epoch" or "step" wins over the Trainer's).
+std::map<std::string, double> ModelCheckpoint::monitor_candidates(const Trainer& trainer) const {
+  std::map<std::string, double> candidates = trainer.callback_metrics();
+  for (auto [name, own] : {std::pair<const char*, int64_t>{"epoch", trainer.current_epoch()},
+                           std::pair<const char*, int64_t>{"step", trainer.global_step()}}) {
+    auto it = candidates.find(name);
+    candidates[name] = static_cast<double>(it == candidates.end() ? own : static_cast<int32_t>(it->second));
+  }
+  return candidates;
+}
+
 double ModelCheckpoint::worst_score() const {
   return options_.mode == "min" ? std::numeric_limits<double>::infinity() : -std::numeric_limits<double>::infinity();
 }
@@ -132,9 +151,7 @@ bool ModelCheckpoint::better(double a, double b) const { return options_.mode ==
 
 void ModelCheckpoint::save(Trainer& trainer) {
   if (trainer.sanity_checking() || trainer.global_step() == last_global_step_saved_) return;
-  std::map<std::string, double> candidates = trainer.callback_metrics();
-  candidates["epoch"] = static_cast<double>(trainer.current_epoch());
-  candidates["step"] = static_cast<double>(trainer.global_step());
+  std::map<std::string, double> candidates = monitor_candidates(trainer);
   if (options_.save_top_k != 0) {
     if (options_.monitor.empty()) {
       save_none_monitor_checkpoint(trainer, candidates);

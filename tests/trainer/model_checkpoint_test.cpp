@@ -130,5 +130,29 @@ TEST(ModelCheckpoint, TheKthBestIsTheWorstOfTheKKept) {
   EXPECT_EQ(max.checkpoint->kth_value(), 0.5);
 }
 
+// Lightning's format_checkpoint_name: every group takes its format spec,
+// epoch and step included, and auto_insert_metric_name (the default) puts
+// "name=" where the group begins. A missing metric is 0.
+TEST(ModelCheckpoint, FormatSpecsApplyToEpochAndStep) {
+  const std::map<std::string, double> metrics{{"epoch", 3}, {"step", 12}, {"val_loss", 0.4}};
+  ModelCheckpoint plain({.filename = "e{epoch:02d}_{val_loss:.3f}", .auto_insert_metric_name = false});
+  EXPECT_EQ(plain.format_checkpoint_name(metrics), "e03_0.400");
+  ModelCheckpoint named({.filename = "e{epoch:02d}_{val_loss:.3f}"});
+  EXPECT_EQ(named.format_checkpoint_name(metrics), "eepoch=03_val_loss=0.400");
+  // Lightning's own examples.
+  EXPECT_EQ(ModelCheckpoint({.filename = "{epoch:03d}"}).format_checkpoint_name({{"epoch", 5}}), "epoch=005");
+  EXPECT_EQ(ModelCheckpoint({.filename = "{epoch}-{val_loss:.2f}"})
+                .format_checkpoint_name({{"epoch", 2}, {"val_loss", 0.123456}}),
+            "epoch=2-val_loss=0.12");
+  EXPECT_EQ(ModelCheckpoint({.filename = "{missing:d}"}).format_checkpoint_name({}), "missing=0");
+  EXPECT_EQ(ModelCheckpoint({.filename = "{step:05d}"}).format_checkpoint_name(metrics), "step=00012");
+  EXPECT_EQ(ModelCheckpoint(ModelCheckpointOptions{}).format_checkpoint_name(metrics), "epoch=3-step=12");
+
+  Run run({0.5, 0.45, 0.42, 0.4},
+          {.filename = "e{epoch:02d}_{val_loss:.3f}", .monitor = "val_loss", .auto_insert_metric_name = false}, 4);
+  run.fit();
+  EXPECT_EQ(run.files(), (std::set<std::string>{"e03_0.400.ckpt"}));
+}
+
 }  // namespace
 }  // namespace fulgor::testing

@@ -14,8 +14,10 @@ struct ModelCheckpointOptions {
   /// Folder of the checkpoints (default: the Trainer's default_root_dir/checkpoints).
   std::string dirpath;
   /// File name without ".ckpt": `{epoch}`, `{step}` and logged metric names,
-  /// with an optional format (`{val_loss:.3f}`). With auto_insert_metric_name,
-  /// `{epoch}` becomes `epoch=3`. Default "{epoch}-{step}".
+  /// each with an optional Python format spec (`{epoch:02d}`, `{val_loss:.3f}`);
+  /// a metric not logged is 0. With auto_insert_metric_name, each group is
+  /// preceded by its name: "e{epoch:02d}" gives `eepoch=03`. Default
+  /// "{epoch}-{step}".
   std::string filename;
   /// The metric that ranks checkpoints (empty: keep the latest).
   std::string monitor;
@@ -70,7 +72,9 @@ class ModelCheckpoint : public Callback {
   /// that, "" and the mode's worst value).
   const std::string& kth_best_model_path() const { return kth_best_model_path_; }
   double kth_value() const { return kth_value_; }
-  /// The file name `filename` gives with these metrics, without the folder.
+  /// The file name `filename` gives with these metrics, without the folder,
+  /// version and ".ckpt". Throws ConfigError when a format spec does not fit
+  /// its value (`{val_loss:d}`).
   std::string format_checkpoint_name(const std::map<std::string, double>& metrics) const;
 
  private:
@@ -87,6 +91,7 @@ class ModelCheckpoint : public Callback {
   std::string metric_interpolated_filepath(const std::map<std::string, double>& candidates, Trainer& trainer,
                                            const std::string& del_filepath) const;
   bool file_exists(const std::string& filepath, Trainer& trainer) const;
+  std::map<std::string, double> monitor_candidates(const Trainer& trainer) const;
   double worst_score() const;
   bool better(double a, double b) const;
 
