@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <iostream>
 #include <limits>
 #include <regex>
 
@@ -18,12 +19,6 @@ namespace fulgor {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string metric_names(const std::map<std::string, double>& metrics) {
-  std::vector<std::string> names;
-  for (const auto& [k, v] : metrics) names.push_back(k);
-  return names.empty() ? "none" : fmt::format("{}", fmt::join(names, ", "));
-}
 
 }  // namespace
 
@@ -37,14 +32,37 @@ ModelCheckpoint::ModelCheckpoint(ModelCheckpointOptions options) : options_(std:
         "ModelCheckpoint: save_top_k={} ranks checkpoints, which needs a monitor; without one use -1, 0 or 1",
         options_.save_top_k));
   if (options_.filename.empty()) options_.filename = "{epoch}-{step}";
-  if (!options_.every_n_epochs && !options_.every_n_train_steps) options_.every_n_epochs = 1;
+  // Lightning's __init_triggers: with no trigger, once per epoch.
+  if (!options_.every_n_epochs && !options_.every_n_train_steps && !options_.train_time_interval) {
+    every_n_epochs_ = 1;
+  } else {
+    every_n_epochs_ = options_.every_n_epochs.value_or(0);
+    every_n_train_steps_ = options_.every_n_train_steps.value_or(0);
+  }
+  if (every_n_train_steps_ < 0)
+    throw ConfigError(
+        fmt::format("ModelCheckpoint: every_n_train_steps must be >= 0 (0: never), got {}", every_n_train_steps_));
+  if (every_n_epochs_ < 0)
+    throw ConfigError(fmt::format("ModelCheckpoint: every_n_epochs must be >= 0 (0: never), got {}", every_n_epochs_));
+  if ((every_n_train_steps_ >= 1) + (every_n_epochs_ >= 1) + options_.train_time_interval.has_value() > 1)
+    throw ConfigError(fmt::format(
+        "ModelCheckpoint: every_n_train_steps={}, every_n_epochs={} and train_time_interval={} s exclude each other; "
+        "give one (use several ModelCheckpoint callbacks for several schedules)",
+        every_n_train_steps_, every_n_epochs_,
+        options_.train_time_interval ? fmt::format("{}", options_.train_time_interval->count()) : "unset"));
   dirpath_ = options_.dirpath;
   kth_value_ = worst_score();
 }
 
 std::string ModelCheckpoint::state_key() const {
-  return fmt::format("ModelCheckpoint{{monitor={},mode={},every_n_train_steps={},every_n_epochs={}}}", options_.monitor,
-                     options_.mode, options_.every_n_train_steps.value_or(0), options_.every_n_epochs.value_or(0));
+  // The key names what tells two ModelCheckpoint callbacks apart, as
+  // Lightning's; train_time_interval only when set, so that the keys of
+  // earlier checkpoints still match.
+  std::string time;
+  if (options_.train_time_interval)
+    time = fmt::format(",train_time_interval={}", options_.train_time_interval->count());
+  return fmt::format("ModelCheckpoint{{monitor={},mode={},every_n_train_steps={},every_n_epochs={}{}}}",
+                     options_.monitor, options_.mode, every_n_train_steps_, every_n_epochs_, time);
 }
 
 nlohmann::json ModelCheckpoint::state_dict() const {
@@ -72,7 +90,8 @@ void ModelCheckpoint::load_state_dict(const nlohmann::json& state) {
   }
 }
 
-void ModelCheckpoint::setup(Trainer& trainer, ModuleBase&, const std::string&) {
+void ModelCheckpoint::setup(Trainer& trainer, ModuleBase&, const std::string& stage) {
+  if (stage == "fit") fit_validates_ = validation_has_run_ = false;
   if (dirpath_.empty()) dirpath_ = (fs::path(trainer.default_root_dir()) / "checkpoints").string();
 }
 
@@ -149,26 +168,32 @@ double ModelCheckpoint::worst_score() const {
 
 bool ModelCheckpoint::better(double a, double b) const { return options_.mode == "min" ? a < b : a > b; }
 
-void ModelCheckpoint::save(Trainer& trainer) {
-  if (trainer.sanity_checking() || trainer.global_step() == last_global_step_saved_) return;
-  std::map<std::string, double> candidates = monitor_candidates(trainer);
-  if (options_.save_top_k != 0) {
-    if (options_.monitor.empty()) {
-      save_none_monitor_checkpoint(trainer, candidates);
-    } else {
-      auto it = candidates.find(options_.monitor);
-      if (it == candidates.end())
-        throw ConfigError(
-            fmt::format("ModelCheckpoint(monitor=\"{}\") could not find the monitored metric; logged "
-                        "metrics: {}. Did you call log(\"{}\", value)?",
-                        options_.monitor, metric_names(trainer.callback_metrics()), options_.monitor));
-      if (check_monitor_top_k(trainer, it->second)) update_best_and_save(it->second, trainer, candidates);
-    }
+// Lightning's _save_topk_checkpoint. A missing monitored metric is an error
+// once validation has run in this fit (it cannot appear later), before that
+// a warning, and the save is skipped.
+void ModelCheckpoint::save_topk_checkpoint(Trainer& trainer, const std::map<std::string, double>& candidates) {
+  if (options_.save_top_k == 0) return;
+  if (options_.monitor.empty()) return save_none_monitor_checkpoint(trainer, candidates);
+  auto it = candidates.find(options_.monitor);
+  if (it == candidates.end()) {
+    std::vector<std::string> names;
+    for (const auto& [name, value] : candidates) names.push_back("'" + name + "'");
+    const std::string message = fmt::format(
+        "`ModelCheckpoint(monitor='{}')` could not find the monitored key in the returned metrics: [{}]. HINT: Did "
+        "you call `log('{}', value)` in the `LightningModule`?",
+        options_.monitor, fmt::join(names, ", "), options_.monitor);
+    if (validation_has_run_) throw ConfigError(message);
+    if (!warned_missing_monitor_ && trainer.is_global_zero()) std::cerr << message << std::endl;
+    warned_missing_monitor_ = true;
+    return;
   }
-  if (options_.save_last) {
-    last_model_path_ = (fs::path(dirpath_) / "last.ckpt").string();
-    save_checkpoint(trainer, last_model_path_);
-  }
+  if (check_monitor_top_k(trainer, it->second)) update_best_and_save(it->second, trainer, candidates);
+}
+
+void ModelCheckpoint::save_last_checkpoint(Trainer& trainer) {
+  if (!options_.save_last) return;
+  last_model_path_ = (fs::path(dirpath_) / "last.ckpt").string();
+  save_checkpoint(trainer, last_model_path_);
 }
 
 // Lightning's check_monitor_top_k: a NaN is never better than the k-th score.
@@ -244,16 +269,93 @@ void ModelCheckpoint::remove_checkpoint(Trainer& trainer, const std::string& fil
   fs::remove(filepath, ec);
 }
 
+// Lightning's _should_skip_saving_checkpoint.
+bool ModelCheckpoint::should_skip_saving_checkpoint(const Trainer& trainer) const {
+  return trainer.options().fast_dev_run > 0 || trainer.stage() != "fit" || trainer.sanity_checking() ||
+         last_global_step_saved_ == trainer.global_step();
+}
+
+// Note [When ModelCheckpoint saves]
+// Lightning's _should_save_on_train_epoch_end: unless save_on_train_epoch_end
+// says, the epoch-based save happens after validation when validation does
+// not run exactly once at each epoch's end (check_val_every_n_epoch != 1, or
+// val_check_interval != 1.0 and the fit validates), else at the epoch's end.
+// Lightning knows from the loader whether the fit validates; a callback here
+// knows it once a validation run (or the sanity check) has begun, which with
+// val_check_interval < 1.0 is before the first epoch ends.
+bool ModelCheckpoint::should_save_on_train_epoch_end(const Trainer& trainer) const {
+  if (options_.save_on_train_epoch_end) return *options_.save_on_train_epoch_end;
+  const TrainerOptions& o = trainer.options();
+  if (o.check_val_every_n_epoch != 1) return false;
+  if (!fit_validates_) return true;
+  const Limit& interval = o.val_check_interval;
+  return interval.is_count() ? interval.count() == 1 : interval.fraction() == 1.0;
+}
+
+void ModelCheckpoint::on_train_start(Trainer&, ModuleBase&) { last_time_checked_ = Clock::now(); }
+
+void ModelCheckpoint::on_sanity_check_start(Trainer&, ModuleBase&) { fit_validates_ = true; }
+
+void ModelCheckpoint::on_validation_start(Trainer& trainer, ModuleBase&) {
+  if (trainer.stage() == "fit") fit_validates_ = true;
+}
+
 void ModelCheckpoint::on_train_batch_end(Trainer& trainer, ModuleBase&, const torch::Tensor&, int64_t) {
-  if (options_.every_n_train_steps && *options_.every_n_train_steps > 0 &&
-      trainer.global_step() % *options_.every_n_train_steps == 0)
-    save(trainer);
+  const bool skip_due_to_state = should_skip_saving_checkpoint(trainer);
+  const bool skip_batch = every_n_train_steps_ < 1 || trainer.global_step() % every_n_train_steps_ != 0;
+  bool skip_time = true;
+  const auto now = Clock::now();
+  if (options_.train_time_interval) {
+    skip_time = !last_time_checked_ || now - *last_time_checked_ < *options_.train_time_interval;
+    // Ranks' clocks differ: every rank saves when any is due.
+    skip_time = trainer.reduce_boolean_decision(skip_time);
+  }
+  if (skip_batch && skip_time) return;
+  if (!skip_time) last_time_checked_ = now;
+  const auto candidates = monitor_candidates(trainer);
+  // A metric that validation logs is saved with once validation has run.
+  if (!options_.monitor.empty() && !candidates.count(options_.monitor)) {
+    defer_save_until_validation_ = true;
+    return;
+  }
+  // The epoch's last batch is followed by validation, whose fresh value the
+  // save should rank by.
+  const auto batches = trainer.num_training_batches();
+  const bool last_batch = batches && trainer.batches_in_epoch() == *batches;
+  const auto every = trainer.options().check_val_every_n_epoch;
+  if (!options_.monitor.empty() && !should_save_on_train_epoch_end(trainer) && last_batch && fit_validates_ &&
+      (!every || (trainer.current_epoch() + 1) % *every == 0)) {
+    defer_save_until_validation_ = true;
+    return;
+  }
+  if (skip_due_to_state) return;
+  save_topk_checkpoint(trainer, candidates);
+  save_last_checkpoint(trainer);
 }
 
 void ModelCheckpoint::on_train_epoch_end(Trainer& trainer, ModuleBase&) {
-  if (options_.every_n_epochs && *options_.every_n_epochs > 0 &&
-      (trainer.current_epoch() + 1) % *options_.every_n_epochs == 0)
-    save(trainer);
+  if (should_skip_saving_checkpoint(trainer) || !should_save_on_train_epoch_end(trainer)) return;
+  save_on_epoch(trainer);
+}
+
+void ModelCheckpoint::on_validation_end(Trainer& trainer, ModuleBase&) {
+  if (trainer.stage() == "fit" && !trainer.sanity_checking()) validation_has_run_ = true;
+  if (should_skip_saving_checkpoint(trainer) || should_save_on_train_epoch_end(trainer)) return;
+  if (defer_save_until_validation_) {
+    const auto candidates = monitor_candidates(trainer);
+    save_topk_checkpoint(trainer, candidates);
+    save_last_checkpoint(trainer);
+    defer_save_until_validation_ = false;
+    return;
+  }
+  save_on_epoch(trainer);
+}
+
+// The epoch-based save, and last.ckpt when that saved at this step.
+void ModelCheckpoint::save_on_epoch(Trainer& trainer) {
+  if (every_n_epochs_ >= 1 && (trainer.current_epoch() + 1) % every_n_epochs_ == 0)
+    save_topk_checkpoint(trainer, monitor_candidates(trainer));
+  if (last_global_step_saved_ == trainer.global_step()) save_last_checkpoint(trainer);
 }
 
 }  // namespace fulgor

@@ -154,5 +154,71 @@ TEST(ModelCheckpoint, FormatSpecsApplyToEpochAndStep) {
   EXPECT_EQ(run.files(), (std::set<std::string>{"e03_0.400.ckpt"}));
 }
 
+// With several validation runs per epoch Lightning saves after each of them
+// (_should_save_on_train_epoch_end is false when val_check_interval != 1.0
+// and there are validation batches).
+TEST(ModelCheckpoint, SavesAfterEveryValidationRunWithinAnEpoch) {
+  Run run({0.5, 0.4, 0.3, 0.2}, {.monitor = "val_loss", .save_top_k = -1}, 2);
+  run.options.val_check_interval = 0.5;
+  run.fit();
+  EXPECT_EQ(run.files(), (std::set<std::string>{"epoch=0-step=4.ckpt", "epoch=0-step=8.ckpt", "epoch=1-step=12.ckpt",
+                                                "epoch=1-step=16.ckpt"}));
+  EXPECT_EQ(run.name(run.checkpoint->best_model_path()), "epoch=1-step=16.ckpt");
+}
+
+// With check_val_every_n_epoch != 1 the save follows validation, so the
+// epochs without it save nothing (and miss no metric).
+TEST(ModelCheckpoint, WithCheckValEveryNEpochItSavesAfterValidation) {
+  Run run({0.5, 0.4}, {.monitor = "val_loss", .save_top_k = -1}, 4);
+  run.options.check_val_every_n_epoch = 2;
+  run.fit();
+  EXPECT_EQ(run.files(), (std::set<std::string>{"epoch=1-step=16.ckpt", "epoch=3-step=32.ckpt"}));
+}
+
+// Lightning's on_train_epoch_end / on_validation_end write last.ckpt only
+// when a top-k checkpoint was saved at the same step.
+TEST(ModelCheckpoint, LastIsRewrittenOnlyWithATopKSave) {
+  Run run({0.5, 0.6, 0.4, 0.7}, {.filename = "{epoch}", .monitor = "val_loss", .save_top_k = 1, .save_last = true}, 4);
+  run.fit();
+  EXPECT_EQ(run.files(), (std::set<std::string>{"epoch=2.ckpt", "last.ckpt"}));
+  EXPECT_EQ(run.step_in("last.ckpt"), 24);
+  EXPECT_EQ(run.name(run.checkpoint->last_model_path()), "last.ckpt");
+}
+
+// train_time_interval: Lightning allows a zero interval, which saves after
+// every training batch; the epoch-based save is then off.
+TEST(ModelCheckpoint, AZeroTrainTimeIntervalSavesAfterEveryBatch) {
+  Run run({0.5}, {.filename = "{step}", .save_top_k = -1, .train_time_interval = std::chrono::seconds(0)}, 1);
+  run.fit();
+  EXPECT_EQ(run.files(), (std::set<std::string>{"step=1.ckpt", "step=2.ckpt", "step=3.ckpt", "step=4.ckpt",
+                                                "step=5.ckpt", "step=6.ckpt", "step=7.ckpt", "step=8.ckpt"}));
+}
+
+// A monitored metric that only validation logs: a step-based save waits for
+// the validation after it instead of failing (Lightning's
+// _defer_save_until_validation), and no step is saved twice.
+TEST(ModelCheckpoint, AStepSaveWaitsForTheValidationThatLogsTheMonitor) {
+  Run run({0.5, 0.4, 0.3, 0.2},
+          {.filename = "{step}", .monitor = "val_loss", .save_top_k = -1, .every_n_train_steps = 3}, 2);
+  run.options.val_check_interval = 0.5;  // validation after steps 4, 8, 12, 16
+  run.fit();
+  // Step 3 has no val_loss yet: saved after the validation at step 4. Steps 6,
+  // 9, 12 and 15 save at once; the validation at step 12 does not save again.
+  EXPECT_EQ(run.files(),
+            (std::set<std::string>{"step=4.ckpt", "step=6.ckpt", "step=9.ckpt", "step=12.ckpt", "step=15.ckpt"}));
+}
+
+// Lightning's on_train_epoch_end / on_validation_end write last.ckpt only
+// when a top-k checkpoint was saved at the same step.
+TEST(ModelCheckpoint, LastIsRewrittenOnlyWithATopKSave) {
+  Run run({0.5, 0.6, 0.4, 0.7}, {.filename = "{epoch}", .monitor = "val_loss", .save_top_k = 1, .save_last = true},
+          4);
+  run.fit();
+  EXPECT_EQ(run.files(), (std::set<std::string>{"epoch=2.ckpt", "last.ckpt"}));
+  EXPECT_EQ(run.step_in("last.ckpt"), 24);
+  EXPECT_EQ(run.name(run.checkpoint->last_model_path()), "last.ckpt");
+}
+
 }  // namespace
 }  // namespace fulgor::testing
+

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -27,11 +28,20 @@ struct ModelCheckpointOptions {
   int64_t save_top_k = 1;
   /// Also write last.ckpt on every save.
   bool save_last = false;
-  /// Saves at the end of every N-th training epoch (default 1, unless
-  /// every_n_train_steps is set).
+  /// Saves at the end of every N-th training epoch, or after its validation
+  /// (see save_on_train_epoch_end); 0 never. Default 1 when neither
+  /// every_n_train_steps nor train_time_interval is set, else 0.
   std::optional<int64_t> every_n_epochs;
-  /// Saves after every N optimizer steps.
+  /// Saves after every N optimizer steps (0 or unset: never).
   std::optional<int64_t> every_n_train_steps;
+  /// Saves after the first training batch that ends this long after the
+  /// previous time-based save (or the start of training).
+  std::optional<std::chrono::duration<double>> train_time_interval;
+  /// Whether the epoch-based save happens at the end of the training epoch
+  /// (true) or after validation (false). Unset: at the epoch's end when
+  /// check_val_every_n_epoch is 1 and either val_check_interval is 1.0 or
+  /// the fit does not validate, else after each validation run.
+  std::optional<bool> save_on_train_epoch_end;
   bool auto_insert_metric_name = true;
   /// A file name that exists already (a `filename` without a changing
   /// metric) gets a version, `best-v1.ckpt`, `best-v2.ckpt`, ..., instead of
@@ -41,12 +51,17 @@ struct ModelCheckpointOptions {
 
 /// Saves checkpoints while fitting and keeps the best (Lightning's ModelCheckpoint).
 ///
-/// Contract: saves at the end of training epochs (after validation) and/or
-/// every N optimizer steps; keeps save_top_k files ranked by `monitor`
-/// (deleting the others it wrote), and writes last.ckpt when save_last. Throws
-/// ConfigError at a save when the monitored metric was never logged, listing
-/// the metrics that were. Its bookkeeping is saved in checkpoints, so a resumed
-/// run keeps ranking the earlier files.
+/// Contract: decides as Lightning 2.6's ModelCheckpoint. While fitting (not
+/// in the sanity check, nor under fast_dev_run, and at most once per optimizer
+/// step) it saves every N epochs at the epoch's end or after validation (see
+/// save_on_train_epoch_end), every N optimizer steps, or after a time
+/// interval; keeps the save_top_k files best by `monitor` (a NaN is the worst
+/// score), deleting the others it wrote in its folder; and with save_last
+/// rewrites last.ckpt after each of its saves. Throws ConfigError at a save
+/// when the monitored metric is missing once validation has run, listing the
+/// metrics that were logged (before that, warns and skips the save). Its
+/// bookkeeping is saved in checkpoints, so a resumed run keeps ranking the
+/// earlier files.
 class ModelCheckpoint : public Callback {
  public:
   explicit ModelCheckpoint(ModelCheckpointOptions options = {});
@@ -55,8 +70,12 @@ class ModelCheckpoint : public Callback {
   nlohmann::json state_dict() const override;
   void load_state_dict(const nlohmann::json& state) override;
   void setup(Trainer& trainer, ModuleBase& module, const std::string& stage) override;
+  void on_train_start(Trainer& trainer, ModuleBase& module) override;
+  void on_sanity_check_start(Trainer& trainer, ModuleBase& module) override;
+  void on_validation_start(Trainer& trainer, ModuleBase& module) override;
   void on_train_batch_end(Trainer& trainer, ModuleBase& module, const torch::Tensor& loss, int64_t batch_idx) override;
   void on_train_epoch_end(Trainer& trainer, ModuleBase& module) override;
+  void on_validation_end(Trainer& trainer, ModuleBase& module) override;
 
   const std::string& dirpath() const { return dirpath_; }
   /// The best checkpoint (without a monitor: the latest top-k save).
@@ -80,7 +99,13 @@ class ModelCheckpoint : public Callback {
  private:
   static constexpr int64_t kStartingVersion = 1;
 
-  void save(Trainer& trainer);
+  using Clock = std::chrono::steady_clock;
+
+  bool should_skip_saving_checkpoint(const Trainer& trainer) const;
+  bool should_save_on_train_epoch_end(const Trainer& trainer) const;
+  void save_on_epoch(Trainer& trainer);
+  void save_topk_checkpoint(Trainer& trainer, const std::map<std::string, double>& candidates);
+  void save_last_checkpoint(Trainer& trainer);
   bool check_monitor_top_k(Trainer& trainer, double current) const;
   void update_best_and_save(double current, Trainer& trainer, const std::map<std::string, double>& candidates);
   void save_none_monitor_checkpoint(Trainer& trainer, const std::map<std::string, double>& candidates);
@@ -96,6 +121,7 @@ class ModelCheckpoint : public Callback {
   bool better(double a, double b) const;
 
   ModelCheckpointOptions options_;
+  int64_t every_n_epochs_ = 0, every_n_train_steps_ = 0;
   std::string dirpath_;
   std::map<std::string, double> best_k_models_;
   std::string kth_best_model_path_;
@@ -104,6 +130,13 @@ class ModelCheckpoint : public Callback {
   std::string best_model_path_, last_model_path_;
   // Lightning starts at 0: nothing is saved before the first optimizer step.
   int64_t last_global_step_saved_ = 0;
+  std::optional<Clock::time_point> last_time_checked_;
+  // A step- or time-based save waiting for validation to log the monitor.
+  bool defer_save_until_validation_ = false;
+  // Note [When ModelCheckpoint saves] in model_checkpoint.cpp.
+  bool fit_validates_ = false;
+  bool validation_has_run_ = false;
+  bool warned_missing_monitor_ = false;
 };
 
 }  // namespace fulgor
