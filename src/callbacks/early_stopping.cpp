@@ -10,6 +10,7 @@
 #include <limits>
 
 #include "fulgor/trainer.h"
+#include "python_format.h"
 
 namespace fulgor {
 namespace {
@@ -23,9 +24,11 @@ EarlyStopping::EarlyStopping(EarlyStoppingOptions options) : options_(std::move(
   if (options_.mode != "min" && options_.mode != "max")
     throw ConfigError(fmt::format("EarlyStopping: mode must be \"min\" or \"max\", got \"{}\"", options_.mode));
   if (options_.monitor.empty()) throw ConfigError("EarlyStopping needs a metric to monitor");
-  // A positive min_delta must be beaten in the mode's direction.
-  options_.min_delta = std::abs(options_.min_delta) * (options_.mode == "min" ? -1.0 : 1.0);
-  best_ = options_.mode == "min" ? std::numeric_limits<double>::infinity() : -std::numeric_limits<double>::infinity();
+  // As Lightning: the sign is the mode's, the value's own sign is kept (a
+  // negative min_delta lets a slightly worse value count as an improvement).
+  min_delta_ = options_.mode == "max" ? options_.min_delta : -options_.min_delta;
+  best_score_ =
+      options_.mode == "min" ? std::numeric_limits<double>::infinity() : -std::numeric_limits<double>::infinity();
 }
 
 std::string EarlyStopping::state_key() const {
@@ -33,16 +36,26 @@ std::string EarlyStopping::state_key() const {
 }
 
 nlohmann::json EarlyStopping::state_dict() const {
-  return {{"wait_count", wait_},
+  return {{"wait_count", wait_count_},
           {"stopped_epoch", stopped_epoch_},
-          {"best_score", finite_or_null(best_)},
-          {"patience", options_.patience}};
+          {"best_score", finite_or_null(best_score_)},
+          {"patience", options_.patience},
+          {"stopping_reason", static_cast<int>(stopping_reason_)},
+          {"stopping_reason_message",
+           stopping_reason_message_.empty() ? nlohmann::json(nullptr) : nlohmann::json(stopping_reason_message_)}};
 }
 
 void EarlyStopping::load_state_dict(const nlohmann::json& state) {
-  wait_ = state.at("wait_count").get<int64_t>();
+  wait_count_ = state.at("wait_count").get<int64_t>();
   stopped_epoch_ = state.at("stopped_epoch").get<int64_t>();
-  if (!state.at("best_score").is_null()) best_ = state.at("best_score").get<double>();
+  if (!state.at("best_score").is_null()) best_score_ = state.at("best_score").get<double>();
+  options_.patience = state.at("patience").get<int64_t>();
+  const int reason = state.value("stopping_reason", 0);
+  if (reason < 0 || reason > static_cast<int>(EarlyStoppingReason::non_finite_metric))
+    throw CheckpointError(fmt::format("EarlyStopping state: stopping_reason {} is not one of 0..4", reason));
+  stopping_reason_ = static_cast<EarlyStoppingReason>(reason);
+  const auto message = state.find("stopping_reason_message");
+  stopping_reason_message_ = message != state.end() && message->is_string() ? message->get<std::string>() : "";
 }
 
 void EarlyStopping::setup(Trainer& trainer, ModuleBase&, const std::string&) {
@@ -87,34 +100,74 @@ bool EarlyStopping::validate_condition_metric(const std::map<std::string, double
   return false;
 }
 
+// Lightning's _run_early_stopping_check.
 void EarlyStopping::check(Trainer& trainer) {
   const auto& metrics = trainer.callback_metrics();
   if (trainer.options().fast_dev_run > 0 || !validate_condition_metric(metrics)) return;
-  const double current = metrics.at(options_.monitor);
-  const bool min_mode = options_.mode == "min";
-  auto improves = [&](double a, double b) { return min_mode ? a < b : a > b; };
-  std::string reason;
-  if (options_.check_finite && !std::isfinite(current)) {
-    reason = fmt::format("Monitored metric {} = {} is not finite. Previous best value was {:.3f}.", options_.monitor,
-                         current, best_);
-  } else if (options_.stopping_threshold && improves(current, *options_.stopping_threshold)) {
-    reason = fmt::format("Stopping threshold reached: {} = {} {} {}.", options_.monitor, current, min_mode ? "<" : ">",
-                         *options_.stopping_threshold);
-  } else if (options_.divergence_threshold && improves(*options_.divergence_threshold, current)) {
-    reason = fmt::format("Divergence threshold reached: {} = {} {} {}.", options_.monitor, current,
-                         min_mode ? ">" : "<", *options_.divergence_threshold);
-  } else if (improves(current - options_.min_delta, best_)) {
-    best_ = current;
-    wait_ = 0;
-  } else if (++wait_ >= options_.patience) {
-    reason = fmt::format("Monitored metric {} did not improve in the last {} records. Best score: {:.3f}.",
-                         options_.monitor, wait_, best_);
+  auto [should_stop, reason] = evaluate_stopping_criteria(metrics.at(options_.monitor));
+  // Every rank stops when any rank's metric says so.
+  should_stop = trainer.reduce_boolean_decision(should_stop, /*all=*/false);
+  if (should_stop) {
+    stopped_epoch_ = trainer.current_epoch();
+    stopping_reason_message_ = reason;
+    trainer.request_stop(reason);
   }
-  if (reason.empty()) return;
-  reason_ = "EarlyStopping: " + reason;
-  stopped_epoch_ = trainer.current_epoch();
-  if (options_.verbose) std::cout << reason_ << " Signaling Trainer to stop." << std::endl;
-  trainer.request_stop(reason_);
+  if (!reason.empty() && options_.verbose) log_info(trainer, reason);
+}
+
+// Lightning's _evaluate_stopping_criteria, with its messages.
+std::pair<bool, std::string> EarlyStopping::evaluate_stopping_criteria(double current) {
+  const bool min_mode = options_.mode == "min";
+  auto monitor_op = [&](double a, double b) { return min_mode ? a < b : a > b; };
+  const std::string& monitor = options_.monitor;
+  if (options_.check_finite && !std::isfinite(current)) {
+    stopping_reason_ = EarlyStoppingReason::non_finite_metric;
+    return {true, fmt::format("Monitored metric {} = {} is not finite. Previous best value was {:.3f}. Signaling "
+                              "Trainer to stop.",
+                              monitor, detail::python_repr(current), best_score_)};
+  }
+  if (options_.stopping_threshold && monitor_op(current, *options_.stopping_threshold)) {
+    stopping_reason_ = EarlyStoppingReason::stopping_threshold;
+    return {true, fmt::format("Stopping threshold reached: {} = {} {} {}. Signaling Trainer to stop.", monitor,
+                              detail::python_repr(current), min_mode ? "<" : ">",
+                              detail::python_repr(*options_.stopping_threshold))};
+  }
+  if (options_.divergence_threshold && monitor_op(-current, -*options_.divergence_threshold)) {
+    stopping_reason_ = EarlyStoppingReason::divergence_threshold;
+    // Lightning writes the mode's sign here ("<" for "min") although the
+    // value is past the threshold the other way; fulgor writes the relation.
+    return {true, fmt::format("Divergence threshold reached: {} = {} {} {}. Signaling Trainer to stop.", monitor,
+                              detail::python_repr(current), min_mode ? ">" : "<",
+                              detail::python_repr(*options_.divergence_threshold))};
+  }
+  if (monitor_op(current - min_delta_, best_score_)) {
+    std::string message =
+        std::isfinite(best_score_)
+            ? fmt::format("Metric {} improved by {:.3f} >= min_delta = {}. New best score: {:.3f}", monitor,
+                          std::abs(best_score_ - current), detail::python_repr(std::abs(min_delta_)), current)
+            : fmt::format("Metric {} improved. New best score: {:.3f}", monitor, current);
+    best_score_ = current;
+    wait_count_ = 0;
+    return {false, message};
+  }
+  if (++wait_count_ >= options_.patience) {
+    stopping_reason_ = EarlyStoppingReason::patience_exhausted;
+    return {true, fmt::format("Monitored metric {} did not improve in the last {} records. Best score: {:.3f}. "
+                              "Signaling Trainer to stop.",
+                              monitor, wait_count_, best_score_)};
+  }
+  return {false, ""};
+}
+
+// Lightning's _log_info: in a ddp job each rank's line names the rank, and
+// with log_rank_zero_only only rank 0 prints.
+void EarlyStopping::log_info(const Trainer& trainer, const std::string& message) const {
+  if (trainer.world_size() > 1) {
+    if (options_.log_rank_zero_only && trainer.global_rank() != 0) return;
+    std::cout << fmt::format("[rank: {}] {}", trainer.global_rank(), message) << std::endl;
+  } else {
+    std::cout << message << std::endl;
+  }
 }
 
 }  // namespace fulgor

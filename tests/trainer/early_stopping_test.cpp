@@ -48,5 +48,112 @@ TEST(EarlyStopping, EpochsWithoutValidationAreNotChecked) {
   EXPECT_DOUBLE_EQ(run.stopper->best_score(), 0.9);
 }
 
+// _evaluate_stopping_criteria's reasons and messages.
+TEST(EarlyStopping, StopsWithLightningsReasonAndMessage) {
+  Run patience({1.0, 0.8, 0.85, 0.9}, {.monitor = "val_loss", .patience = 2}, 10);
+  const auto result = patience.fit();
+  EXPECT_EQ(patience.stopper->stopping_reason(), EarlyStoppingReason::patience_exhausted);
+  EXPECT_EQ(patience.stopper->stopping_reason_message(),
+            "Monitored metric val_loss did not improve in the last 2 records. Best score: 0.800. Signaling Trainer "
+            "to stop.");
+  EXPECT_EQ(result.message, patience.stopper->stopping_reason_message());
+
+  Run threshold({1.0, 0.05}, {.monitor = "val_loss", .stopping_threshold = 0.1}, 10);
+  threshold.fit();
+  EXPECT_EQ(threshold.stopper->stopping_reason(), EarlyStoppingReason::stopping_threshold);
+  EXPECT_EQ(threshold.stopper->stopping_reason_message(),
+            "Stopping threshold reached: val_loss = 0.05 < 0.1. Signaling Trainer to stop.");
+
+  Run divergence({1.0, 6.0}, {.monitor = "val_loss", .divergence_threshold = 5.0}, 10);
+  divergence.fit();
+  EXPECT_EQ(divergence.stopper->stopping_reason(), EarlyStoppingReason::divergence_threshold);
+  EXPECT_EQ(divergence.stopper->stopping_reason_message(),
+            "Divergence threshold reached: val_loss = 6.0 > 5.0. Signaling Trainer to stop.");
+  EXPECT_EQ(divergence.stopper->stopped_epoch(), 1);
+
+  Run nan({1.0, std::nan("")}, {.monitor = "val_loss"}, 10);
+  nan.fit();
+  EXPECT_EQ(nan.stopper->stopping_reason(), EarlyStoppingReason::non_finite_metric);
+  EXPECT_EQ(nan.stopper->stopping_reason_message(),
+            "Monitored metric val_loss = nan is not finite. Previous best value was 1.000. Signaling Trainer to stop.");
+
+  Run running({1.0, 0.9}, {.monitor = "val_loss"}, 2);
+  running.fit();
+  EXPECT_EQ(running.stopper->stopping_reason(), EarlyStoppingReason::not_stopped);
+  EXPECT_EQ(running.stopper->stopping_reason_message(), "");
+}
+
+// Lightning multiplies min_delta by the mode's sign without taking its
+// absolute value: a negative min_delta in "min" mode lets a slightly worse
+// value count as an improvement.
+TEST(EarlyStopping, MinDeltaKeepsItsSign) {
+  Run run({1.0, 1.05, 1.08, 1.2}, {.monitor = "val_loss", .min_delta = -0.1, .patience = 1}, 10);
+  run.fit();
+  // 1.05 - 0.1 < 1.0 and 1.08 - 0.1 < 1.05 improve; 1.2 - 0.1 > 1.08 does not.
+  EXPECT_EQ(run.stopper->stopped_epoch(), 3);
+  EXPECT_DOUBLE_EQ(run.stopper->best_score(), 1.08);
+
+  Run positive({1.0, 0.95, 0.9}, {.monitor = "val_loss", .min_delta = 0.1, .patience = 1}, 10);
+  positive.fit();
+  EXPECT_EQ(positive.stopper->stopped_epoch(), 1);
+  EXPECT_DOUBLE_EQ(positive.stopper->best_score(), 1.0);
+}
+
+// check_on_train_epoch_end: unset, Lightning checks after validation when
+// there are several validation runs per epoch; true checks once per epoch.
+TEST(EarlyStopping, CheckOnTrainEpochEndDecidesWhenItChecks) {
+  Run after_each({1.0, 1.1, 1.2, 1.3}, {.monitor = "val_loss", .patience = 2}, 10);
+  after_each.options.val_check_interval = 0.5;
+  after_each.fit();
+  // Checked after each of the two runs per epoch: stops at epoch 1's first.
+  EXPECT_EQ(after_each.model.validation_runs, 3);
+  EXPECT_EQ(after_each.stopper->stopped_epoch(), 1);
+
+  Run per_epoch({1.0, 1.1, 1.2, 1.3, 1.4, 1.5},
+                {.monitor = "val_loss", .patience = 2, .check_on_train_epoch_end = true}, 10);
+  per_epoch.options.val_check_interval = 0.5;
+  per_epoch.fit();
+  // Checked at the epochs' ends only, with their second runs' values (1.1, 1.3, 1.5).
+  EXPECT_EQ(per_epoch.model.validation_runs, 6);
+  EXPECT_EQ(per_epoch.stopper->stopped_epoch(), 2);
+  EXPECT_DOUBLE_EQ(per_epoch.stopper->best_score(), 1.1);
+}
+
+// _validate_condition_metric: a missing metric is an error naming the logged
+// ones when strict, else the check is skipped.
+TEST(EarlyStopping, AMissingMetricFailsOnlyWhenStrict) {
+  Run strict({1.0}, {.monitor = "val_acc"}, 2);
+  try {
+    strict.fit();
+    ADD_FAILURE() << "expected a ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "Early stopping conditioned on metric `val_acc` which is not available. Pass in or modify your "
+              "`EarlyStopping` callback to use any of the following: `train_loss`, `val_loss`");
+  }
+  Run lenient({1.0}, {.monitor = "val_acc", .strict = false}, 2);
+  EXPECT_EQ(lenient.fit().reason, StopReason::max_epochs);
+  EXPECT_EQ(lenient.stopper->wait_count(), 0);
+}
+
+// Lightning's state_dict keys, and a stop's reason survives a reload.
+TEST(EarlyStopping, StateDictHasLightningsKeys) {
+  Run run({1.0, 2.0}, {.monitor = "val_loss", .patience = 1}, 10);
+  run.fit();
+  const auto state = run.stopper->state_dict();
+  std::set<std::string> keys;
+  for (const auto& item : state.items()) keys.insert(item.key());
+  EXPECT_EQ(keys, (std::set<std::string>{"wait_count", "stopped_epoch", "best_score", "patience", "stopping_reason",
+                                         "stopping_reason_message"}));
+  EarlyStopping reloaded({.monitor = "val_loss", .patience = 7});
+  reloaded.load_state_dict(state);
+  EXPECT_EQ(reloaded.stopping_reason(), EarlyStoppingReason::patience_exhausted);
+  EXPECT_EQ(reloaded.stopping_reason_message(), run.stopper->stopping_reason_message());
+  EXPECT_EQ(reloaded.wait_count(), 1);
+  EXPECT_EQ(reloaded.stopped_epoch(), 1);
+  EXPECT_DOUBLE_EQ(reloaded.best_score(), 1.0);
+  EXPECT_EQ(reloaded.state_dict().at("patience"), 1);
+}
+
 }  // namespace
 }  // namespace fulgor::testing

@@ -391,8 +391,9 @@ TEST(TrainerLoop, EarlyStoppingStopsAtTheRightEpoch) {
   EXPECT_EQ(result.epochs_completed, 4);
   EXPECT_EQ(model.validation_runs, 4);
   EXPECT_EQ(stopper->stopped_epoch(), 3);
-  EXPECT_NE(stopper->reason().find("did not improve in the last 2 records"), std::string::npos) << stopper->reason();
-  EXPECT_EQ(result.message, stopper->reason());
+  EXPECT_NE(stopper->stopping_reason_message().find("did not improve in the last 2 records"), std::string::npos)
+      << stopper->stopping_reason_message();
+  EXPECT_EQ(result.message, stopper->stopping_reason_message());
 
   TinyNet threshold_model;
   threshold_model.scripted_val = {1.0, 0.5, 0.05, 0.01};
@@ -401,7 +402,7 @@ TEST(TrainerLoop, EarlyStoppingStopsAtTheRightEpoch) {
   options.callbacks = {threshold};
   Trainer stopped(options);
   EXPECT_EQ(stopped.fit(threshold_model, train, val).epochs_completed, 3);
-  EXPECT_NE(threshold->reason().find("Stopping threshold reached"), std::string::npos);
+  EXPECT_NE(threshold->stopping_reason_message().find("Stopping threshold reached"), std::string::npos);
 
   // min_epochs overrides a stop request.
   TinyNet min_model;

@@ -211,8 +211,7 @@ TEST(ModelCheckpoint, AStepSaveWaitsForTheValidationThatLogsTheMonitor) {
 // Lightning's on_train_epoch_end / on_validation_end write last.ckpt only
 // when a top-k checkpoint was saved at the same step.
 TEST(ModelCheckpoint, LastIsRewrittenOnlyWithATopKSave) {
-  Run run({0.5, 0.6, 0.4, 0.7}, {.filename = "{epoch}", .monitor = "val_loss", .save_top_k = 1, .save_last = true},
-          4);
+  Run run({0.5, 0.6, 0.4, 0.7}, {.filename = "{epoch}", .monitor = "val_loss", .save_top_k = 1, .save_last = true}, 4);
   run.fit();
   EXPECT_EQ(run.files(), (std::set<std::string>{"epoch=2.ckpt", "last.ckpt"}));
   EXPECT_EQ(run.step_in("last.ckpt"), 24);
@@ -221,4 +220,3 @@ TEST(ModelCheckpoint, LastIsRewrittenOnlyWithATopKSave) {
 
 }  // namespace
 }  // namespace fulgor::testing
-
