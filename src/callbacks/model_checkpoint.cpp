@@ -50,7 +50,8 @@ ModelCheckpoint::ModelCheckpoint(ModelCheckpointOptions options) : options_(std:
         "give one (use several ModelCheckpoint callbacks for several schedules)",
         every_n_train_steps_, every_n_epochs_,
         options_.train_time_interval ? fmt::format("{}", options_.train_time_interval->count()) : "unset"));
-  dirpath_ = options_.dirpath;
+  // As Lightning, a folder given is made absolute, links resolved.
+  if (!options_.dirpath.empty()) dirpath_ = fs::weakly_canonical(fs::absolute(options_.dirpath)).string();
   kth_value_ = worst_score();
 }
 
@@ -66,33 +67,63 @@ std::string ModelCheckpoint::state_key() const {
 }
 
 nlohmann::json ModelCheckpoint::state_dict() const {
+  // JSON has no infinity: an infinite score (the "nothing yet" kth_value, a
+  // NaN kept as the worst) is stored as null and read back as the mode's worst.
+  auto score = [](std::optional<double> v) {
+    return v && std::isfinite(*v) ? nlohmann::json(*v) : nlohmann::json(nullptr);
+  };
   nlohmann::json best_k = nlohmann::json::object();
-  for (const auto& [path, score] : best_k_models_) best_k[path] = score;
-  return {{"dirpath", dirpath_},
+  for (const auto& [path, value] : best_k_models_) best_k[path] = score(value);
+  return {{"monitor", options_.monitor.empty() ? nlohmann::json(nullptr) : nlohmann::json(options_.monitor)},
+          {"best_model_score", score(best_model_score_)},
           {"best_model_path", best_model_path_},
-          {"last_model_path", last_model_path_},
-          {"best_k_models", best_k}};
+          {"current_score", score(current_score_)},
+          {"dirpath", dirpath_},
+          {"best_k_models", best_k},
+          {"kth_best_model_path", kth_best_model_path_},
+          {"kth_value", score(kth_value_)},
+          {"last_model_path", last_model_path_}};
 }
 
+// Note [Resuming ModelCheckpoint]
+// As Lightning's load_state_dict, the ranked files are trusted only when the
+// checkpoint's folder is this callback's: files elsewhere are not this run's
+// to keep or delete, and only best_model_path is taken. The default folder is
+// known once setup has run, so a state given before that waits for it.
 void ModelCheckpoint::load_state_dict(const nlohmann::json& state) {
-  // Files ranked in another folder are not this run's to keep or delete.
-  if (state.value("dirpath", "") != dirpath_) return;
-  best_model_path_ = state.value("best_model_path", "");
-  last_model_path_ = state.value("last_model_path", "");
-  best_k_models_.clear();
-  for (const auto& item : state.at("best_k_models").items()) best_k_models_[item.key()] = item.value().get<double>();
-  if (auto it = best_k_models_.find(best_model_path_); it != best_k_models_.end()) best_model_score_ = it->second;
-  if (!best_k_models_.empty()) {
-    auto kth = std::max_element(best_k_models_.begin(), best_k_models_.end(),
-                                [&](const auto& a, const auto& b) { return better(a.second, b.second); });
-    kth_best_model_path_ = kth->first;
-    kth_value_ = kth->second;
+  if (dirpath_.empty()) {
+    pending_state_ = state;
+    return;
   }
+  auto score = [&](const nlohmann::json& v) { return v.is_null() ? worst_score() : v.get<double>(); };
+  const std::string from = state.value("dirpath", dirpath_);
+  if (from == dirpath_) {
+    best_model_score_.reset();
+    if (!state.at("best_model_score").is_null()) best_model_score_ = state.at("best_model_score").get<double>();
+    kth_best_model_path_ = state.value("kth_best_model_path", kth_best_model_path_);
+    if (state.contains("kth_value")) kth_value_ = score(state.at("kth_value"));
+    if (state.contains("best_k_models")) {
+      best_k_models_.clear();
+      for (const auto& item : state.at("best_k_models").items()) best_k_models_[item.key()] = score(item.value());
+    }
+    last_model_path_ = state.value("last_model_path", last_model_path_);
+  } else {
+    std::cerr << fmt::format(
+                     "The dirpath has changed from '{}' to '{}', therefore `best_model_score`, `kth_best_model_path`, "
+                     "`kth_value`, `last_model_path` and `best_k_models` won't be reloaded. Only `best_model_path` "
+                     "will be reloaded.",
+                     from, dirpath_)
+              << std::endl;
+  }
+  best_model_path_ = state.at("best_model_path").get<std::string>();
 }
 
+// Lightning's __resolve_ckpt_dir, with the folder Trainer::checkpoint_dir
+// uses (see "Differences from Lightning" in docs/training.md).
 void ModelCheckpoint::setup(Trainer& trainer, ModuleBase&, const std::string& stage) {
   if (stage == "fit") fit_validates_ = validation_has_run_ = false;
   if (dirpath_.empty()) dirpath_ = (fs::path(trainer.default_root_dir()) / "checkpoints").string();
+  if (pending_state_) load_state_dict(*std::exchange(pending_state_, std::nullopt));
 }
 
 // Lightning's _format_checkpoint_name: each `{name}` or `{name:spec}` takes
@@ -190,10 +221,21 @@ void ModelCheckpoint::save_topk_checkpoint(Trainer& trainer, const std::map<std:
   if (check_monitor_top_k(trainer, it->second)) update_best_and_save(it->second, trainer, candidates);
 }
 
+// Lightning's _save_last_checkpoint, without the version counter (see
+// "Differences from Lightning" in docs/training.md).
 void ModelCheckpoint::save_last_checkpoint(Trainer& trainer) {
   if (!options_.save_last) return;
-  last_model_path_ = (fs::path(dirpath_) / "last.ckpt").string();
-  save_checkpoint(trainer, last_model_path_);
+  const std::string filepath = checkpoint_path(kCheckpointNameLast);
+  const std::string previous = std::exchange(last_model_path_, filepath);
+  save_checkpoint(trainer, filepath);
+  if (!previous.empty() && should_remove_checkpoint(previous, filepath)) remove_checkpoint(trainer, previous);
+}
+
+// save_last writes last.ckpt even when no other save happened (but nothing
+// under fast_dev_run, which promises no files).
+void ModelCheckpoint::on_train_end(Trainer& trainer, ModuleBase&) {
+  if (options_.save_last && last_checkpoint_saved_.empty() && trainer.options().fast_dev_run == 0)
+    save_last_checkpoint(trainer);
 }
 
 // Lightning's check_monitor_top_k: a NaN is never better than the k-th score.
@@ -248,6 +290,7 @@ void ModelCheckpoint::save_none_monitor_checkpoint(Trainer& trainer, const std::
 void ModelCheckpoint::save_checkpoint(Trainer& trainer, const std::string& filepath) {
   trainer.save_checkpoint(filepath);
   last_global_step_saved_ = trainer.global_step();
+  last_checkpoint_saved_ = filepath;
 }
 
 // Lightning's _should_remove_checkpoint: only files in this folder, never the

@@ -218,5 +218,74 @@ TEST(ModelCheckpoint, LastIsRewrittenOnlyWithATopKSave) {
   EXPECT_EQ(run.name(run.checkpoint->last_model_path()), "last.ckpt");
 }
 
+// state_dict carries Lightning's keys; load_state_dict trusts the ranked
+// files only when the folder is the same, and keeps best_model_path always.
+TEST(ModelCheckpoint, StateDictCarriesLightningsKeys) {
+  Run run({0.5, 0.4}, {.filename = "{epoch}", .monitor = "val_loss", .save_top_k = 2, .save_last = true}, 2);
+  run.fit();
+  const auto state = run.checkpoint->state_dict();
+  std::set<std::string> keys;
+  for (const auto& item : state.items()) keys.insert(item.key());
+  EXPECT_EQ(keys, (std::set<std::string>{"monitor", "best_model_score", "best_model_path", "current_score", "dirpath",
+                                         "best_k_models", "kth_best_model_path", "kth_value", "last_model_path"}));
+  EXPECT_EQ(state.at("monitor"), "val_loss");
+  EXPECT_EQ(state.at("best_model_score"), 0.4);
+  EXPECT_EQ(state.at("current_score"), 0.4);
+  EXPECT_EQ(state.at("kth_value"), 0.5);
+
+  ModelCheckpoint same({.dirpath = run.checkpoint->dirpath(), .monitor = "val_loss", .save_top_k = 2});
+  same.load_state_dict(state);
+  EXPECT_EQ(same.best_k_models(), run.checkpoint->best_k_models());
+  EXPECT_EQ(same.best_model_path(), run.checkpoint->best_model_path());
+  EXPECT_EQ(same.best_model_score(), 0.4);
+  EXPECT_EQ(same.kth_best_model_path(), run.checkpoint->kth_best_model_path());
+  EXPECT_EQ(same.kth_value(), 0.5);
+  EXPECT_EQ(same.last_model_path(), run.checkpoint->last_model_path());
+
+  ModelCheckpoint moved({.dirpath = (run.dir.path / "elsewhere").string(), .monitor = "val_loss", .save_top_k = 2});
+  moved.load_state_dict(state);
+  EXPECT_EQ(moved.best_model_path(), run.checkpoint->best_model_path());
+  EXPECT_TRUE(moved.best_k_models().empty());
+  EXPECT_FALSE(moved.best_model_score().has_value());
+  EXPECT_EQ(moved.kth_best_model_path(), "");
+  EXPECT_EQ(moved.last_model_path(), "");
+}
+
+// A resumed run with the default folder (resolved in setup, as Lightning's
+// __resolve_ckpt_dir) keeps ranking the files saved before the resume: the
+// pre-resume best stays best until a better one comes, then it is removed.
+TEST(ModelCheckpoint, AResumedRunKeepsRankingThePreResumeFiles) {
+  TempDir dir;
+  const fs::path folder = dir.path / "checkpoints";
+  auto train = sequential_loader(64, 8);
+  auto val = sequential_loader(32, 8, 8);
+  const ModelCheckpointOptions best_one{.filename = "{epoch}", .monitor = "val_loss", .save_last = true};
+  {
+    TinyNet model;
+    model.scripted_val = {0.5, 0.4};
+    Trainer trainer(quiet(dir, 2, {std::make_shared<ModelCheckpoint>(best_one)}));
+    trainer.fit(model, train, val);
+  }
+  ASSERT_TRUE(fs::exists(folder / "epoch=1.ckpt"));
+  TinyNet model;
+  model.scripted_val = {0.45, 0.3};
+  auto checkpoint = std::make_shared<ModelCheckpoint>(best_one);
+  std::string best_in_epoch_3;
+  auto probe = std::make_shared<Hooks>();
+  probe->batch_end = [&](Trainer& t, int64_t i) {
+    if (t.current_epoch() == 3 && i == 0) best_in_epoch_3 = checkpoint->best_model_path();
+  };
+  Trainer trainer(quiet(dir, 4, {probe, checkpoint}));
+  trainer.fit(model, train, val, {.ckpt_path = (folder / "last.ckpt").string()});
+  // Epoch 2 (0.45) is not better than the pre-resume epoch 1 (0.4).
+  EXPECT_EQ(fs::path(best_in_epoch_3).filename(), "epoch=1.ckpt");
+  // Epoch 3 (0.3) is, and replaces it.
+  std::set<std::string> files;
+  for (const auto& e : fs::directory_iterator(folder)) files.insert(e.path().filename().string());
+  EXPECT_EQ(files, (std::set<std::string>{"epoch=3.ckpt", "last.ckpt"}));
+  EXPECT_EQ(fs::path(checkpoint->best_model_path()).filename(), "epoch=3.ckpt");
+  EXPECT_EQ(checkpoint->best_model_score(), 0.3);
+}
+
 }  // namespace
 }  // namespace fulgor::testing

@@ -12,7 +12,8 @@ namespace fulgor {
 
 /// Options of ModelCheckpoint, with Lightning's names and defaults.
 struct ModelCheckpointOptions {
-  /// Folder of the checkpoints (default: the Trainer's default_root_dir/checkpoints).
+  /// Folder of the checkpoints, made absolute (default: the Trainer's
+  /// default_root_dir/checkpoints, set in setup).
   std::string dirpath;
   /// File name without ".ckpt": `{epoch}`, `{step}` and logged metric names,
   /// each with an optional Python format spec (`{epoch:02d}`, `{val_loss:.3f}`);
@@ -26,7 +27,8 @@ struct ModelCheckpointOptions {
   std::string mode = "min";
   /// How many checkpoints to keep: the k best (or latest), -1 all, 0 none.
   int64_t save_top_k = 1;
-  /// Also write last.ckpt on every save.
+  /// Also write last.ckpt after each save of this callback (and at the end
+  /// of training when it saved nothing), removing the previous one.
   bool save_last = false;
   /// Saves at the end of every N-th training epoch, or after its validation
   /// (see save_on_train_epoch_end); 0 never. Default 1 when neither
@@ -76,6 +78,7 @@ class ModelCheckpoint : public Callback {
   void on_train_batch_end(Trainer& trainer, ModuleBase& module, const torch::Tensor& loss, int64_t batch_idx) override;
   void on_train_epoch_end(Trainer& trainer, ModuleBase& module) override;
   void on_validation_end(Trainer& trainer, ModuleBase& module) override;
+  void on_train_end(Trainer& trainer, ModuleBase& module) override;
 
   const std::string& dirpath() const { return dirpath_; }
   /// The best checkpoint (without a monitor: the latest top-k save).
@@ -98,6 +101,7 @@ class ModelCheckpoint : public Callback {
 
  private:
   static constexpr int64_t kStartingVersion = 1;
+  static constexpr const char* kCheckpointNameLast = "last";
 
   using Clock = std::chrono::steady_clock;
 
@@ -130,6 +134,9 @@ class ModelCheckpoint : public Callback {
   std::string best_model_path_, last_model_path_;
   // Lightning starts at 0: nothing is saved before the first optimizer step.
   int64_t last_global_step_saved_ = 0;
+  std::string last_checkpoint_saved_;
+  // A state loaded before setup resolved the default folder.
+  std::optional<nlohmann::json> pending_state_;
   std::optional<Clock::time_point> last_time_checked_;
   // A step- or time-based save waiting for validation to log the monitor.
   bool defer_save_until_validation_ = false;
