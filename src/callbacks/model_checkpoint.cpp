@@ -11,6 +11,7 @@
 #include <iostream>
 #include <limits>
 #include <regex>
+#include <utility>
 
 #include "fulgor/trainer.h"
 #include "python_format.h"
@@ -99,7 +100,8 @@ void ModelCheckpoint::load_state_dict(const nlohmann::json& state) {
   const std::string from = state.value("dirpath", dirpath_);
   if (from == dirpath_) {
     best_model_score_.reset();
-    if (!state.at("best_model_score").is_null()) best_model_score_ = state.at("best_model_score").get<double>();
+    if (auto it = state.find("best_model_score"); it != state.end() && !it->is_null())
+      best_model_score_ = it->get<double>();
     kth_best_model_path_ = state.value("kth_best_model_path", kth_best_model_path_);
     if (state.contains("kth_value")) kth_value_ = score(state.at("kth_value"));
     if (state.contains("best_k_models")) {
@@ -244,7 +246,8 @@ bool ModelCheckpoint::check_monitor_top_k(Trainer& trainer, double current) cons
   if (static_cast<int64_t>(best_k_models_.size()) < options_.save_top_k) return true;
   // Saving is a collective under ddp: save only where every rank would
   // (ranks that log the metric without sync_dist may disagree).
-  return trainer.reduce_boolean_decision(better(current, best_k_models_.at(kth_best_model_path_)));
+  const auto kth = best_k_models_.find(kth_best_model_path_);
+  return trainer.reduce_boolean_decision(better(current, kth != best_k_models_.end() ? kth->second : kth_value_));
 }
 
 void ModelCheckpoint::update_best_and_save(double current, Trainer& trainer,
