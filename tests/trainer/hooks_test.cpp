@@ -97,15 +97,15 @@ struct HookNet : fulgor::Module {
   }
   Example on_before_batch_transfer(Example batch, int64_t i) override {
     add("on_before_batch_transfer");
-    return Module::on_before_batch_transfer(std::move(batch), i);
+    return fulgor::Module::on_before_batch_transfer(std::move(batch), i);
   }
   Example transfer_batch_to_device(Example batch, torch::Device device, int64_t i) override {
     add("transfer_batch_to_device");
-    return Module::transfer_batch_to_device(std::move(batch), device, i);
+    return fulgor::Module::transfer_batch_to_device(std::move(batch), device, i);
   }
   Example on_after_batch_transfer(Example batch, int64_t i) override {
     add("on_after_batch_transfer");
-    return Module::on_after_batch_transfer(std::move(batch), i);
+    return fulgor::Module::on_after_batch_transfer(std::move(batch), i);
   }
   void on_load_checkpoint(const nlohmann::json&) override { add("on_load_checkpoint"); }
   void setup(const std::string& stage) override { add("setup:" + stage); }
@@ -124,7 +124,7 @@ struct HookNet : fulgor::Module {
   void on_before_zero_grad(torch::optim::Optimizer&) override { add("on_before_zero_grad"); }
   void optimizer_zero_grad(int64_t epoch, int64_t batch_idx, torch::optim::Optimizer& optimizer) override {
     add("optimizer_zero_grad");
-    Module::optimizer_zero_grad(epoch, batch_idx, optimizer);
+    fulgor::Module::optimizer_zero_grad(epoch, batch_idx, optimizer);
   }
   void on_before_backward(const torch::Tensor&) override { add("on_before_backward"); }
   void on_after_backward() override { add("on_after_backward"); }
@@ -132,12 +132,12 @@ struct HookNet : fulgor::Module {
   void optimizer_step(int64_t epoch, int64_t batch_idx, torch::optim::Optimizer& optimizer,
                       fulgor::OptimizerClosure& closure) override {
     add("optimizer_step");
-    Module::optimizer_step(epoch, batch_idx, optimizer, closure);
+    fulgor::Module::optimizer_step(epoch, batch_idx, optimizer, closure);
   }
   void configure_gradient_clipping(torch::optim::Optimizer& optimizer, std::optional<double> clip_val,
                                    const std::string& algorithm) override {
     add("configure_gradient_clipping");
-    Module::configure_gradient_clipping(optimizer, clip_val, algorithm);
+    fulgor::Module::configure_gradient_clipping(optimizer, clip_val, algorithm);
   }
   void on_validation_start() override { add("on_validation_start"); }
   void on_validation_end() override { add("on_validation_end"); }
@@ -341,14 +341,16 @@ TEST(Hooks, ResumeLoadsCallbackStateAfterTheirSetup) {
   auto options = quiet(dir, 1);
   options.enable_checkpointing = true;
   std::string best;
+  const std::string after = (dir.path / "after.ckpt").string();
   {
     Trainer trainer(options);
     trainer.fit(model, train);
     best = trainer.checkpoint_callback()->best_model_path();
     ASSERT_FALSE(best.empty());
+    trainer.save_checkpoint(after);
   }
   Trainer resumed(options);  // max_epochs=1 is done: nothing new is saved
-  resumed.fit(model, train, {.ckpt_path = best});
+  resumed.fit(model, train, {.ckpt_path = after});
   EXPECT_EQ(resumed.checkpoint_callback()->best_model_path(), best);
 }
 
