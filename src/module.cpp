@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <torch/nn/utils/clip_grad.h>
+
 #include <cmath>
 
 #include "fulgor/error.h"
@@ -62,6 +64,21 @@ void ModuleBase::log_dict(const std::map<std::string, double>& values, const Log
 Trainer& ModuleBase::trainer() const {
   if (trainer_ == nullptr) throw Error(fmt::format("{} is not attached to a Trainer", torch::nn::Module::name()));
   return *trainer_;
+}
+
+void ModuleBase::clip_gradients(torch::optim::Optimizer& optimizer, std::optional<double> clip_val,
+                                const std::string& algorithm) {
+  if (!clip_val || *clip_val == 0) return;
+  if (algorithm != "norm" && algorithm != "value")
+    throw ConfigError(fmt::format("unknown gradient_clip_algorithm '{}'; known: norm, value", algorithm));
+  std::vector<torch::Tensor> params;
+  for (auto& group : optimizer.param_groups())
+    for (auto& p : group.params())
+      if (p.grad().defined()) params.push_back(p);
+  if (algorithm == "norm")
+    torch::nn::utils::clip_grad_norm_(params, *clip_val);
+  else
+    torch::nn::utils::clip_grad_value_(params, *clip_val);
 }
 
 namespace detail {

@@ -110,6 +110,12 @@ void ProgressBar::update(Trainer& trainer, int64_t done, std::optional<int64_t> 
         << std::flush;
 }
 
+// An epoch resumed in its middle has no on_train_epoch_start (as in
+// Lightning): its line begins here.
+void ProgressBar::on_train_start(Trainer& trainer, ModuleBase& module) {
+  if (trainer.batches_in_epoch() > 0) on_train_epoch_start(trainer, module);
+}
+
 void ProgressBar::on_train_epoch_start(Trainer& trainer, ModuleBase&) {
   const int64_t max = trainer.max_epochs();
   begin(max > 0 ? fmt::format("Epoch {}/{}", trainer.current_epoch() + 1, max)

@@ -12,7 +12,9 @@
 #include <csignal>
 #include <filesystem>
 #include <functional>
+#include <typeinfo>
 
+#include "fulgor/callbacks/early_stopping.h"
 #include "fulgor/callbacks/model_checkpoint.h"
 #include "fulgor/callbacks/model_summary.h"
 #include "fulgor/callbacks/progress_bar.h"
@@ -73,8 +75,10 @@ namespace {
 constexpr const char* kFormat = "fulgor-checkpoint";
 constexpr int kFormatVersion = 1;
 
-// Which defaults log() applies, by the hook that calls it.
-enum class LogContext { none, train_step, eval_step };
+// Which defaults log() applies, by the hook that calls it: the training
+// step and batch hooks, an evaluation step and its batch hooks, or an
+// epoch-end hook of training or evaluation (whose values join the epoch's).
+enum class LogContext { none, train_step, eval_step, train_epoch, eval_epoch };
 
 struct Accumulator {
   double sum = 0, weight = 0, extreme = 0;
@@ -136,6 +140,7 @@ void check_options(const TrainerOptions& o) {
   };
   if (o.max_epochs) at_least(*o.max_epochs, -1, "max_epochs");
   if (o.min_epochs) at_least(*o.min_epochs, 0, "min_epochs");
+  if (o.min_steps) at_least(*o.min_steps, 0, "min_steps");
   at_least(o.max_steps, -1, "max_steps");
   at_least(o.fast_dev_run, 0, "fast_dev_run");
   at_least(o.num_sanity_val_steps, -1, "num_sanity_val_steps");
@@ -177,6 +182,19 @@ void refill_graph_free(torch::Tensor& copy, const torch::Tensor& loss) {
     copy = loss.variable_data();
 }
 
+// Note [Overfitting a loader that shuffles]
+// overfit_batches trains and validates on the first batches of the loaders
+// with their shuffling turned off, as Lightning's _resolve_overfit_batches
+// does. Only a loader that offers it (TensorLoader::disable_shuffle) can be
+// told; any other keeps its order, and the first epoch's first batches are
+// kept and replayed in every later epoch, so that it still trains on the
+// same batches throughout.
+void stop_shuffling(StepRunner& runner, const char* which) {
+  if (runner.disable_shuffle())
+    TORCH_WARN("You requested to overfit but enabled ", which, " dataloader shuffling. We are turning off the ", which,
+               " dataloader shuffling for you.");
+}
+
 }  // namespace
 
 struct LoadedCheckpoint {
@@ -205,11 +223,12 @@ struct TrainerState final : MetricSink {
   // Note [Logged steps]
   // Loggers label values with Lightning's step: the optimizer steps taken
   // before the training batch that logged them, so a batch's step values and
-  // a validation run after it share one label (49 for the 50th step's batch),
-  // and epoch-end values carry global_step. Step values of validation_step and
-  // test_step carry instead the number of evaluation batches run before
-  // theirs in this fit, validate or test call (the sanity check's not
-  // counted), and no epoch, as Lightning's do.
+  // a validation run after it share one label (49 for the 50th step's batch);
+  // a training epoch's values carry the epoch's last label, global_step - 1
+  // (Lightning's _batches_that_stepped - 1 in update_train_epoch_metrics).
+  // Step values of validation_step and test_step carry instead the number of
+  // evaluation batches run before theirs in this fit, validate or test call
+  // (the sanity check's not counted), and no epoch, as Lightning's do.
   int64_t log_step = 0, eval_log_step = 0;
   bool epoch_finished = false;
   std::optional<int64_t> train_batches;
@@ -228,8 +247,8 @@ struct TrainerState final : MetricSink {
   int64_t current_batch_size = -1;
   // Note [Metric tables]: callback and progress bar values, and the epoch
   // accumulators, are written at every step; logger values only on due steps.
-  MetricTable<double> callback_metrics, progress_bar_metrics;
-  std::map<std::string, double> logged_metrics, pending_step;
+  MetricTable<double> callback_metrics, progress_bar_metrics, logged_metrics;
+  std::map<std::string, double> pending_step;
   // Trainer::logs_due; skipping the step values of other batches keeps log()
   // to a few table updates.
   bool step_log_due = true;
@@ -245,25 +264,35 @@ struct TrainerState final : MetricSink {
   void log(std::string_view name, double local_value, const LogOptions& o) override {
     // Only a training step logs in a train_step context: the common case
     // needs no string comparison.
-    if (sanity || (context != LogContext::train_step && loop == "predict")) return;
+    if (context != LogContext::train_step && loop == "predict") return;
     const double value = o.sync_dist && ddp ? ddp->reduce(local_value, o.reduce) : local_value;
     if (context == LogContext::none) {
       record_now({{std::string(name), value}}, o.prog_bar, o.logger);
       return;
     }
+    const bool training = context == LogContext::train_step || context == LogContext::train_epoch;
     const bool step_default = context == LogContext::train_step;
     const bool on_step = o.on_step.value_or(step_default), on_epoch = o.on_epoch.value_or(!step_default);
     if (on_step) {
       // name_step beside an epoch value; else the name itself, not a copy.
       const std::string suffixed = on_epoch ? std::string(name) + "_step" : std::string();
       const std::string_view step_name = on_epoch ? std::string_view(suffixed) : name;
-      callback_metrics[step_name] = value;
-      if (on_epoch) callback_metrics[name] = value;
+      // Lightning's callback metrics take an evaluation loop's values only
+      // once its epoch ends (_ResultCollection.metrics).
+      if (training) {
+        callback_metrics[step_name] = value;
+        if (on_epoch) callback_metrics[name] = value;
+      }
       if (o.prog_bar) progress_bar_metrics[step_name] = value;
-      if (o.logger && step_log_due) pending_step[std::string(step_name)] = value;
+      // logged_metrics follows every batch, as Lightning's on_batch_end
+      // updates it; the loggers get only the due batches' values.
+      if (o.logger) {
+        logged_metrics[step_name] = value;
+        if (step_log_due) pending_step[std::string(step_name)] = value;
+      }
     }
     if (on_epoch) {
-      auto& acc = (step_default ? train_accumulators : eval_accumulators)[name];
+      auto& acc = (training ? train_accumulators : eval_accumulators)[name];
       const double weight = static_cast<double>(o.batch_size.value_or(current_batch_size > 0 ? current_batch_size : 1));
       switch (o.reduce) {
         case Reduce::mean:
@@ -286,12 +315,15 @@ struct TrainerState final : MetricSink {
     }
   }
 
-  // Note [Logged steps]: an evaluation batch's values come with their own step.
-  void send_to_loggers(std::map<std::string, double> metrics, std::optional<int64_t> eval_step = std::nullopt) {
-    if (metrics.empty()) return;
+  // Note [Logged steps]: an evaluation batch's values come with their own
+  // step and without the epoch; a training epoch's with theirs.
+  void send_to_loggers(std::map<std::string, double> metrics, std::optional<int64_t> step = std::nullopt,
+                       bool with_epoch = true) {
+    // The sanity check's values reach no logger, and are forgotten after it.
+    if (metrics.empty() || sanity) return;
     for (const auto& [k, v] : metrics) logged_metrics[k] = v;
-    if (!eval_step) metrics["epoch"] = static_cast<double>(epoch);
-    for (auto& logger : loggers) logger->log_metrics(metrics, eval_step.value_or(log_step));
+    if (with_epoch) metrics["epoch"] = static_cast<double>(epoch);
+    for (auto& logger : loggers) logger->log_metrics(metrics, step.value_or(log_step));
   }
 
   void record_now(const std::map<std::string, double>& metrics, bool prog_bar, bool logger) {
@@ -308,12 +340,16 @@ struct TrainerState final : MetricSink {
     std::optional<int64_t> eval_step;  // Note [Logged steps]
     if (context == LogContext::eval_step && !sanity) eval_step = eval_log_step++;
     if (pending_step.empty()) return;
-    send_to_loggers(pending_step, eval_step);
+    send_to_loggers(pending_step, eval_step, !eval_step);
     pending_step.clear();
   }
 
-  std::map<std::string, double> aggregate(MetricTable<Accumulator>& accumulators) {
-    std::map<std::string, double> result, to_log;
+  // Writes the epoch values so far into the callback, progress bar and logged
+  // metrics, as Lightning's callback_metrics shows them to epoch-end hooks;
+  // returns them all, and in `to_log` those for the loggers.
+  std::map<std::string, double> refresh(MetricTable<Accumulator>& accumulators,
+                                        std::map<std::string, double>* to_log = nullptr) {
+    std::map<std::string, double> result;
     for (const auto& [name, acc] : accumulators.map()) {
       if (!acc.any) continue;
       double value = acc.options.reduce == Reduce::mean  ? (acc.weight > 0 ? acc.sum / acc.weight : 0.0)
@@ -323,11 +359,22 @@ struct TrainerState final : MetricSink {
       callback_metrics[epoch_name] = value;
       if (acc.both) callback_metrics[name] = value;
       if (acc.options.prog_bar) progress_bar_metrics[epoch_name] = value;
-      if (acc.options.logger) to_log[epoch_name] = value;
+      if (acc.options.logger) {
+        logged_metrics[epoch_name] = value;
+        if (to_log) (*to_log)[epoch_name] = value;
+      }
       result[epoch_name] = value;
     }
+    return result;
+  }
+
+  // The epoch's values, sent to the loggers (at `step`, Note [Logged steps]).
+  std::map<std::string, double> aggregate(MetricTable<Accumulator>& accumulators,
+                                          std::optional<int64_t> step = std::nullopt) {
+    std::map<std::string, double> to_log;
+    auto result = refresh(accumulators, &to_log);
     accumulators.clear();
-    send_to_loggers(to_log);
+    send_to_loggers(to_log, step);
     return result;
   }
 
@@ -358,9 +405,49 @@ struct TrainerState final : MetricSink {
     eval_log_step = 0;
     should_stop = false;
     stop_reason.clear();
+    clear_metrics();
+    max_epochs = resolved_max_epochs();
+  }
+
+  // Lightning's reset_metrics: as a loop begins, and after the sanity check.
+  void clear_metrics() {
     callback_metrics.clear();
     progress_bar_metrics.clear();
-    max_epochs = resolved_max_epochs();
+    logged_metrics.clear();
+  }
+
+  // Lightning's _attach_model_callbacks: the module's callbacks replace the
+  // Trainer's of the same type, and checkpointing callbacks go last.
+  void attach_model_callbacks(ModuleBase& model) {
+    auto from_model = model.configure_callbacks();
+    if (from_model.empty()) return;
+    auto replaced = [&](const Callback& cb) {
+      return std::any_of(from_model.begin(), from_model.end(), [&](const auto& m) { return typeid(*m) == typeid(cb); });
+    };
+    std::vector<std::shared_ptr<Callback>> merged;
+    for (auto& cb : callbacks)
+      if (!replaced(*cb)) merged.push_back(cb);
+    merged.insert(merged.end(), from_model.begin(), from_model.end());
+    std::stable_partition(merged.begin(), merged.end(),
+                          [](const auto& cb) { return dynamic_cast<ModelCheckpoint*>(cb.get()) == nullptr; });
+    callbacks = std::move(merged);
+  }
+
+  // Lightning's _call_setup_hook and _call_teardown_hook.
+  void setup_hooks(ModuleBase& model, const std::string& name) {
+    each_callback([&](Callback& cb) { cb.setup(trainer, model, name); });
+    model.setup(name);
+  }
+  void teardown_hooks(ModuleBase& model, const std::string& name) {
+    each_callback([&](Callback& cb) { cb.teardown(trainer, model, name); });
+    model.teardown(name);
+  }
+
+  // Lightning's _interrupt: the callbacks hear of the exception, and the
+  // loggers are finalized as failed.
+  void on_exception(ModuleBase& model, const std::exception& e) {
+    each_callback([&](Callback& cb) { cb.on_exception(trainer, model, e); });
+    for (auto& logger : loggers) logger->finalize("failed");
   }
 
   // Joins the job. Only rank 0 prints (progress, model summary) and writes logs.
@@ -493,11 +580,31 @@ struct TrainerState final : MetricSink {
     load_module_state(*module, model_archive, ckpt.path);
   }
 
-  // Restores everything but the generators, which restore_rng sets when the
-  // first epoch begins.
-  void restore(LoadedCheckpoint& ckpt) {
+  // Lightning's _restore_modules_and_callbacks, after the setup hooks: the
+  // module's on_load_checkpoint, its weights, then every callback's
+  // on_load_checkpoint and every callback's load_state_dict.
+  void restore_module_and_callbacks(LoadedCheckpoint& ckpt) {
     const auto& meta = ckpt.meta;
+    module->on_load_checkpoint(meta.at("module"));
     load_weights(ckpt);
+    for (auto& cb : callbacks) cb->on_load_checkpoint(trainer, *module, meta);
+    const auto& states = meta.at("callbacks");
+    for (auto& cb : callbacks)
+      if (auto it = states.find(cb->state_key()); it != states.end()) cb->load_state_dict(*it);
+  }
+
+  // Lightning's restore_training_state, after on_fit_start: the precision's
+  // state, the loops' progress, the optimizers and schedulers. The
+  // generators are set by restore_rng when the first epoch begins.
+  void restore_training_state(LoadedCheckpoint& ckpt) {
+    const auto& meta = ckpt.meta;
+    precision.load(ckpt.archive, ckpt.path);
+    const auto& loop_state = meta.at("loop");
+    epoch = loop_state.at("epoch").get<int64_t>();
+    global_step = log_step = loop_state.at("global_step").get<int64_t>();
+    batches_in_epoch = loop_state.at("batches_in_epoch").get<int64_t>();
+    epoch_finished = loop_state.at("epoch_finished").get<bool>();
+    total_train_batches = loop_state.at("total_train_batches").get<int64_t>();
     const auto n_optimizers = meta.at("optimizers").get<size_t>();
     if (n_optimizers != optim.optimizers.size())
       throw CheckpointError(fmt::format("checkpoint '{}' holds {} optimizer states; configure_optimizers returned {}",
@@ -518,20 +625,6 @@ struct TrainerState final : MetricSink {
       throw CheckpointError(fmt::format("checkpoint '{}' holds {} scheduler states; configure_optimizers returned {}",
                                         ckpt.path, schedulers.size(), optim.schedulers.size()));
     for (size_t i = 0; i < schedulers.size(); ++i) optim.schedulers[i].scheduler->load_state_dict(schedulers[i]);
-    precision.load(ckpt.archive, ckpt.path);
-    const auto& loop_state = meta.at("loop");
-    epoch = loop_state.at("epoch").get<int64_t>();
-    global_step = log_step = loop_state.at("global_step").get<int64_t>();
-    batches_in_epoch = loop_state.at("batches_in_epoch").get<int64_t>();
-    epoch_finished = loop_state.at("epoch_finished").get<bool>();
-    total_train_batches = loop_state.at("total_train_batches").get<int64_t>();
-    const auto& states = meta.at("callbacks");
-    for (auto& cb : callbacks) {
-      auto it = states.find(cb->state_key());
-      if (it != states.end()) cb->load_state_dict(*it);
-      cb->on_load_checkpoint(trainer, *module, meta);
-    }
-    module->on_load_checkpoint(meta.at("module"));
   }
 
   void restore_rng(LoadedCheckpoint& ckpt, const char* cpu_key) {
@@ -611,98 +704,290 @@ struct TrainerState final : MetricSink {
     for (auto& config : optim.schedulers) {
       if (config.interval != interval || count % config.frequency != 0) continue;
       if (config.monitor.empty()) {
-        config.scheduler->step();
+        module->lr_scheduler_step(*config.scheduler, std::nullopt);
         continue;
       }
       bool found = false;
       double value = monitored(config, found);
-      if (found) config.scheduler->step(value);
+      if (found) module->lr_scheduler_step(*config.scheduler, value);
     }
   }
 
-  void optimizer_step() {
-    for (auto& optimizer : optim.optimizers) {
-      each_callback([&](Callback& cb) { cb.on_before_optimizer_step(trainer, *module, *optimizer); });
-      module->on_before_optimizer_step(*optimizer);
-      precision.unscale(*optimizer);
-      if (FULGOR_UNLIKELY(options.gradient_clip_val.has_value())) {
-        std::vector<torch::Tensor> params;
-        for (auto& group : optimizer->param_groups())
-          for (auto& p : group.params())
-            if (p.grad().defined()) params.push_back(p);
-        if (options.gradient_clip_algorithm == "norm")
-          torch::nn::utils::clip_grad_norm_(params, *options.gradient_clip_val);
-        else
-          torch::nn::utils::clip_grad_value_(params, *options.gradient_clip_val);
-      }
-      precision.step(*optimizer);
-      module->on_before_zero_grad(*optimizer);
-      optimizer->zero_grad();
+  // ---- Training -------------------------------------------------------------
+  // Note [The optimizer closure]
+  // Lightning steps the optimizer with optimizer.step(closure), where the
+  // closure runs training_step, zero_grad (on an accumulation window's first
+  // batch) and backward; the step then calls on_before_optimizer_step, clips
+  // and steps. A batch that does not step runs the closure alone. fulgor
+  // keeps that order, the module's optimizer_step deciding when the closure
+  // runs. `window` counts the batches whose gradients wait for a step: a
+  // training_step returning an undefined loss adds none, and a window without
+  // any is not stepped.
+  int64_t window = 0;
+
+  [[noreturn]] void throw_bad_loss(const torch::Tensor& loss) const {
+    throw ConfigError(fmt::format("{}::training_step must return a scalar loss that requires grad; got shape [{}]{}",
+                                  module->name(), fmt::join(loss.sizes(), ", "),
+                                  loss.requires_grad() ? "" : " without grad"));
+  }
+
+  torch::Tensor run_closure(StepRunner& train, int64_t batch_idx, bool steps_optimizer) {
+    std::optional<torch::autograd::DetectAnomalyGuard> anomaly;
+    if (FULGOR_UNLIKELY(options.detect_anomaly)) anomaly.emplace();
+    // Gradients travel only on the batches that step the optimizer.
+    if (FULGOR_UNLIKELY(ddp != nullptr)) ddp->before_forward(steps_optimizer);
+    torch::Tensor loss = train.step(Stage::train, batch_idx);
+    if (loss.defined() && FULGOR_UNLIKELY(loss.numel() != 1 || !loss.requires_grad())) throw_bad_loss(loss);
+    if (batch_idx % options.accumulate_grad_batches == 0) {
+      auto& optimizer = *optim.optimizers.front();
+      each_callback([&](Callback& cb) { cb.on_before_zero_grad(trainer, *module, optimizer); });
+      module->on_before_zero_grad(optimizer);
+      module->optimizer_zero_grad(epoch, batch_idx, optimizer);
     }
+    if (!loss.defined()) return loss;
+    const int64_t accumulate = options.accumulate_grad_batches;
+    // The loss itself, not a copy, unless accumulating.
+    const torch::Tensor divided =
+        FULGOR_UNLIKELY(accumulate > 1) ? loss / static_cast<double>(accumulate) : torch::Tensor();
+    const torch::Tensor& scaled = divided.defined() ? divided : loss;
+    each_callback([&](Callback& cb) { cb.on_before_backward(trainer, *module, scaled); });
+    module->on_before_backward(scaled);
+    if (FULGOR_UNLIKELY(ddp != nullptr))
+      ddp->backward(precision.scale_loss(scaled));
+    else
+      precision.backward(scaled);
+    each_callback([&](Callback& cb) { cb.on_after_backward(trainer, *module); });
+    module->on_after_backward();
+    ++window;
+    return loss;
+  }
+
+  // What optimizer.step does after the closure. False: nothing to step.
+  bool step_optimizer() {
+    if (window == 0) return false;
+    auto& optimizer = *optim.optimizers.front();
+    precision.unscale(optimizer);  // clipping and the hooks see true gradients
+    each_callback([&](Callback& cb) { cb.on_before_optimizer_step(trainer, *module, optimizer); });
+    module->on_before_optimizer_step(optimizer);
+    module->configure_gradient_clipping(optimizer, options.gradient_clip_val, options.gradient_clip_algorithm);
+    precision.step(optimizer);
     precision.update();
-    // Note [Skipped steps]
-    // A step the GradScaler skips still counts, and per-step schedulers still
-    // step, as in Lightning: global_step counts optimizer steps attempted.
-    ++global_step;
-    step_schedulers(Interval::step, global_step);
+    window = 0;
+    return true;
   }
 
-  void eval_batches(StepRunner& runner, Stage s, std::optional<int64_t> limit, std::vector<torch::Tensor>* outputs) {
+  struct StepClosure final : OptimizerClosure {
+    StepClosure(TrainerState& state, StepRunner* runner, int64_t idx) : s(state), train(runner), batch_idx(idx) {}
+    void operator()() override {
+      if (called) throw Error("optimizer_step called its optimizer_closure twice");
+      called = true;
+      if (train) loss = s.run_closure(*train, batch_idx, true);
+      stepped = s.step_optimizer();
+    }
+    TrainerState& s;
+    StepRunner* train;  // nullptr: the window's batches have run already
+    int64_t batch_idx;
+    torch::Tensor loss;
+    bool called = false, stepped = false;
+  };
+
+  // Runs the module's optimizer_step. Note [Skipped steps]: a step the
+  // GradScaler skips still counts, and per-step schedulers still step, as in
+  // Lightning: global_step counts optimizer steps attempted (as does one
+  // whose optimizer_step never called the closure).
+  torch::Tensor optimizer_step(StepRunner* train, int64_t batch_idx) {
+    StepClosure closure(*this, train, batch_idx);
+    module->optimizer_step(epoch, batch_idx, *optim.optimizers.front(), closure);
+    if (closure.stepped || !closure.called) {
+      ++global_step;
+      step_schedulers(Interval::step, global_step);
+    }
+    return std::move(closure.loss);
+  }
+
+  // Lightning's FitLoop.on_advance_end: the non-monitoring callbacks' hook,
+  // the module's, then ModelCheckpoint's and EarlyStopping's, seeing the
+  // epoch's values; the loggers get them at the epoch's last step label.
+  void train_epoch_end(ModuleBase& model, bool complete) {
+    loop = "train";
+    epoch_finished = true;  // as Lightning's epoch_progress.processed
+    refresh(train_accumulators);
+    const auto monitoring = [](const Callback& cb) {
+      return dynamic_cast<const ModelCheckpoint*>(&cb) != nullptr || dynamic_cast<const EarlyStopping*>(&cb) != nullptr;
+    };
+    context = LogContext::train_epoch;
+    each_callback([&](Callback& cb) {
+      if (!monitoring(cb)) cb.on_train_epoch_end(trainer, model);
+    });
+    model.on_train_epoch_end();
+    context = LogContext::none;
+    refresh(train_accumulators);
+    if (complete) step_schedulers(Interval::epoch, epoch + 1);
+    each_callback([&](Callback& cb) {
+      if (monitoring(cb)) cb.on_train_epoch_end(trainer, model);
+    });
+    aggregate(train_accumulators, log_step - 1);  // Note [Logged steps]
+  }
+
+  // ---- Evaluation -----------------------------------------------------------
+  // An evaluation loop's hooks where it starts, its epoch starts, its epoch
+  // ends and it ends; by stage (validate, test, predict).
+  struct LoopHook {
+    void (Callback::*callback)(Trainer&, ModuleBase&);
+    void (ModuleBase::*module)();
+  };
+  enum EvalPoint { kStart, kEpochStart, kEpochEnd, kEnd };
+  void eval_hook(Stage st, EvalPoint point) {
+    static const LoopHook hooks[3][4] = {
+        {{&Callback::on_validation_start, &ModuleBase::on_validation_start},
+         {&Callback::on_validation_epoch_start, &ModuleBase::on_validation_epoch_start},
+         {&Callback::on_validation_epoch_end, &ModuleBase::on_validation_epoch_end},
+         {&Callback::on_validation_end, &ModuleBase::on_validation_end}},
+        {{&Callback::on_test_start, &ModuleBase::on_test_start},
+         {&Callback::on_test_epoch_start, &ModuleBase::on_test_epoch_start},
+         {&Callback::on_test_epoch_end, &ModuleBase::on_test_epoch_end},
+         {&Callback::on_test_end, &ModuleBase::on_test_end}},
+        {{&Callback::on_predict_start, &ModuleBase::on_predict_start},
+         {&Callback::on_predict_epoch_start, &ModuleBase::on_predict_epoch_start},
+         {&Callback::on_predict_epoch_end, &ModuleBase::on_predict_epoch_end},
+         {&Callback::on_predict_end, &ModuleBase::on_predict_end}}};
+    const LoopHook& hook = hooks[static_cast<int>(st) - 1][point];
+    each_callback([&](Callback& cb) { (cb.*hook.callback)(trainer, *module); });
+    ((*module).*hook.module)();
+  }
+
+  void eval_batch_hook(Stage st, bool start, int64_t i, const torch::Tensor& out) {
+    ModuleBase& m = *module;
+    switch (st) {
+      case Stage::validate:
+        if (start) {
+          each_callback([&](Callback& cb) { cb.on_validation_batch_start(trainer, m, i); });
+          m.on_validation_batch_start(i);
+        } else {
+          each_callback([&](Callback& cb) { cb.on_validation_batch_end(trainer, m, i); });
+          m.on_validation_batch_end(i);
+        }
+        break;
+      case Stage::test:
+        if (start) {
+          each_callback([&](Callback& cb) { cb.on_test_batch_start(trainer, m, i); });
+          m.on_test_batch_start(i);
+        } else {
+          each_callback([&](Callback& cb) { cb.on_test_batch_end(trainer, m, i); });
+          m.on_test_batch_end(i);
+        }
+        break;
+      case Stage::predict:
+        if (start) {
+          each_callback([&](Callback& cb) { cb.on_predict_batch_start(trainer, m, i); });
+          m.on_predict_batch_start(i);
+        } else {
+          each_callback([&](Callback& cb) { cb.on_predict_batch_end(trainer, m, i); });
+          m.on_predict_batch_end(out, i);
+        }
+        break;
+      case Stage::train:
+        break;
+    }
+  }
+
+  void eval_batches(StepRunner& runner, Stage st, std::optional<int64_t> limit, std::vector<torch::Tensor>* outputs) {
     runner.start_epoch();
     for (int64_t i = 0; !limit || i < *limit; ++i) {
       if (!runner.next(true)) break;
       current_batch_size = runner.batch_size();
       context = LogContext::eval_step;
-      torch::Tensor out = runner.step(s, i);
-      if (outputs) outputs->push_back(out);
-      switch (s) {
-        case Stage::validate:
-          module->on_validation_batch_end(i);
-          if (!sanity) each_callback([&](Callback& cb) { cb.on_validation_batch_end(trainer, *module, i); });
-          break;
-        case Stage::test:
-          module->on_test_batch_end(i);
-          each_callback([&](Callback& cb) { cb.on_test_batch_end(trainer, *module, i); });
-          break;
-        case Stage::predict:
-          each_callback([&](Callback& cb) { cb.on_predict_batch_end(trainer, *module, i); });
-          break;
-        case Stage::train:
-          break;
-      }
+      eval_batch_hook(st, true, i, {});
+      torch::Tensor out = runner.step(st, i);
+      eval_batch_hook(st, false, i, out);
+      if (outputs) outputs->push_back(std::move(out));
       flush_step_logs();
       context = LogContext::none;
     }
   }
 
-  // One validation run inside fit (or the sanity check).
-  void validation_run(StepRunner& runner, std::optional<int64_t> limit) {
+  // One run of an evaluation loop (Lightning's _EvaluationLoop.run and
+  // _PredictionLoop.run): inside fit, in the sanity check, or on its own.
+  // Returns the epoch's values.
+  std::map<std::string, double> evaluation_run(StepRunner& runner, Stage st, std::optional<int64_t> limit,
+                                               std::vector<torch::Tensor>* outputs = nullptr) {
     const bool was_training = module->is_training();
     const std::string previous_loop = loop;
-    loop = sanity ? "sanity_check" : "validate";
+    loop = sanity ? "sanity_check" : st == Stage::validate ? "validate" : st == Stage::test ? "test" : "predict";
     eval_batches_count = limit;
+    eval_accumulators.clear();
     module->eval();
+    std::map<std::string, double> result;
     {
       torch::NoGradGuard no_grad;
-      if (!sanity) {
-        each_callback([&](Callback& cb) { cb.on_validation_start(trainer, *module); });
-        each_callback([&](Callback& cb) { cb.on_validation_epoch_start(trainer, *module); });
-      }
-      module->on_validation_epoch_start();
-      eval_batches(runner, Stage::validate, limit, nullptr);
-      module->on_validation_epoch_end();
-      if (!sanity) {
-        each_callback([&](Callback& cb) { cb.on_validation_epoch_end(trainer, *module); });
-        aggregate(eval_accumulators);
-        each_callback([&](Callback& cb) { cb.on_validation_end(trainer, *module); });
-      }
-      eval_accumulators.clear();
+      eval_hook(st, kStart);
+      eval_hook(st, kEpochStart);
+      eval_batches(runner, st, limit, outputs);
+      refresh(eval_accumulators);
+      context = LogContext::eval_epoch;
+      eval_hook(st, kEpochEnd);
+      context = LogContext::none;
+      result = aggregate(eval_accumulators);
+      eval_hook(st, kEnd);
     }
     module->train(was_training);
     loop = previous_loop;
+    return result;
   }
 
   std::optional<int64_t> eval_batches_count;
+  // Where predict's loop puts predict_step's outputs.
+  std::vector<torch::Tensor>* predictions = nullptr;
+
+  // Lightning's _run_sanity_check: a short validation whose values reach no
+  // logger and are forgotten afterwards, leaving the generators as it found
+  // them so that it changes nothing in training.
+  void sanity_check(StepRunner& runner, std::optional<int64_t> limit) {
+    const int64_t steps = options.fast_dev_run > 0 ? 0 : options.num_sanity_val_steps;
+    if (steps == 0) return;
+    torch::Tensor cpu_state = cpu_rng_state(), device_state = accelerator->get_rng_state(*device);
+    clear_metrics();
+    sanity = true;
+    each_callback([&](Callback& cb) { cb.on_sanity_check_start(trainer, *module); });
+    if (steps > 0) limit = limit ? std::min(*limit, steps) : steps;
+    evaluation_run(runner, Stage::validate, limit);
+    each_callback([&](Callback& cb) { cb.on_sanity_check_end(trainer, *module); });
+    sanity = false;
+    clear_metrics();
+    set_cpu_rng_state(cpu_state);
+    accelerator->set_rng_state(*device, device_state);
+  }
+
+  // Lightning's FitLoop._can_stop_early: a stop waits for min_epochs and
+  // min_steps (min_steps alone asks for one epoch, as _parse_loop_limits).
+  bool can_stop_early() const {
+    const int64_t min_epochs = options.min_epochs.value_or(options.min_steps ? 1 : 0);
+    return epoch >= min_epochs && global_step >= options.min_steps.value_or(0);
+  }
+
+  void configure_optimizers(ModuleBase& model) {
+    optim = model.configure_optimizers();
+    if (optim.optimizers.empty() || !optim.optimizers.front())
+      throw ConfigError(fmt::format("{}::configure_optimizers returned no optimizer", model.name()));
+    // Note [One optimizer]
+    // Automatic optimization steps the optimizer with each training_step's
+    // loss. Several optimizers are there for parts of a model with objectives
+    // of their own (a GAN's generator and discriminator), which one loss
+    // stepping them all would ignore; Lightning 2 allows them only under
+    // manual optimization, which fulgor does not have yet.
+    if (optim.optimizers.size() > 1)
+      throw ConfigError(fmt::format(
+          "{}::configure_optimizers returned {} optimizers; the Trainer's automatic optimization steps exactly one "
+          "with each training_step's loss, and fulgor has no manual optimization: return one optimizer (parameter "
+          "groups give parts of the model their own options)",
+          model.name(), optim.optimizers.size()));
+    for (const auto& sc : optim.schedulers) {
+      if (!sc.scheduler) throw ConfigError("configure_optimizers returned a SchedulerConfig without a scheduler");
+      if (sc.frequency < 1) throw ConfigError(fmt::format("scheduler frequency={}: expected >= 1", sc.frequency));
+      if (sc.scheduler->needs_metric() && sc.monitor.empty())
+        throw ConfigError("configure_optimizers returned a scheduler that needs a metric, without `monitor`");
+    }
+  }
 };
 
 }  // namespace detail
@@ -753,50 +1038,39 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
 
   FitResult result;
   try {
+    // Lightning's Trainer._run, in its order.
     s.attach(model);
-    s.optim = model.configure_optimizers();
-    if (s.optim.optimizers.empty() || !s.optim.optimizers.front())
-      throw ConfigError(fmt::format("{}::configure_optimizers returned no optimizer", model.name()));
-    // Note [One optimizer]
-    // Automatic optimization steps the optimizer with each training_step's
-    // loss. Several optimizers are there for parts of a model with objectives
-    // of their own (a GAN's generator and discriminator), which one loss
-    // stepping them all would ignore; Lightning 2 allows them only under
-    // manual optimization, which fulgor does not have yet.
-    if (s.optim.optimizers.size() > 1)
-      throw ConfigError(fmt::format(
-          "{}::configure_optimizers returned {} optimizers; the Trainer's automatic optimization steps exactly one "
-          "with each training_step's loss, and fulgor has no manual optimization: return one optimizer (parameter "
-          "groups give parts of the model their own options)",
-          model.name(), s.optim.optimizers.size()));
-    for (const auto& sc : s.optim.schedulers) {
-      if (!sc.scheduler) throw ConfigError("configure_optimizers returned a SchedulerConfig without a scheduler");
-      if (sc.frequency < 1) throw ConfigError(fmt::format("scheduler frequency={}: expected >= 1", sc.frequency));
-      if (sc.scheduler->needs_metric() && sc.monitor.empty())
-        throw ConfigError("configure_optimizers returned a scheduler that needs a metric, without `monitor`");
-    }
+    s.attach_model_callbacks(model);
+    s.setup_hooks(model, "fit");
+    if (ckpt) s.restore_module_and_callbacks(*ckpt);
+    s.configure_optimizers(model);
     s.epoch = s.global_step = s.log_step = s.batches_in_epoch = s.total_train_batches = 0;
     s.epoch_finished = false;
+    s.window = 0;
     s.rng_epoch_start = torch::Tensor();
-    if (ckpt) s.restore(*ckpt);
     if (s.ddp) s.ddp->attach(model);
+    detail::SignalTrap trap;
+    s.each_callback([&](Callback& cb) { cb.on_fit_start(*this, model); });
+    model.on_fit_start();
+    for (auto& logger : s.loggers) logger->log_hyperparams(model.hparams());
+    if (ckpt) s.restore_training_state(*ckpt);
     train.bind(*s.accelerator, *s.device, s.precision.precision());
     if (val) val->bind(*s.accelerator, *s.device, s.precision.precision());
-
     // Batches per epoch.
     if (o.fast_dev_run > 0) {
       s.train_batches = train.length() ? std::min(o.fast_dev_run, *train.length()) : o.fast_dev_run;
     } else if (o.overfit_batches.of(std::nullopt) != 0) {
       s.train_batches = detail::TrainerState::resolve_limit(o.overfit_batches, train, "overfit_batches");
+      detail::stop_shuffling(train, "training");
+      // Note [Overfitting a loader that shuffles]
       train.cache_first(*s.train_batches);
+      if (val) detail::stop_shuffling(*val, "validation");
     } else {
       s.train_batches = detail::TrainerState::resolve_limit(o.limit_train_batches, train, "limit_train_batches");
     }
-    // overfit_batches validates on the training batches.
-    detail::StepRunner* val_runner = o.overfit_batches.of(std::nullopt) != 0 && o.fast_dev_run == 0 ? &train : val;
-    std::optional<int64_t> val_limit;
+    detail::StepRunner* val_runner = val;
+    std::optional<int64_t> val_limit;  // overfit_batches limits it too (eval_limit)
     if (val_runner) val_limit = s.eval_limit(Stage::validate, *val_runner);
-    if (val_runner == &train) val_limit = s.train_batches;
     const bool validating = val_runner && val_limit != 0;
     std::optional<int64_t> val_every;  // validate after every N training batches
     const Limit& vci = o.fast_dev_run > 0 ? Limit(1.0) : o.val_check_interval;
@@ -827,36 +1101,20 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
       return epoch_end;
     };
 
-    detail::SignalTrap trap;
-    s.each_callback([&](Callback& cb) { cb.setup(*this, model, "fit"); });
-    for (auto& logger : s.loggers) logger->log_hyperparams(model.hparams());
-    s.each_callback([&](Callback& cb) { cb.on_fit_start(*this, model); });
-    model.on_fit_start();
-
-    // The sanity check leaves the generators as it found them, so that it
-    // changes nothing in training.
-    const int64_t sanity_steps = o.fast_dev_run > 0 ? 0 : o.num_sanity_val_steps;
-    if (validating && sanity_steps != 0) {
-      torch::Tensor cpu_state = detail::cpu_rng_state(), device_state = s.accelerator->get_rng_state(*s.device);
-      s.sanity = true;
-      s.each_callback([&](Callback& cb) { cb.on_sanity_check_start(*this, model); });
-      std::optional<int64_t> limit = val_limit;
-      if (sanity_steps > 0) limit = limit ? std::min(*limit, sanity_steps) : sanity_steps;
-      s.validation_run(*val_runner, limit);
-      s.sanity = false;
-      s.each_callback([&](Callback& cb) { cb.on_sanity_check_end(*this, model); });
-      detail::set_cpu_rng_state(cpu_state);
-      s.accelerator->set_rng_state(*s.device, device_state);
-    }
+    model.zero_grad();
+    const int64_t max_steps = o.fast_dev_run > 0 ? o.fast_dev_run : o.max_steps;
+    // A checkpoint from the middle of an epoch (or any, when training by
+    // max_steps) resumes a restarting loop, which skips the sanity check
+    // (Lightning's FitLoop.restarting).
+    bool resuming_mid_epoch = ckpt && !s.epoch_finished && s.batches_in_epoch > 0;
+    const bool restarting = resuming_mid_epoch || (ckpt && max_steps != -1);
+    if (validating && !restarting) s.sanity_check(*val_runner, val_limit);
 
     model.train();
     s.each_callback([&](Callback& cb) { cb.on_train_start(*this, model); });
     model.on_train_start();
 
-    const int64_t max_steps = o.fast_dev_run > 0 ? o.fast_dev_run : o.max_steps;
     const int64_t accumulate = o.accumulate_grad_batches;
-    const int64_t min_epochs = o.min_epochs.value_or(0);
-    bool resuming_mid_epoch = ckpt && !s.epoch_finished && s.batches_in_epoch > 0;
     bool first_after_resume = ckpt.has_value();
     if (ckpt && s.epoch_finished) ++s.epoch;
     result.reason = StopReason::max_epochs;
@@ -871,19 +1129,23 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
         result.reason = StopReason::max_steps;
         break;
       }
-      // A stop asked for before min_epochs stands until they are done.
-      if (s.should_stop && s.epoch >= min_epochs) {
+      // A stop asked for before min_epochs or min_steps stands until they are done.
+      if (s.should_stop && s.can_stop_early()) {
         result.reason = StopReason::requested;
         break;
       }
       const int64_t skip = resuming_mid_epoch ? s.batches_in_epoch : 0;
       s.epoch_finished = false;
       s.batches_in_epoch = skip;  // a resumed epoch's hooks see the batches done before
+      s.window = 0;
       s.loop = "train";
       s.train_accumulators.clear();
       model.train();
-      s.each_callback([&](Callback& cb) { cb.on_train_epoch_start(*this, model); });
-      model.on_train_epoch_start();
+      // Lightning does not start again an epoch resumed in its middle.
+      if (!resuming_mid_epoch) {
+        s.each_callback([&](Callback& cb) { cb.on_train_epoch_start(*this, model); });
+        model.on_train_epoch_start();
+      }
 
       // Note [Resuming mid-epoch]
       // A shuffling sampler draws its order from the CPU generator when the
@@ -904,51 +1166,30 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
       if (first_after_resume && resuming_mid_epoch) s.restore_rng(*ckpt, "rng_cpu");
       first_after_resume = resuming_mid_epoch = false;
 
-      int64_t window = 0;
-      bool broke_early = false;
+      bool broke_early = false, skipped_rest = false;
       while (!exhausted) {
         if (s.train_batches && s.batches_in_epoch >= *s.train_batches) break;
-        if (!train.next(true)) break;
+        if (!train.next(true)) {
+          exhausted = true;
+          break;
+        }
         const int64_t batch_idx = s.batches_in_epoch;
         // The epoch's last batch steps the optimizer even mid-window.
         const bool last = s.train_batches && batch_idx + 1 == *s.train_batches;
         s.current_batch_size = train.batch_size();
         s.context = LogContext::train_step;
-        const bool steps_optimizer = window + 1 == accumulate || last;
+        const bool steps_optimizer = (batch_idx + 1) % accumulate == 0 || last;
         s.step_log_due = steps_optimizer && ((s.global_step + 1) % o.log_every_n_steps == 0 || s.should_stop);
         s.each_callback([&](Callback& cb) { cb.on_train_batch_start(*this, model, batch_idx); });
-        model.on_train_batch_start(batch_idx);
-        torch::Tensor loss;
-        {
-          std::optional<torch::autograd::DetectAnomalyGuard> anomaly;
-          if (FULGOR_UNLIKELY(o.detect_anomaly)) anomaly.emplace();
-          // Gradients travel only on the batches that step the optimizer.
-          if (FULGOR_UNLIKELY(s.ddp != nullptr)) s.ddp->before_forward(steps_optimizer);
-          loss = train.step(Stage::train, batch_idx);
-          if (loss.defined()) {
-            if (loss.numel() != 1 || !loss.requires_grad())
-              throw ConfigError(fmt::format(
-                  "{}::training_step must return a scalar loss that requires grad; got shape [{}]{}", model.name(),
-                  fmt::join(loss.sizes(), ", "), loss.requires_grad() ? "" : " without grad"));
-            // The loss itself, not a copy, unless accumulating.
-            const torch::Tensor divided =
-                FULGOR_UNLIKELY(accumulate > 1) ? loss / static_cast<double>(accumulate) : torch::Tensor();
-            const torch::Tensor& scaled = divided.defined() ? divided : loss;
-            s.each_callback([&](Callback& cb) { cb.on_before_backward(*this, model, scaled); });
-            model.on_before_backward(scaled);
-            if (FULGOR_UNLIKELY(s.ddp != nullptr))
-              s.ddp->backward(s.precision.scale_loss(scaled));
-            else
-              s.precision.backward(scaled);
-            s.each_callback([&](Callback& cb) { cb.on_after_backward(*this, model); });
-            model.on_after_backward();
-            ++window;
-          }
+        if (FULGOR_UNLIKELY(model.on_train_batch_start(batch_idx) == -1)) {
+          s.context = LogContext::none;
+          s.step_log_due = true;
+          skipped_rest = true;
+          break;
         }
-        if (window > 0 && (window == accumulate || last)) {
-          s.optimizer_step();
-          window = 0;
-        }
+        // Note [The optimizer closure]
+        const torch::Tensor loss =
+            steps_optimizer ? s.optimizer_step(&train, batch_idx) : s.run_closure(train, batch_idx, false);
         s.batches_in_epoch = batch_idx + 1;
         ++s.total_train_batches;
         // Note [The hooks' loss]
@@ -962,7 +1203,8 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
         s.context = LogContext::none;
         s.step_log_due = true;
 
-        if (FULGOR_UNLIKELY(validation_due(s.batches_in_epoch, false))) s.validation_run(*val_runner, val_limit);
+        if (FULGOR_UNLIKELY(validation_due(s.batches_in_epoch, false)))
+          s.evaluation_run(*val_runner, Stage::validate, val_limit);
         s.log_step = s.global_step;
         if (int sig = s.agree_on_stop(detail::SignalTrap::pending()); FULGOR_UNLIKELY(sig != 0)) {
           result.reason = StopReason::signal;
@@ -977,35 +1219,32 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
           if (broke_early) result.reason = StopReason::max_steps;
           break;
         }
-        if (FULGOR_UNLIKELY(s.should_stop && s.epoch >= min_epochs)) {
+        if (FULGOR_UNLIKELY(s.should_stop && s.can_stop_early())) {
           broke_early = !(s.train_batches && s.batches_in_epoch == *s.train_batches);
           if (broke_early) result.reason = StopReason::requested;
           break;
         }
       }
       if (stopped) break;
-      if (window > 0 && s.ddp) s.ddp->reduce_gradients();
-      if (window > 0) s.optimizer_step();
+      // A loader that does not tell its length ends a window unannounced:
+      // its gradients are stepped now.
+      if (exhausted && s.window > 0) {
+        if (s.ddp) s.ddp->reduce_gradients();
+        s.optimizer_step(nullptr, s.batches_in_epoch - 1);
+      }
+      s.window = 0;
       s.log_step = s.global_step;
       const bool complete = !broke_early;
-      if (complete && validation_due(s.batches_in_epoch, true)) s.validation_run(*val_runner, val_limit);
-      s.loop = "train";
-      model.on_train_epoch_end();
-      s.aggregate(s.train_accumulators);
-      if (complete) {
-        s.step_schedulers(Interval::epoch, s.epoch + 1);
-        s.epoch_finished = true;
-      }
-      s.each_callback([&](Callback& cb) { cb.on_train_epoch_end(*this, model); });
+      if (complete && !skipped_rest && validation_due(s.batches_in_epoch, true))
+        s.evaluation_run(*val_runner, Stage::validate, val_limit);
+      s.train_epoch_end(model, complete);
       s.agree_on_stop(0);
-      if (!complete) {
-        stopped = true;
-        break;
-      }
-      // Between epochs the state is "at the start of the next one".
+      // Between epochs the state is "at the start of the next one"; an epoch
+      // that a stop cut short counts as done, as Lightning's epoch progress.
       ++s.epoch;
       s.batches_in_epoch = 0;
       s.epoch_finished = false;
+      if (!complete) break;
     }
     if (result.message.empty()) {
       switch (result.reason) {
@@ -1027,11 +1266,10 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
     model.on_train_end();
     s.each_callback([&](Callback& cb) { cb.on_fit_end(*this, model); });
     model.on_fit_end();
+    s.teardown_hooks(model, "fit");
     for (auto& logger : s.loggers) logger->finalize(result.reason == StopReason::signal ? "interrupted" : "success");
-    s.each_callback([&](Callback& cb) { cb.teardown(*this, model, "fit"); });
   } catch (const std::exception& e) {
-    s.each_callback([&](Callback& cb) { cb.on_exception(*this, model, e); });
-    for (auto& logger : s.loggers) logger->finalize("failed");
+    s.on_exception(model, e);
     throw;
   }
   result.epochs_completed = s.epoch;
@@ -1039,10 +1277,11 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
   return result;
 }
 
+// Lightning's _run for validate, test and predict.
 std::map<std::string, double> Trainer::run_eval(Stage stage, ModuleBase& model, detail::StepRunner& runner,
                                                 const EvalOptions& eval_options) {
   auto& s = *state_;
-  const std::string name = stage == Stage::validate ? "validate" : "test";
+  const std::string name = stage == Stage::validate ? "validate" : stage == Stage::test ? "test" : "predict";
   s.begin(name);
   std::optional<detail::LoadedCheckpoint> ckpt;
   if (!eval_options.ckpt_path.empty()) ckpt = s.read_checkpoint(eval_options.ckpt_path);
@@ -1053,43 +1292,17 @@ std::map<std::string, double> Trainer::run_eval(Stage stage, ModuleBase& model, 
   std::map<std::string, double> result;
   try {
     s.attach(model);
-    if (ckpt) s.load_weights(*ckpt);
+    s.attach_model_callbacks(model);
+    s.setup_hooks(model, name);
+    if (ckpt) s.restore_module_and_callbacks(*ckpt);
     runner.bind(*s.accelerator, *s.device, s.precision.precision());
     const auto limit = s.eval_limit(stage, runner);
-    s.each_callback([&](Callback& cb) { cb.setup(*this, model, name); });
-    s.loop = name;
-    s.eval_batches_count = limit;
-    const bool was_training = model.is_training();
-    model.eval();
-    {
-      torch::NoGradGuard no_grad;
-      if (stage == Stage::validate) {
-        s.each_callback([&](Callback& cb) { cb.on_validation_start(*this, model); });
-        s.each_callback([&](Callback& cb) { cb.on_validation_epoch_start(*this, model); });
-        model.on_validation_epoch_start();
-      } else {
-        s.each_callback([&](Callback& cb) { cb.on_test_start(*this, model); });
-        s.each_callback([&](Callback& cb) { cb.on_test_epoch_start(*this, model); });
-        model.on_test_epoch_start();
-      }
-      s.eval_batches(runner, stage, limit, nullptr);
-      if (stage == Stage::validate) {
-        model.on_validation_epoch_end();
-        s.each_callback([&](Callback& cb) { cb.on_validation_epoch_end(*this, model); });
-        result = s.aggregate(s.eval_accumulators);
-        s.each_callback([&](Callback& cb) { cb.on_validation_end(*this, model); });
-      } else {
-        model.on_test_epoch_end();
-        s.each_callback([&](Callback& cb) { cb.on_test_epoch_end(*this, model); });
-        result = s.aggregate(s.eval_accumulators);
-        s.each_callback([&](Callback& cb) { cb.on_test_end(*this, model); });
-      }
-    }
-    model.train(was_training);
+    model.zero_grad();
+    result = s.evaluation_run(runner, stage, limit, s.predictions);
+    s.teardown_hooks(model, name);
     for (auto& logger : s.loggers) logger->finalize("success");
-    s.each_callback([&](Callback& cb) { cb.teardown(*this, model, name); });
   } catch (const std::exception& e) {
-    s.each_callback([&](Callback& cb) { cb.on_exception(*this, model, e); });
+    s.on_exception(model, e);
     throw;
   }
   return result;
@@ -1097,39 +1310,13 @@ std::map<std::string, double> Trainer::run_eval(Stage stage, ModuleBase& model, 
 
 std::vector<torch::Tensor> Trainer::run_predict(ModuleBase& model, detail::StepRunner& runner,
                                                 const EvalOptions& eval_options) {
-  auto& s = *state_;
-  s.begin("predict");
-  std::optional<detail::LoadedCheckpoint> ckpt;
-  if (!eval_options.ckpt_path.empty()) ckpt = s.read_checkpoint(eval_options.ckpt_path);
-  struct Scope {
-    detail::TrainerState& s;
-    ~Scope() { s.end(); }
-  } scope{s};
   std::vector<torch::Tensor> outputs;
-  try {
-    s.attach(model);
-    if (ckpt) s.load_weights(*ckpt);
-    runner.bind(*s.accelerator, *s.device, s.precision.precision());
-    const auto limit = s.eval_limit(Stage::predict, runner);
-    s.each_callback([&](Callback& cb) { cb.setup(*this, model, "predict"); });
-    s.loop = "predict";
-    s.eval_batches_count = limit;
-    const bool was_training = model.is_training();
-    model.eval();
-    {
-      torch::NoGradGuard no_grad;
-      s.each_callback([&](Callback& cb) { cb.on_predict_start(*this, model); });
-      model.on_predict_epoch_start();
-      s.eval_batches(runner, Stage::predict, limit, &outputs);
-      model.on_predict_epoch_end();
-      s.each_callback([&](Callback& cb) { cb.on_predict_end(*this, model); });
-    }
-    model.train(was_training);
-    s.each_callback([&](Callback& cb) { cb.teardown(*this, model, "predict"); });
-  } catch (const std::exception& e) {
-    s.each_callback([&](Callback& cb) { cb.on_exception(*this, model, e); });
-    throw;
-  }
+  state_->predictions = &outputs;
+  struct Reset {
+    detail::TrainerState& s;
+    ~Reset() { s.predictions = nullptr; }
+  } reset{*state_};
+  run_eval(Stage::predict, model, runner, eval_options);
   return outputs;
 }
 
@@ -1155,7 +1342,7 @@ const std::string& Trainer::stop_reason() const { return state_->stop_reason; }
 bool Trainer::logs_due() const { return state_->step_log_due; }
 
 const std::map<std::string, double>& Trainer::callback_metrics() const { return state_->callback_metrics.map(); }
-const std::map<std::string, double>& Trainer::logged_metrics() const { return state_->logged_metrics; }
+const std::map<std::string, double>& Trainer::logged_metrics() const { return state_->logged_metrics.map(); }
 const std::map<std::string, double>& Trainer::progress_bar_metrics() const {
   return state_->progress_bar_metrics.map();
 }

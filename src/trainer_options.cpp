@@ -168,6 +168,7 @@ const std::vector<Field>& fields() {
     f.push_back(opt_int("max_epochs", &TrainerOptions::max_epochs));
     f.push_back(opt_int("min_epochs", &TrainerOptions::min_epochs));
     f.push_back(field("max_steps", "an integer", &TrainerOptions::max_steps));
+    f.push_back(opt_int("min_steps", &TrainerOptions::min_steps));
     const char* limit = "a batch count (integer) or fraction (number with a decimal point)";
     f.push_back(field("limit_train_batches", limit, &TrainerOptions::limit_train_batches));
     f.push_back(field("limit_val_batches", limit, &TrainerOptions::limit_val_batches));

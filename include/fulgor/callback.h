@@ -17,7 +17,10 @@ class ModuleBase;
 /// Callback). Every hook has a no-op default; override the ones you need. Any
 /// hook may stop training with `trainer.request_stop(reason)`.
 ///
-/// Contract: hooks are called in Lightning's order, on the thread that called
+/// Contract: hooks are called in Lightning's order (docs/training.md, "Hook
+/// order"): at each point the callbacks' hook before the module's, except
+/// that ModelCheckpoint and EarlyStopping (the monitoring callbacks) get
+/// on_train_epoch_end after the module. Hooks are called on the thread that called
 /// fit/validate/test/predict. A callback with state that must survive a resume
 /// returns it from state_dict() and takes it back in load_state_dict(); the
 /// checkpoint files it under state_key(), which must differ between the
@@ -42,12 +45,14 @@ class Callback {
   virtual void on_train_start(Trainer&, ModuleBase&) {}
   virtual void on_train_end(Trainer&, ModuleBase&) {}
   virtual void on_train_epoch_start(Trainer&, ModuleBase&) {}
-  /// After the module's on_train_epoch_end, with the epoch's metrics aggregated.
+  /// With the epoch's metrics aggregated; before the module's on_train_epoch_end,
+  /// except for the monitoring callbacks (ModelCheckpoint, EarlyStopping).
   virtual void on_train_epoch_end(Trainer&, ModuleBase&) {}
   virtual void on_train_batch_start(Trainer&, ModuleBase&, int64_t /*batch_idx*/) {}
   /// `loss` is what training_step returned, without its autograd graph
   /// (undefined when it skipped the batch).
   virtual void on_train_batch_end(Trainer&, ModuleBase&, const torch::Tensor& /*loss*/, int64_t /*batch_idx*/) {}
+  virtual void on_before_zero_grad(Trainer&, ModuleBase&, torch::optim::Optimizer&) {}
   virtual void on_before_backward(Trainer&, ModuleBase&, const torch::Tensor& /*loss*/) {}
   virtual void on_after_backward(Trainer&, ModuleBase&) {}
   virtual void on_before_optimizer_step(Trainer&, ModuleBase&, torch::optim::Optimizer&) {}
@@ -57,23 +62,29 @@ class Callback {
   virtual void on_validation_end(Trainer&, ModuleBase&) {}
   virtual void on_validation_epoch_start(Trainer&, ModuleBase&) {}
   virtual void on_validation_epoch_end(Trainer&, ModuleBase&) {}
+  virtual void on_validation_batch_start(Trainer&, ModuleBase&, int64_t /*batch_idx*/) {}
   virtual void on_validation_batch_end(Trainer&, ModuleBase&, int64_t /*batch_idx*/) {}
 
   virtual void on_test_start(Trainer&, ModuleBase&) {}
   virtual void on_test_end(Trainer&, ModuleBase&) {}
   virtual void on_test_epoch_start(Trainer&, ModuleBase&) {}
   virtual void on_test_epoch_end(Trainer&, ModuleBase&) {}
+  virtual void on_test_batch_start(Trainer&, ModuleBase&, int64_t /*batch_idx*/) {}
   virtual void on_test_batch_end(Trainer&, ModuleBase&, int64_t /*batch_idx*/) {}
 
   virtual void on_predict_start(Trainer&, ModuleBase&) {}
   virtual void on_predict_end(Trainer&, ModuleBase&) {}
+  virtual void on_predict_epoch_start(Trainer&, ModuleBase&) {}
+  virtual void on_predict_epoch_end(Trainer&, ModuleBase&) {}
+  virtual void on_predict_batch_start(Trainer&, ModuleBase&, int64_t /*batch_idx*/) {}
   virtual void on_predict_batch_end(Trainer&, ModuleBase&, int64_t /*batch_idx*/) {}
 
   /// Adds to / reads from the checkpoint's callback section (besides state_dict).
   virtual void on_save_checkpoint(Trainer&, ModuleBase&, nlohmann::json& /*checkpoint*/) {}
   virtual void on_load_checkpoint(Trainer&, ModuleBase&, const nlohmann::json& /*checkpoint*/) {}
 
-  /// A loop is ending with an exception (which the Trainer rethrows).
+  /// A loop is ending with an exception (which the Trainer rethrows after
+  /// this hook, and after the loggers are finalized with "failed").
   virtual void on_exception(Trainer&, ModuleBase&, const std::exception&) {}
 };
 

@@ -8,15 +8,19 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
+#include "fulgor/batch.h"
 #include "fulgor/scheduler.h"
 
 namespace fulgor {
 
 class Trainer;
+class Callback;
 
 /// How log() reduces a metric's values over an epoch.
 enum class Reduce { mean, sum, max, min };
@@ -48,16 +52,35 @@ class MetricSink {
   virtual void log(std::string_view name, double value, const LogOptions& options) = 0;
 };
 struct ModuleAccess;
+template <typename Batch, typename Loader>
+class LoaderRunner;
 }  // namespace detail
+
+/// What ModuleBase::optimizer_step is given to step the optimizer with:
+/// calling it does what `optimizer.step(closure=optimizer_closure)` does in
+/// Lightning's optimizer_step. It runs the closure (training_step, on the
+/// first batch of an accumulation window on_before_zero_grad and
+/// optimizer_zero_grad, then backward with its hooks), then
+/// on_before_optimizer_step, configure_gradient_clipping and the optimizer's
+/// step (through the "16-mixed" loss scaler, which may skip it). Call it once.
+class OptimizerClosure {
+ public:
+  virtual void operator()() = 0;
+
+ protected:
+  ~OptimizerClosure() = default;
+};
 
 /// The part of a module that does not depend on the batch type: hooks,
 /// logging, hyper-parameters, optimizers. Derive from BasicModule<Batch> (or
 /// Module) rather than from this class.
 ///
 /// Contract: the Trainer calls configure_optimizers() once per fit after
-/// moving the module onto the device, and the hooks in Lightning's order. Every
-/// hook has a no-op default. log() may only be called while a Trainer runs the
-/// module (it throws Error otherwise).
+/// moving the module onto the device, and the hooks in Lightning's order
+/// (docs/training.md, "Hook order"). Every hook has a no-op default, and
+/// the hooks that do the Trainer's work (optimizer_step, optimizer_zero_grad,
+/// configure_gradient_clipping, lr_scheduler_step) do it by default. log() may
+/// only be called while a Trainer runs the module (it throws Error otherwise).
 class ModuleBase : public torch::nn::Module {
  public:
   ModuleBase() = default;
@@ -66,31 +89,76 @@ class ModuleBase : public torch::nn::Module {
   /// The optimizer(s) and optional schedulers to train with.
   virtual OptimizerConfig configure_optimizers() = 0;
 
+  /// Callbacks this module brings along, merged into the Trainer's when a
+  /// loop starts (Lightning's configure_callbacks): they replace the
+  /// Trainer's callbacks of the same type, and ModelCheckpoints go last.
+  virtual std::vector<std::shared_ptr<Callback>> configure_callbacks() { return {}; }
+
   // ---- Hooks, in the order the Trainer calls them ---------------------------
+  /// `stage` is "fit", "validate", "test" or "predict".
+  virtual void setup(const std::string& /*stage*/) {}
+  virtual void teardown(const std::string& /*stage*/) {}
   virtual void on_fit_start() {}
   virtual void on_train_start() {}
   virtual void on_train_epoch_start() {}
-  virtual void on_train_batch_start(int64_t /*batch_idx*/) {}
+  /// Returning -1 skips the rest of the epoch (this batch included).
+  virtual int on_train_batch_start(int64_t /*batch_idx*/) { return 0; }
+  virtual void on_before_zero_grad(torch::optim::Optimizer& /*optimizer*/) {}
+  virtual void optimizer_zero_grad(int64_t /*epoch*/, int64_t /*batch_idx*/, torch::optim::Optimizer& optimizer) {
+    optimizer.zero_grad();
+  }
   virtual void on_before_backward(const torch::Tensor& /*loss*/) {}
   virtual void on_after_backward() {}
   virtual void on_before_optimizer_step(torch::optim::Optimizer& /*optimizer*/) {}
-  virtual void on_before_zero_grad(torch::optim::Optimizer& /*optimizer*/) {}
+  /// Steps the optimizer at the end of an accumulation window; override to
+  /// change the step (a learning-rate warm-up), calling `optimizer_closure()`
+  /// where Lightning's code calls `optimizer.step(closure=optimizer_closure)`.
+  virtual void optimizer_step(int64_t /*epoch*/, int64_t /*batch_idx*/, torch::optim::Optimizer& /*optimizer*/,
+                              OptimizerClosure& optimizer_closure) {
+    optimizer_closure();
+  }
+  /// Clips the gradients before the optimizer steps; `clip_val` and
+  /// `algorithm` are the Trainer's gradient_clip_val and
+  /// gradient_clip_algorithm.
+  virtual void configure_gradient_clipping(torch::optim::Optimizer& optimizer, std::optional<double> clip_val,
+                                           const std::string& algorithm) {
+    clip_gradients(optimizer, clip_val, algorithm);
+  }
+  /// Steps a scheduler when its interval comes; `metric` is its monitored value.
+  virtual void lr_scheduler_step(LRScheduler& scheduler, std::optional<double> metric) { scheduler.step(metric); }
   /// `loss`: training_step's loss without its autograd graph.
   virtual void on_train_batch_end(const torch::Tensor& /*loss*/, int64_t /*batch_idx*/) {}
   virtual void on_train_epoch_end() {}
   virtual void on_train_end() {}
   virtual void on_fit_end() {}
+  virtual void on_validation_start() {}
   virtual void on_validation_epoch_start() {}
+  virtual void on_validation_batch_start(int64_t /*batch_idx*/) {}
   virtual void on_validation_batch_end(int64_t /*batch_idx*/) {}
   virtual void on_validation_epoch_end() {}
+  virtual void on_validation_end() {}
+  virtual void on_test_start() {}
   virtual void on_test_epoch_start() {}
+  virtual void on_test_batch_start(int64_t /*batch_idx*/) {}
   virtual void on_test_batch_end(int64_t /*batch_idx*/) {}
   virtual void on_test_epoch_end() {}
+  virtual void on_test_end() {}
+  virtual void on_predict_start() {}
   virtual void on_predict_epoch_start() {}
+  virtual void on_predict_batch_start(int64_t /*batch_idx*/) {}
+  /// `prediction`: what predict_step returned for the batch.
+  virtual void on_predict_batch_end(const torch::Tensor& /*prediction*/, int64_t /*batch_idx*/) {}
   virtual void on_predict_epoch_end() {}
+  virtual void on_predict_end() {}
   /// Adds module-specific state to a checkpoint being saved / reads it back.
   virtual void on_save_checkpoint(nlohmann::json& /*state*/) {}
   virtual void on_load_checkpoint(const nlohmann::json& /*state*/) {}
+
+  /// Clips the gradients of `optimizer`'s parameters: their total 2-norm
+  /// (algorithm "norm") or each element ("value") to `clip_val`; nothing
+  /// when clip_val is unset or 0. Throws ConfigError for another algorithm.
+  void clip_gradients(torch::optim::Optimizer& optimizer, std::optional<double> clip_val,
+                      const std::string& algorithm = "norm");
 
   // ---- Logging --------------------------------------------------------------
   /// Records a metric (see LogOptions). A tensor must hold one element.
@@ -146,6 +214,24 @@ class BasicModule : public ModuleBase {
   virtual torch::Tensor predict_step(Batch /*batch*/, int64_t /*batch_idx*/) {
     detail::throw_step_not_implemented(*this, "predict_step");
   }
+
+  // ---- Batch transfer, in this order, for every batch a loop runs ----------
+  // (dataloader_idx is 0: a loop has one loader)
+  virtual Batch on_before_batch_transfer(Batch batch, int64_t /*dataloader_idx*/) { return batch; }
+  /// Moves the batch onto the Trainer's device (move_batch, through the
+  /// accelerator); a batch the loader made there already is left as it is.
+  virtual Batch transfer_batch_to_device(Batch batch, torch::Device device, int64_t /*dataloader_idx*/) {
+    if (transfer_accelerator_ == nullptr || !transfer_moves_) return batch;
+    return move_batch(std::move(batch), *transfer_accelerator_, device);
+  }
+  virtual Batch on_after_batch_transfer(Batch batch, int64_t /*dataloader_idx*/) { return batch; }
+
+ private:
+  template <typename, typename>
+  friend class detail::LoaderRunner;
+  // Set by the Trainer's loader for transfer_batch_to_device's default.
+  const Accelerator* transfer_accelerator_ = nullptr;
+  bool transfer_moves_ = true;
 };
 
 using Module = BasicModule<torch::data::Example<>>;

@@ -77,6 +77,9 @@ class StepRunner {
   void cache_first(int64_t n) { cache_limit_ = n; }
   // Tells a loader with a set_epoch member which epoch comes next.
   virtual void set_epoch(int64_t epoch) = 0;
+  // Turns off a loader's shuffling where it can (TensorLoader::disable_shuffle):
+  // returns whether it was shuffling.
+  virtual bool disable_shuffle() = 0;
   virtual void start_epoch() = 0;
   // Fetches the next batch, onto the device when `move`; false at the end.
   virtual bool next(bool move) = 0;
@@ -121,6 +124,14 @@ struct has_batches_on<Loader,
                       std::void_t<decltype(std::declval<const Loader&>().batches_on(std::declval<torch::Device>()))>>
     : std::true_type {};
 
+// Whether a loader can turn its shuffling off (disable_shuffle), as
+// fulgor::TensorLoader can.
+template <typename Loader, typename = void>
+struct has_disable_shuffle : std::false_type {};
+template <typename Loader>
+struct has_disable_shuffle<Loader, std::void_t<decltype(std::declval<Loader&>().disable_shuffle())>> : std::true_type {
+};
+
 template <typename Batch, typename Loader>
 class LoaderRunner final : public StepRunner {
   using Iterator = decltype(std::declval<Loader&>().begin());
@@ -141,11 +152,17 @@ class LoaderRunner final : public StepRunner {
     if constexpr (has_set_epoch<Loader>::value) loader_.set_epoch(epoch);
   }
 
+  bool disable_shuffle() override {
+    if constexpr (has_disable_shuffle<Loader>::value) return loader_.disable_shuffle();
+    return false;
+  }
+
   void start_epoch() override {
     fetched_.reset();
     replay_ = cache_limit_ > 0 && static_cast<int64_t>(cache_.size()) == cache_limit_;
     position_ = 0;
-    if constexpr (has_batches_on<Loader>::value) moves_ = !loader_.batches_on(*device_);
+    if constexpr (has_batches_on<Loader>::value) module_.transfer_moves_ = !loader_.batches_on(*device_);
+    module_.transfer_accelerator_ = accelerator_;
     if (replay_) return;
     cache_.clear();
     it_.reset();
@@ -174,7 +191,11 @@ class LoaderRunner final : public StepRunner {
       }
     }
     if (move) {
-      if (moves_) fetched_.emplace(move_batch(std::move(*fetched_), *accelerator_, *device_));
+      // Lightning's batch transfer hooks; a "-true" precision converts the
+      // batch on the device, after them.
+      Batch batch = module_.on_before_batch_transfer(std::move(*fetched_), 0);
+      batch = module_.transfer_batch_to_device(std::move(batch), *device_, 0);
+      fetched_.emplace(module_.on_after_batch_transfer(std::move(batch), 0));
       if (precision_->converts_module()) fetched_.emplace(convert_batch(std::move(*fetched_), *precision_));
     }
     return true;
@@ -206,7 +227,6 @@ class LoaderRunner final : public StepRunner {
   Loader& loader_;
   std::optional<Iterator> it_, end_;
   bool started_ = false;
-  bool moves_ = true;  // false: the loader's batches are on the device already
   std::optional<Batch> fetched_;
   std::vector<Batch> cache_;
   bool replay_ = false;

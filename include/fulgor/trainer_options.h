@@ -87,12 +87,17 @@ struct TrainerOptions {
   std::optional<int64_t> min_epochs;
   /// Stops after this many optimizer steps; -1 is unlimited.
   int64_t max_steps = -1;
+  /// Training takes at least this many optimizer steps even when asked to
+  /// stop (and, with min_epochs unset, completes one epoch).
+  std::optional<int64_t> min_steps;
   Limit limit_train_batches = 1.0;
   Limit limit_val_batches = 1.0;
   Limit limit_test_batches = 1.0;
   Limit limit_predict_batches = 1.0;
-  /// Trains on this many batches, the same ones every epoch, and validates on
-  /// them too (0: off).
+  /// Trains on this many batches of the training loader, the same ones every
+  /// epoch, and validates on as many of the validation loader's (0: off). A
+  /// TensorLoader's shuffling is turned off, for good (with a warning), as
+  /// Lightning does; another loader's first batches are kept and replayed.
   Limit overfit_batches = 0.0;
   /// How often to validate within an epoch: a fraction of the epoch or every
   /// N training batches.

@@ -276,11 +276,14 @@ TEST(Callbacks, ProgressBarRateOfAResumedEpochCountsItsOwnBatches) {
   auto train = sequential_loader(880, 4);  // 220 batches
   {
     ShowLoss model;
-    auto options = quiet(dir, 1);
+    auto save = std::make_shared<Hooks>();  // in the epoch's middle
+    save->batch_end = [&](Trainer& t, int64_t) {
+      if (t.global_step() == 200) t.save_checkpoint(path);
+    };
+    auto options = quiet(dir, 1, {save});
     options.max_steps = 200;
     Trainer trainer(options);
     trainer.fit(model, train);
-    trainer.save_checkpoint(path);
   }
   ShowLoss model;
   model.pause = std::chrono::milliseconds(20);

@@ -99,9 +99,14 @@ TEST(Checkpoint, ResumeMidEpochWithAShuffledLoaderIsBitIdentical) {
   auto first = stateful_model();
   auto train = shuffled_loader(36, 8);
   auto val = sequential_loader(8, 4);
+  // Saved where it stops, in the middle of the epoch: a checkpoint saved after
+  // fit would resume at the next epoch, the stopped one counting as done.
+  const std::string path = (dir.path / "mid.ckpt").string();
   auto stop = std::make_shared<Hooks>();
-  stop->batch_end = [](Trainer& t, int64_t) {
-    if (t.current_epoch() == 1 && t.batches_in_epoch() == 3) t.request_stop("test stop");
+  stop->batch_end = [&](Trainer& t, int64_t) {
+    if (t.current_epoch() != 1 || t.batches_in_epoch() != 3) return;
+    t.save_checkpoint(path);
+    t.request_stop("test stop");
   };
   auto options = resumable(dir, 4);
   options.callbacks = {stop};
@@ -110,8 +115,6 @@ TEST(Checkpoint, ResumeMidEpochWithAShuffledLoaderIsBitIdentical) {
   auto stopped = partial.fit(*first, train, val);
   EXPECT_EQ(stopped.reason, StopReason::requested);
   EXPECT_EQ(partial.global_step(), 8);
-  const std::string path = (dir.path / "mid.ckpt").string();
-  partial.save_checkpoint(path);
   EXPECT_EQ(read_checkpoint_meta(path).at("loop").at("batches_in_epoch"), 3);
 
   auto resumed = stateful_model();
@@ -138,9 +141,12 @@ TEST(Checkpoint, ResumeMidEpochWithAShuffledTensorLoaderIsBitIdentical) {
 
   auto first = stateful_model();
   auto train = make_loader();
+  const std::string path = (dir.path / "mid.ckpt").string();
   auto stop = std::make_shared<Hooks>();
-  stop->batch_end = [](Trainer& t, int64_t) {
-    if (t.current_epoch() == 2 && t.batches_in_epoch() == 2) t.request_stop("test stop");
+  stop->batch_end = [&](Trainer& t, int64_t) {
+    if (t.current_epoch() != 2 || t.batches_in_epoch() != 2) return;
+    t.save_checkpoint(path);
+    t.request_stop("test stop");
   };
   auto options = resumable(dir, 4);
   options.callbacks = {stop};
@@ -148,8 +154,6 @@ TEST(Checkpoint, ResumeMidEpochWithAShuffledTensorLoaderIsBitIdentical) {
   Trainer partial(options);
   partial.fit(*first, train, val);
   ASSERT_EQ(partial.global_step(), 12);
-  const std::string path = (dir.path / "mid.ckpt").string();
-  partial.save_checkpoint(path);
 
   auto resumed = stateful_model();
   auto fresh_train = make_loader();

@@ -128,10 +128,11 @@ TEST(TrainerLoop, AccumulationStepsAQuarterAsOftenAndMatchesHandWritten) {
   EXPECT_TRUE(same_parameters(model, reference));
 }
 
-// Records the gradient norm the optimizer steps with (after clipping).
+// Records the gradient norm the optimizer steps with (after clipping): the
+// gradients stay until the next batch zeroes them, as in Lightning.
 struct GradNorm : TinyNet {
   double max_norm = 0;
-  void on_before_zero_grad(torch::optim::Optimizer&) override {
+  void on_train_batch_end(const torch::Tensor&, int64_t) override {
     double sq = 0;
     for (auto& p : parameters()) sq += p.grad().pow(2).sum().item<double>();
     max_norm = std::max(max_norm, std::sqrt(sq));
@@ -273,7 +274,9 @@ TEST(TrainerLoop, LogDefaultsAndBatchSizeWeightedEpochMeans) {
   EXPECT_DOUBLE_EQ(metrics.at("v_weighted"), 1.0);
   EXPECT_DOUBLE_EQ(metrics.at("v_both_epoch"), 0.8);
   EXPECT_EQ(metrics.count("v_both_step"), 0u);
-  EXPECT_DOUBLE_EQ(trainer.callback_metrics().at("v_both_step"), 2.0);
+  // Lightning's callback metrics take no evaluation step values.
+  EXPECT_EQ(trainer.callback_metrics().count("v_both_step"), 0u);
+  EXPECT_DOUBLE_EQ(trainer.callback_metrics().at("v_both"), 0.8);
 
   auto options = quiet(dir.str());
   options.max_epochs = 1;
@@ -564,7 +567,7 @@ TEST(TrainerLoop, MoreThanOneOptimizerIsRefusedAtFitStart) {
     EXPECT_NE(message.find("no manual optimization"), std::string::npos) << message;
   }
   EXPECT_EQ(model.training_steps, 0);
-  EXPECT_EQ(hooks->calls, 0);
+  EXPECT_EQ(hooks->calls, 1);  // setup, which comes before configure_optimizers
 
   // What the message suggests instead: one optimizer, a parameter group each.
   model.make_optimizers = [](TinyNet& m) {
@@ -591,15 +594,19 @@ struct RecordingNet : TinyNet {
   }
 };
 
-TEST(TrainerLoop, OverfitBatchesReplaysTheSameBatchesEveryEpoch) {
+// Lightning's overfit_batches (trainer/setup.py, _resolve_overfit_batches):
+// limit_train_batches and limit_val_batches become overfit_batches, and the
+// loaders' shuffling is turned off, so that every epoch trains on the first
+// batches of the data and validates on the validation loader's first ones.
+TEST(TrainerLoop, OverfitBatchesTrainsOnTheFirstBatchesUnshuffled) {
   TempDir dir;
-  const XY data(40, 7);
+  const XY data(40, 7), val_data(24, 8);
   TensorLoaderOptions shuffled;
   shuffled.batch_size = 4;
   shuffled.shuffle = true;
   shuffled.seed = 3;
   TensorLoader train(data.x, data.y, shuffled);  // 10 batches, a new order each epoch
-  auto val = sequential_loader(8, 4);
+  TensorLoader val(val_data.x, val_data.y, shuffled);
   RecordingNet model;
   auto options = quiet(dir.str());
   options.max_epochs = 3;
@@ -607,23 +614,36 @@ TEST(TrainerLoop, OverfitBatchesReplaysTheSameBatchesEveryEpoch) {
   Trainer trainer(options);
   trainer.fit(model, train, val);
 
+  EXPECT_FALSE(train.options().shuffle);
+  EXPECT_FALSE(val.options().shuffle);
   ASSERT_EQ(model.trained_on.size(), 6u);
   EXPECT_EQ(trainer.global_step(), 6);
-  // The first two batches of the first epoch's order, then those again.
-  TensorLoader reference(data.x, data.y, shuffled);
-  auto first = reference.begin();
-  const torch::Tensor batch0 = first->data.clone();
-  ++first;
-  const torch::Tensor batch1 = first->data.clone();
-  EXPECT_FALSE(torch::equal(batch0, batch1));
-  for (size_t epoch = 0; epoch < 3; ++epoch) {
-    EXPECT_TRUE(torch::equal(model.trained_on[2 * epoch], batch0)) << "epoch " << epoch;
-    EXPECT_TRUE(torch::equal(model.trained_on[2 * epoch + 1], batch1)) << "epoch " << epoch;
-  }
-  // Validation runs on the same training batches, not on the validation loader.
+  for (size_t epoch = 0; epoch < 3; ++epoch)
+    for (int64_t b = 0; b < 2; ++b)
+      EXPECT_TRUE(torch::equal(model.trained_on[2 * epoch + b], data.x.slice(0, 4 * b, 4 * b + 4)))
+          << "epoch " << epoch << " batch " << b;
   ASSERT_EQ(model.validated_on.size(), 6u);
-  for (size_t i = 0; i < model.validated_on.size(); ++i)
-    EXPECT_TRUE(torch::equal(model.validated_on[i], i % 2 == 0 ? batch0 : batch1)) << "validation batch " << i;
+  for (size_t i = 0; i < model.validated_on.size(); ++i) {
+    const int64_t b = static_cast<int64_t>(i % 2);
+    EXPECT_TRUE(torch::equal(model.validated_on[i], val_data.x.slice(0, 4 * b, 4 * b + 4))) << "validation " << i;
+  }
+}
+
+// A loader that cannot be told to stop shuffling trains on its first epoch's
+// first batches in every epoch.
+TEST(TrainerLoop, OverfitBatchesReplaysTheFirstBatchesOfOtherLoaders) {
+  TempDir dir;
+  torch::manual_seed(4);
+  auto train = shuffled_loader(40, 4);
+  RecordingNet model;
+  auto options = quiet(dir.str());
+  options.max_epochs = 2;
+  options.overfit_batches = 2;
+  Trainer(options).fit(model, train);
+  ASSERT_EQ(model.trained_on.size(), 4u);
+  EXPECT_FALSE(torch::equal(model.trained_on[0], model.trained_on[1]));
+  EXPECT_TRUE(torch::equal(model.trained_on[0], model.trained_on[2]));
+  EXPECT_TRUE(torch::equal(model.trained_on[1], model.trained_on[3]));
 }
 
 TEST(TrainerLoop, CheckValEveryNEpochValidatesOnlyEveryNthEpoch) {
@@ -656,6 +676,77 @@ TEST(TrainerLoop, CheckValEveryNEpochValidatesOnlyEveryNthEpoch) {
   Trainer counted(options);
   counted.fit(by_count, train, val);
   EXPECT_EQ(validated_epochs, (std::vector<int64_t>{1, 1, 3, 3}));
+}
+
+// FitLoop.on_advance_end counts an epoch that a stop cut short as done
+// (epoch_progress.increment_processed / increment_completed), whether the
+// stop came from a request or from max_steps.
+TEST(TrainerLoop, AnEpochStoppedInItsMiddleCountsAsDone) {
+  TempDir dir;
+  auto train = sequential_loader(64, 8);  // 8 batches
+  struct Look : fulgor::Callback {
+    std::vector<int64_t> epochs_at_end;
+    void on_train_epoch_end(Trainer& t, ModuleBase&) override { epochs_at_end.push_back(t.current_epoch()); }
+  };
+  {
+    TinyNet model;
+    auto hooks = std::make_shared<Hooks>();
+    hooks->batch_end = [](Trainer& t, int64_t i) {
+      if (t.current_epoch() == 1 && i == 2) t.request_stop("enough");
+    };
+    auto look = std::make_shared<Look>();
+    Trainer trainer(quiet(dir, 5, {hooks, look}));
+    const auto result = trainer.fit(model, train);
+    EXPECT_EQ(result.reason, StopReason::requested);
+    EXPECT_EQ(trainer.global_step(), 11);
+    EXPECT_EQ(trainer.current_epoch(), 2);
+    EXPECT_EQ(result.epochs_completed, 2);
+    EXPECT_EQ(look->epochs_at_end, (std::vector<int64_t>{0, 1}));
+  }
+  {
+    TinyNet model;
+    auto options = quiet(dir, 5);
+    options.max_steps = 12;
+    Trainer trainer(options);
+    const auto result = trainer.fit(model, train);
+    EXPECT_EQ(result.reason, StopReason::max_steps);
+    EXPECT_EQ(trainer.current_epoch(), 2);
+    // A checkpoint saved now resumes after that epoch, as Lightning's would.
+    const std::string path = (dir.path / "after.ckpt").string();
+    trainer.save_checkpoint(path);
+    TinyNet resumed_model;
+    auto more = quiet(dir, 3);
+    Trainer resumed(more);
+    resumed.fit(resumed_model, train, {.ckpt_path = path});
+    EXPECT_EQ(resumed_model.training_steps, 8);  // epoch 2, in full
+    EXPECT_EQ(resumed.global_step(), 20);
+  }
+}
+
+// FitLoop._can_stop_early: a stop waits for min_steps (and, min_epochs being
+// unset, for one epoch: _parse_loop_limits).
+TEST(TrainerLoop, AStopAskedForBeforeMinStepsWaitsForThem) {
+  TempDir dir;
+  auto train = sequential_loader(64, 8);  // 8 batches
+  TinyNet model;
+  auto hooks = std::make_shared<Hooks>();
+  hooks->batch_end = [](Trainer& t, int64_t) {
+    if (t.global_step() == 2) t.request_stop("early");
+  };
+  auto options = quiet(dir, 5, {hooks});
+  options.min_steps = 12;
+  Trainer trainer(options);
+  const auto result = trainer.fit(model, train);
+  EXPECT_EQ(result.reason, StopReason::requested);
+  EXPECT_EQ(trainer.global_step(), 12);
+  EXPECT_EQ(trainer.current_epoch(), 2);
+
+  // min_steps within the first epoch still completes that epoch.
+  TinyNet one_epoch;
+  options.min_steps = 3;
+  Trainer short_run(options);
+  short_run.fit(one_epoch, train);
+  EXPECT_EQ(short_run.global_step(), 8);
 }
 
 }  // namespace

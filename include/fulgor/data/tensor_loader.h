@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <iterator>
 #include <memory>
+#include <utility>
 #include <vector>
 
 namespace fulgor {
@@ -58,6 +59,9 @@ class TensorLoader {
   /// Samples in the data set.
   int64_t dataset_size() const { return data_.size(0); }
   const TensorLoaderOptions& options() const { return options_; }
+  /// Turns shuffling off from the next iteration on; returns whether it was
+  /// on. The Trainer's overfit_batches does this, as Lightning does.
+  bool disable_shuffle() { return std::exchange(options_.shuffle, false); }
 
   /// Whether every batch is on `device` as made (the data and targets are
   /// there), so that a Trainer need not move it.
