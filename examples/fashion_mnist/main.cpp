@@ -1,7 +1,7 @@
 // Fashion-MNIST classification with fulgor: a small CNN (or an MLP with
 // --model.arch=mlp) trained on whatever accelerator "auto" picks, with a
-// progress bar, checkpoints and metrics (TensorBoard event files and a
-// metrics.csv), then tested on the best checkpoint.
+// progress bar, checkpoints and metrics (TensorBoard event files, and a
+// metrics.csv that fulgor-plot draws), then tested on the best checkpoint.
 //
 //   fashion_mnist [--trainer.max_epochs=4] [--trainer.accelerator=cpu] [--model.arch=mlp]
 //                 [--model.lr=0.001] [--data.batch_size=128] [--data.dir=/usr/share/datasets/fashion-mnist]
