@@ -19,6 +19,7 @@
 #include "fulgor/callbacks/model_summary.h"
 #include "fulgor/callbacks/progress_bar.h"
 #include "fulgor/checkpoint.h"
+#include "fulgor/loggers/tensorboard.h"
 #include "fulgor/registry.h"
 #include "fulgor/strategy.h"
 #include "fulgor/version.h"
@@ -1016,7 +1017,7 @@ Trainer::Trainer(TrainerOptions options) : state_(std::make_unique<detail::Train
     s.callbacks.push_back(std::make_shared<ModelCheckpoint>());
   if (o.fast_dev_run == 0) {
     s.loggers = o.loggers;
-    if (s.loggers.empty() && o.logger) s.loggers.push_back(std::make_shared<CSVLogger>(default_root_dir()));
+    if (s.loggers.empty() && o.logger) s.loggers.push_back(std::make_shared<TensorBoardLogger>(default_root_dir()));
   }
 }
 

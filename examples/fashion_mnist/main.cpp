@@ -1,6 +1,7 @@
 // Fashion-MNIST classification with fulgor: a small CNN (or an MLP with
 // --model.arch=mlp) trained on whatever accelerator "auto" picks, with a
-// progress bar, checkpoints and CSV metrics, then tested on the best checkpoint.
+// progress bar, checkpoints and metrics (TensorBoard event files, and a
+// metrics.csv that fulgor-plot draws), then tested on the best checkpoint.
 //
 //   fashion_mnist [--trainer.max_epochs=4] [--trainer.accelerator=cpu] [--model.arch=mlp]
 //                 [--model.lr=0.001] [--data.batch_size=128] [--data.dir=/usr/share/datasets/fashion-mnist]
@@ -113,6 +114,12 @@ int main(int argc, char** argv) {
 
     LitClassifier model(arch, lr);
     auto options = cli.trainer;
+    if (options.logger && options.loggers.empty()) {
+      // Both in one run folder: the CSV logger takes the TensorBoard logger's version.
+      auto tensorboard = std::make_shared<fulgor::TensorBoardLogger>(options.default_root_dir);
+      fulgor::FileLoggerOptions csv{.save_dir = options.default_root_dir, .version = tensorboard->version_number()};
+      options.loggers = {tensorboard, std::make_shared<fulgor::CSVLogger>(csv)};
+    }
     auto checkpoint = std::make_shared<fulgor::ModelCheckpoint>(fulgor::ModelCheckpointOptions{
         .filename = "{epoch}-{val_acc:.4f}", .monitor = "val_acc", .mode = "max", .save_top_k = 1, .save_last = true});
     if (options.enable_checkpointing) options.callbacks.push_back(checkpoint);

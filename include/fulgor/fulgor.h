@@ -26,6 +26,7 @@
 #include "fulgor/distributed/sampler.h"
 #include "fulgor/error.h"
 #include "fulgor/logger.h"
+#include "fulgor/loggers/tensorboard.h"
 #include "fulgor/module.h"
 #include "fulgor/precision.h"
 #include "fulgor/registry.h"

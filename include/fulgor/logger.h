@@ -72,6 +72,8 @@ class FileLogger : public Logger {
   std::string name() const override { return dir_.options().name; }
   std::string version() const override;
   std::string log_dir() const override { return dir_.path(); }
+  /// N of version_N: gives another logger the same run folder.
+  int64_t version_number() const { return dir_.version(); }
   void log_hyperparams(const nlohmann::json& hparams) override;
 
  protected:

@@ -71,7 +71,7 @@ struct TrainerOptions {
   /// "32-true" ("32"), "64-true" ("64"), "bf16-mixed" ("bf16"), "16-mixed" ("16"),
   /// "bf16-true" or "16-true", as the accelerator supports (see docs/precision.md).
   std::string precision = "32-true";
-  /// Whether to add the default CSVLogger (under default_root_dir) when
+  /// Whether to add the default TensorBoardLogger (under default_root_dir) when
   /// `loggers` is empty.
   bool logger = true;
   std::vector<std::shared_ptr<Logger>> loggers;
