@@ -7,7 +7,7 @@
 //   fulgor_ddp_trainer_worker disagree OUTDIR
 //
 // "fit" trains the shared model with strategy "ddp" for EPOCHS epochs.
-// "resume" trains until the middle of the second epoch, saves a checkpoint,
+// "resume" trains until the middle of the second epoch, saves a checkpoint there,
 // and fits EPOCHS epochs from it with a new Trainer and a differently
 // initialised model. "die" trains with a ddp_timeout of 10 s; rank 1 kills or
 // stops itself at batch 2. "disagree" trains 3 epochs with a ddp_timeout of
@@ -44,6 +44,21 @@ void write_results(const std::string& out, int64_t rank, fulgor::Trainer& traine
           << trainer.is_global_zero() << "\n";
   for (const auto& [name, value] : trainer.callback_metrics()) metrics << name << " " << value << "\n";
 }
+
+// Saves a checkpoint at the batch that takes the run to `step`, inside the
+// epoch: one saved after fit would resume at the next epoch, since the epoch a
+// stop cuts short counts as done (Lightning's rule).
+class SaveAtStep final : public fulgor::Callback {
+ public:
+  SaveAtStep(int64_t step, std::string path) : step_(step), path_(std::move(path)) {}
+  void on_train_batch_end(fulgor::Trainer& trainer, fulgor::ModuleBase&, const torch::Tensor&, int64_t) override {
+    if (trainer.global_step() == step_) trainer.save_checkpoint(path_);
+  }
+
+ private:
+  int64_t step_;
+  std::string path_;
+};
 
 }  // namespace
 
@@ -101,9 +116,9 @@ int main(int argc, char** argv) {
         RegressionNet model(init_seed(env.rank));
         auto options = ddp_options(root, epochs, accumulate);
         options.max_steps = (kStepsPerEpoch + kStepsPerEpoch / 2) / accumulate;
+        options.callbacks = {std::make_shared<SaveAtStep>(options.max_steps, checkpoint)};
         fulgor::Trainer trainer(options);
         trainer.fit(model, loader);
-        trainer.save_checkpoint(checkpoint);
       }
       RegressionNet model(init_seed(env.rank) + 1000);
       auto again = make_loader(env.world_size, env.rank);
