@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "fulgor/error.h"
+#include "tensor_moves.h"
 
 namespace fulgor {
 
@@ -40,27 +41,31 @@ void Accelerator::setup_device(torch::Device) {}
 // storage are copied into the existing TensorImpl with shallow_copy_from,
 // which is what set_data itself does once its check passes; it is only safe for
 // plain dense tensors on both sides, which is checked first.
-void Accelerator::move_module(torch::nn::Module& module, torch::Device device) const {
+void detail::move_in_place(const Accelerator& accelerator, const torch::Tensor& tensor, torch::Device device,
+                           const std::string& what) {
+  if (!tensor.defined() || tensor.device() == device) return;
   torch::NoGradGuard no_grad;
-  auto move = [&](torch::Tensor tensor, const std::string& what) {
-    if (!tensor.defined() || tensor.device() == device) return;
-    torch::Tensor moved = move_tensor(tensor, device, /*non_blocking=*/false);
-    if (at::_has_compatible_shallow_copy_type(tensor, moved)) {
-      tensor.set_data(moved);
-      return;
-    }
-    auto plain = [](const torch::Tensor& t) {
-      return t.layout() == torch::kStrided && !t.is_quantized() && !t.is_nested() && t.has_storage();
-    };
-    if (!plain(tensor) || !plain(moved))
-      throw DeviceError(
-          fmt::format("accelerator '{}' cannot move {} to {}: only dense strided tensors can be moved "
-                      "in place to this device type",
-                      name(), what, device.str()));
-    tensor.unsafeGetTensorImpl()->shallow_copy_from(moved.getIntrusivePtr());
+  torch::Tensor moved = accelerator.move_tensor(tensor, device, /*non_blocking=*/false);
+  if (at::_has_compatible_shallow_copy_type(tensor, moved)) {
+    tensor.set_data(moved);
+    return;
+  }
+  auto plain = [](const torch::Tensor& t) {
+    return t.layout() == torch::kStrided && !t.is_quantized() && !t.is_nested() && t.has_storage();
   };
-  for (const auto& item : module.named_parameters(/*recurse=*/true)) move(item.value(), "parameter " + item.key());
-  for (const auto& item : module.named_buffers(/*recurse=*/true)) move(item.value(), "buffer " + item.key());
+  if (!plain(tensor) || !plain(moved))
+    throw DeviceError(
+        fmt::format("accelerator '{}' cannot move {} to {}: only dense strided tensors can be moved "
+                    "in place to this device type",
+                    accelerator.name(), what, device.str()));
+  tensor.unsafeGetTensorImpl()->shallow_copy_from(moved.getIntrusivePtr());
+}
+
+void Accelerator::move_module(torch::nn::Module& module, torch::Device device) const {
+  for (const auto& item : module.named_parameters(/*recurse=*/true))
+    detail::move_in_place(*this, item.value(), device, "parameter " + item.key());
+  for (const auto& item : module.named_buffers(/*recurse=*/true))
+    detail::move_in_place(*this, item.value(), device, "buffer " + item.key());
 }
 
 torch::Tensor Accelerator::move_tensor(const torch::Tensor& tensor, torch::Device device, bool non_blocking) const {

@@ -15,6 +15,7 @@
 
 #include "fulgor/error.h"
 #include "fulgor/module.h"
+#include "trainer/checkpoint_connector.h"
 
 namespace fulgor {
 namespace {
@@ -256,21 +257,9 @@ torch::serialize::InputArchive read_checkpoint_file(const std::string& path) {
   return archive;
 }
 
-namespace {
-nlohmann::json meta_of(torch::serialize::InputArchive& archive, const std::string& path) {
-  c10::IValue meta;
-  if (!archive.try_read("meta", meta) || !meta.isString())
-    throw CheckpointError(fmt::format("checkpoint '{}' has no metadata entry", path));
-  nlohmann::json json = nlohmann::json::parse(meta.toStringRef(), nullptr, /*allow_exceptions=*/false);
-  if (json.is_discarded() || !json.is_object())
-    throw CheckpointError(fmt::format("checkpoint '{}' has malformed metadata", path));
-  return json;
-}
-}  // namespace
-
 nlohmann::json read_checkpoint_meta(const std::string& path) {
   auto archive = read_checkpoint_file(path);
-  return meta_of(archive, path);
+  return detail::parse_checkpoint_meta(archive, path);
 }
 
 namespace detail {
@@ -311,7 +300,7 @@ void load_module_state(torch::nn::Module& module, torch::serialize::InputArchive
 
 void load_module_weights(ModuleBase& module, const std::string& path) {
   auto archive = read_checkpoint_file(path);
-  meta_of(archive, path);
+  detail::parse_checkpoint_meta(archive, path);
   torch::serialize::InputArchive model;
   if (!archive.try_read("model", model)) throw CheckpointError(fmt::format("checkpoint '{}' has no model state", path));
   detail::load_module_state(module, model, path);

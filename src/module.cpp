@@ -16,9 +16,10 @@ namespace {
 // Note [Reading a logged value]
 // item() goes through the dispatcher, which on a small model costs as much
 // as the rest of the Trainer's work per step. A floating-point value in host
-// memory is read directly instead; any other tensor (on a device, integral,
-// with a lazy negation) through item(). Neither records anything for
-// autograd, so no detach() is needed.
+// memory is read directly instead; any other host tensor (integral, with a
+// lazy negation) through item(). Neither records anything for autograd, so no
+// detach() is needed. Tensors on a device are read later, many at once (Note
+// [Deferred reads] in src/trainer/metric_store.h).
 double value_of(const torch::Tensor& t) {
   if (t.device().is_cpu() && t.layout() == torch::kStrided && !t.is_neg() && !t._is_zerotensor()) {
     switch (t.scalar_type()) {
@@ -49,7 +50,10 @@ void ModuleBase::log(std::string_view name, const torch::Tensor& value, const Lo
         "log('{}', ...): expected a tensor with one element, got {}", name,
         value.defined() ? fmt::format("shape [{}]", fmt::join(value.sizes(), ", ")) : "an undefined tensor"));
   if (sink_ == nullptr) throw_not_running(name, torch::nn::Module::name());
-  sink_->log(name, value_of(value), options);
+  if (value.device().is_cpu())
+    sink_->log(name, value_of(value), options);
+  else
+    sink_->log_on_device(name, value, options);
 }
 
 void ModuleBase::log(std::string_view name, double value, const LogOptions& options) {

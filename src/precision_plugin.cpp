@@ -1,4 +1,4 @@
-#include "fulgor/detail/precision_plugin.h"
+#include "precision_plugin.h"
 
 #include <fmt/format.h>
 

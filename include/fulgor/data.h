@@ -9,6 +9,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "fulgor/data/loader_protocol.h"
 #include "fulgor/error.h"
 
 namespace fulgor {
@@ -47,22 +48,6 @@ template <typename Sampler = torch::data::samplers::RandomSampler, typename Data
 SizedDataLoader<torch::data::StatelessDataLoader<Dataset, Sampler>> make_data_loader(Dataset dataset,
                                                                                      size_t batch_size) {
   return fulgor::make_data_loader<Sampler>(std::move(dataset), torch::data::DataLoaderOptions(batch_size));
-}
-
-namespace detail {
-template <typename L, typename = void>
-struct HasSize : std::false_type {};
-template <typename L>
-struct HasSize<L, std::void_t<decltype(std::declval<const L&>().size())>> : std::true_type {};
-}  // namespace detail
-
-/// Batches per epoch of `loader` when it tells (a size() member), else nullopt.
-template <typename Loader>
-std::optional<int64_t> loader_length(const Loader& loader) {
-  if constexpr (detail::HasSize<Loader>::value)
-    return static_cast<int64_t>(loader.size());
-  else
-    return std::nullopt;
 }
 
 }  // namespace fulgor

@@ -50,6 +50,9 @@ class MetricSink {
  public:
   virtual ~MetricSink() = default;
   virtual void log(std::string_view name, double value, const LogOptions& options) = 0;
+  // A one-element tensor on a device, read when its value is needed rather
+  // than now (Note [Deferred reads] in src/trainer/metric_store.h).
+  virtual void log_on_device(std::string_view name, const torch::Tensor& value, const LogOptions& options) = 0;
 };
 struct ModuleAccess;
 template <typename Batch, typename Loader>
@@ -161,7 +164,9 @@ class ModuleBase : public torch::nn::Module {
                       const std::string& algorithm = "norm");
 
   // ---- Logging --------------------------------------------------------------
-  /// Records a metric (see LogOptions). A tensor must hold one element.
+  /// Records a metric (see LogOptions). A tensor must hold one element; one
+  /// on a device is read when the value is needed (when logs are due, a
+  /// callback asks for the metrics, or the epoch ends), not at every call.
   void log(std::string_view name, const torch::Tensor& value, const LogOptions& options = {});
   void log(std::string_view name, double value, const LogOptions& options = {});
   void log_dict(const std::map<std::string, double>& values, const LogOptions& options = {});

@@ -128,7 +128,7 @@ struct SchedulerConfig {
 /// schedulers. The Trainer optimizes automatically, stepping one optimizer
 /// with each training_step's loss: fit refuses more than one optimizer with a
 /// ConfigError, as there is no manual optimization (Note [One optimizer] in
-/// src/trainer.cpp).
+/// src/trainer/state.cpp).
 struct OptimizerConfig {
   std::vector<std::shared_ptr<torch::optim::Optimizer>> optimizers;
   std::vector<SchedulerConfig> schedulers;

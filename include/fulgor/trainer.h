@@ -7,16 +7,12 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <type_traits>
-#include <utility>
 #include <vector>
 
 #include "fulgor/accelerator.h"
-#include "fulgor/batch.h"
-#include "fulgor/batch_size.h"
 #include "fulgor/callback.h"
 #include "fulgor/data.h"
-#include "fulgor/detail/precision_plugin.h"
+#include "fulgor/detail/step_runner.h"
 #include "fulgor/error.h"
 #include "fulgor/logger.h"
 #include "fulgor/module.h"
@@ -57,201 +53,6 @@ struct FitResult {
 };
 
 namespace detail {
-
-enum class Stage { train, validate, test, predict };
-
-// A loader and a module's steps for it, with the batch type erased, so that
-// the loops are compiled once in src/trainer.cpp.
-class StepRunner {
- public:
-  explicit StepRunner(std::optional<int64_t> length) : length_(length) {}
-  virtual ~StepRunner() = default;
-  // Batches per epoch, when the loader tells.
-  std::optional<int64_t> length() const { return length_; }
-  void bind(const Accelerator& accelerator, torch::Device device, const Precision& precision) {
-    accelerator_ = &accelerator;
-    device_ = device;
-    precision_ = &precision;
-  }
-  // Keeps the first `n` batches and replays them every later epoch.
-  void cache_first(int64_t n) { cache_limit_ = n; }
-  // Tells a loader with a set_epoch member which epoch comes next.
-  virtual void set_epoch(int64_t epoch) = 0;
-  // Turns off a loader's shuffling where it can (TensorLoader::disable_shuffle):
-  // returns whether it was shuffling.
-  virtual bool disable_shuffle() = 0;
-  virtual void start_epoch() = 0;
-  // Fetches the next batch, onto the device when `move`; false at the end.
-  virtual bool next(bool move) = 0;
-  // The fetched batch's size (-1: unknown).
-  virtual int64_t batch_size() const = 0;
-  // Runs the module's step for `stage` on the fetched batch, under autocast
-  // for a mixed precision.
-  virtual torch::Tensor step(Stage stage, int64_t batch_idx) = 0;
-
- protected:
-  const Accelerator* accelerator_ = nullptr;
-  const Precision* precision_ = nullptr;
-  std::optional<torch::Device> device_;
-  int64_t cache_limit_ = 0;
-
- private:
-  std::optional<int64_t> length_;
-};
-
-// Whether a loader has set_epoch(int64_t), as fulgor::TensorLoader and
-// DistributedSampler-driven loaders do.
-template <typename Loader, typename = void>
-struct has_set_epoch : std::false_type {};
-template <typename Loader>
-struct has_set_epoch<Loader, std::void_t<decltype(std::declval<Loader&>().set_epoch(int64_t{}))>> : std::true_type {};
-
-// Whether a loader takes the Trainer's accelerator and device
-// (bind_device), as an unbound fulgor::DevicePrefetcher does.
-template <typename Loader, typename = void>
-struct has_bind_device : std::false_type {};
-template <typename Loader>
-struct has_bind_device<Loader, std::void_t<decltype(std::declval<Loader&>().bind_device(
-                                   std::declval<const Accelerator&>(), std::declval<torch::Device>()))>>
-    : std::true_type {};
-
-// Whether a loader tells that its batches are on a device already
-// (batches_on), as fulgor::TensorLoader does.
-template <typename Loader, typename = void>
-struct has_batches_on : std::false_type {};
-template <typename Loader>
-struct has_batches_on<Loader,
-                      std::void_t<decltype(std::declval<const Loader&>().batches_on(std::declval<torch::Device>()))>>
-    : std::true_type {};
-
-// Whether a loader can turn its shuffling off (disable_shuffle), as
-// fulgor::TensorLoader can.
-template <typename Loader, typename = void>
-struct has_disable_shuffle : std::false_type {};
-template <typename Loader>
-struct has_disable_shuffle<Loader, std::void_t<decltype(std::declval<Loader&>().disable_shuffle())>> : std::true_type {
-};
-
-template <typename Batch, typename Loader>
-class LoaderRunner final : public StepRunner {
-  using Iterator = decltype(std::declval<Loader&>().begin());
-  using LoaderBatch = std::decay_t<decltype(*std::declval<Iterator&>())>;
-  static_assert(std::is_constructible_v<Batch, LoaderBatch&&>,
-                "the loader's batches do not convert to the module's batch type: derive the module from "
-                "fulgor::BasicModule<B> with B the type the loader yields");
-
- public:
-  LoaderRunner(BasicModule<Batch>& module, Loader& loader)
-      : StepRunner(loader_length(loader)), module_(module), loader_(loader) {}
-
-  // Note [Loader epochs]
-  // A loader that shuffles by epoch number (TensorLoader) would otherwise
-  // count its own epochs, which a resumed run starts again from 0; being told
-  // the Trainer's epoch makes its order the uninterrupted run's.
-  void set_epoch(int64_t epoch) override {
-    if constexpr (has_set_epoch<Loader>::value) loader_.set_epoch(epoch);
-  }
-
-  bool disable_shuffle() override {
-    if constexpr (has_disable_shuffle<Loader>::value) return loader_.disable_shuffle();
-    return false;
-  }
-
-  void start_epoch() override {
-    fetched_.reset();
-    replay_ = cache_limit_ > 0 && static_cast<int64_t>(cache_.size()) == cache_limit_;
-    position_ = 0;
-    if constexpr (has_batches_on<Loader>::value) module_.transfer_moves_ = !loader_.batches_on(*device_);
-    module_.transfer_accelerator_ = accelerator_;
-    if (replay_) return;
-    cache_.clear();
-    it_.reset();
-    end_.reset();
-    if constexpr (has_bind_device<Loader>::value) loader_.bind_device(*accelerator_, *device_);
-    it_.emplace(loader_.begin());
-    end_.emplace(loader_.end());
-    started_ = false;
-  }
-
-  bool next(bool move) override {
-    fetched_.reset();
-    if (replay_) {
-      if (position_ >= cache_.size()) return false;
-      if constexpr (std::is_copy_constructible_v<Batch>) fetched_.emplace(cache_[position_++]);
-    } else {
-      if (started_) ++*it_;
-      started_ = true;
-      if (*it_ == *end_) return false;
-      fetched_.emplace(Batch(std::move(**it_)));
-      if (cache_limit_ > 0 && static_cast<int64_t>(cache_.size()) < cache_limit_) {
-        if constexpr (std::is_copy_constructible_v<Batch>)
-          cache_.push_back(*fetched_);
-        else
-          throw ConfigError("overfit_batches keeps batches to replay them, which needs a copyable batch type");
-      }
-    }
-    if (move) {
-      // Lightning's batch transfer hooks; a "-true" precision converts the
-      // batch on the device, after them.
-      Batch batch = module_.on_before_batch_transfer(std::move(*fetched_), 0);
-      batch = module_.transfer_batch_to_device(std::move(batch), *device_, 0);
-      fetched_.emplace(module_.on_after_batch_transfer(std::move(batch), 0));
-      if (precision_->converts_module()) fetched_.emplace(convert_batch(std::move(*fetched_), *precision_));
-    }
-    return true;
-  }
-
-  int64_t batch_size() const override { return fetched_ ? batch_size_of(*fetched_) : -1; }
-
-  torch::Tensor step(Stage stage, int64_t batch_idx) override {
-    Batch batch = std::move(*fetched_);
-    fetched_.reset();
-    AutocastScope autocast(*precision_, *accelerator_);
-    switch (stage) {
-      case Stage::train:
-        return module_.training_step(std::move(batch), batch_idx);
-      case Stage::validate:
-        module_.validation_step(std::move(batch), batch_idx);
-        return {};
-      case Stage::test:
-        module_.test_step(std::move(batch), batch_idx);
-        return {};
-      case Stage::predict:
-        return module_.predict_step(std::move(batch), batch_idx);
-    }
-    return {};
-  }
-
- private:
-  BasicModule<Batch>& module_;
-  Loader& loader_;
-  std::optional<Iterator> it_, end_;
-  bool started_ = false;
-  std::optional<Batch> fetched_;
-  std::vector<Batch> cache_;
-  bool replay_ = false;
-  size_t position_ = 0;
-};
-
-template <typename T>
-T& deref(T& loader) {
-  return loader;
-}
-template <typename T>
-T& deref(std::unique_ptr<T>& loader) {
-  return *loader;
-}
-template <typename T>
-T& deref(const std::shared_ptr<T>& loader) {
-  return *loader;
-}
-
-template <typename Batch, typename L>
-auto make_runner(BasicModule<Batch>& module, L& loader) {
-  auto& l = deref(loader);
-  return LoaderRunner<Batch, std::remove_reference_t<decltype(l)>>(module, l);
-}
-
 struct TrainerState;
 }  // namespace detail
 
@@ -264,9 +65,10 @@ struct TrainerState;
 ///   auto metrics = trainer.test(model, test_loader);
 ///
 /// Loaders are any LibTorch data loader (or std::unique_ptr to one), or any
-/// object with begin()/end() yielding the module's batch type. A loader with a
-/// size() member (fulgor::make_data_loader) also allows fractional limits and
-/// val_check_interval.
+/// object with begin()/end() yielding the module's batch type; the optional
+/// members the Trainer uses where a loader has them (size, set_epoch,
+/// disable_shuffle, batches_on, bind_device, pin_memory) are described in
+/// fulgor/data/loader_protocol.h.
 ///
 /// Contract:
 ///   - Options are checked when a loop starts; bad values throw ConfigError,
@@ -325,7 +127,9 @@ class Trainer {
   template <typename Batch, typename Loader>
   std::vector<torch::Tensor> predict(BasicModule<Batch>& model, Loader& loader, const EvalOptions& options = {}) {
     auto runner = detail::make_runner(model, loader);
-    return run_predict(model, runner, options);
+    std::vector<torch::Tensor> outputs;
+    run_eval(detail::Stage::predict, model, runner, options, &outputs);
+    return outputs;
   }
 
   // ---- State, for hooks and after a loop -----------------------------------
@@ -408,9 +212,9 @@ class Trainer {
 
  private:
   FitResult run_fit(ModuleBase& model, detail::StepRunner& train, detail::StepRunner* val, const FitOptions& options);
+  // Validate, test or predict (predict_step's outputs into `outputs`).
   std::map<std::string, double> run_eval(detail::Stage stage, ModuleBase& model, detail::StepRunner& runner,
-                                         const EvalOptions& options);
-  std::vector<torch::Tensor> run_predict(ModuleBase& model, detail::StepRunner& runner, const EvalOptions& options);
+                                         const EvalOptions& options, std::vector<torch::Tensor>* outputs = nullptr);
 
   std::unique_ptr<detail::TrainerState> state_;
 };

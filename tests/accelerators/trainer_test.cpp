@@ -3,14 +3,17 @@
 // train as the same fit on the CPU does, and checkpoints must move between
 // each device and the CPU.
 
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cmath>
 #include <filesystem>
+#include <memory>
 #include <ostream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "emulated_runtimes.h"
@@ -29,11 +32,79 @@ const torch::Device kNpu1(torch::DeviceType::PrivateUse1, 1);
 constexpr double kRtol = 1e-5;
 constexpr double kAtol = 1e-6;
 
+// An optimizer of the user's own (plain momentum), whose state type the
+// Trainer knows nothing of: resuming must still move its state.
+struct HeavyBallOptions : torch::optim::OptimizerCloneableOptions<HeavyBallOptions> {
+  explicit HeavyBallOptions(double lr = 0.05) : lr_(lr) {}
+  double get_lr() const override { return lr(); }
+  void set_lr(const double value) override { lr(value); }
+  void serialize(torch::serialize::OutputArchive& archive) const override { archive.write("lr", c10::IValue(lr())); }
+  void serialize(torch::serialize::InputArchive& archive) override {
+    c10::IValue value;
+    archive.read("lr", value);
+    lr(value.toDouble());
+  }
+  TORCH_ARG(double, lr);
+};
+
+struct HeavyBallState : torch::optim::OptimizerCloneableParamState<HeavyBallState> {
+  void serialize(torch::serialize::OutputArchive& archive) const override { archive.write("velocity", velocity(), true); }
+  void serialize(torch::serialize::InputArchive& archive) override {
+    torch::Tensor value;
+    archive.read("velocity", value, true);
+    velocity(value);
+  }
+  TORCH_ARG(torch::Tensor, velocity);
+};
+
+// The key of a parameter's state, whose type differs between LibTorch versions.
+template <typename Key>
+Key state_key(c10::TensorImpl* parameter) {
+  if constexpr (std::is_same_v<Key, std::string>)
+    return c10::guts::to_string(parameter);
+  else
+    return parameter;
+}
+
+class HeavyBall : public torch::optim::Optimizer {
+ public:
+  HeavyBall(std::vector<torch::Tensor> params, const HeavyBallOptions& options)
+      : Optimizer({torch::optim::OptimizerParamGroup(std::move(params))}, std::make_unique<HeavyBallOptions>(options)) {}
+
+  torch::Tensor step(LossClosure closure = nullptr) override {
+    torch::NoGradGuard no_grad;
+    torch::Tensor loss = closure ? closure() : torch::Tensor();
+    for (auto& group : param_groups()) {
+      const double lr = static_cast<HeavyBallOptions&>(group.options()).lr();
+      for (auto& p : group.params()) {
+        if (!p.grad().defined()) continue;
+        auto& slot = state()[state_key<std::decay_t<decltype(state())>::key_type>(p.unsafeGetTensorImpl())];
+        if (!slot) {
+          auto fresh = std::make_unique<HeavyBallState>();
+          fresh->velocity(torch::zeros_like(p));
+          slot = std::move(fresh);
+        }
+        torch::Tensor velocity = static_cast<HeavyBallState&>(*slot).velocity();
+        EXPECT_EQ(velocity.device(), p.device()) << "the optimizer state is not on its parameter's device";
+        velocity.mul_(0.9).add_(p.grad());
+        p.add_(velocity, -lr);
+      }
+    }
+    return loss;
+  }
+  void save(torch::serialize::OutputArchive& archive) const override {
+    torch::optim::serialize<HeavyBallState, HeavyBallOptions>(archive, *this);
+  }
+  void load(torch::serialize::InputArchive& archive) override {
+    torch::optim::serialize<HeavyBallState, HeavyBallOptions>(archive, *this);
+  }
+};
+
 // Records each step's loss, read back on the host.
 struct TinyRegression : Module {
   torch::nn::Linear l1{nullptr}, l2{nullptr};
   std::vector<double> losses;
-  std::string optimizer;  // "SGD" (with momentum), "Adam" or "AdamW"
+  std::string optimizer;  // "SGD" (with momentum), "Adam", "AdamW", "RMSprop", "Adagrad" or "HeavyBall"
 
   explicit TinyRegression(std::string optimizer_name) : optimizer(std::move(optimizer_name)) {
     l1 = register_module("l1", torch::nn::Linear(4, 8));
@@ -48,6 +119,12 @@ struct TinyRegression : Module {
     if (optimizer == "Adam") return std::make_shared<torch::optim::Adam>(parameters(), torch::optim::AdamOptions(0.01));
     if (optimizer == "AdamW")
       return std::make_shared<torch::optim::AdamW>(parameters(), torch::optim::AdamWOptions(0.01));
+    if (optimizer == "RMSprop")
+      return std::make_shared<torch::optim::RMSprop>(parameters(),
+                                                     torch::optim::RMSpropOptions(0.01).momentum(0.5).centered(true));
+    if (optimizer == "Adagrad")
+      return std::make_shared<torch::optim::Adagrad>(parameters(), torch::optim::AdagradOptions(0.05));
+    if (optimizer == "HeavyBall") return std::make_shared<HeavyBall>(parameters(), HeavyBallOptions(0.05));
     return std::make_shared<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   }
 };
@@ -208,6 +285,90 @@ TEST(CudaTrainer, PrefetchesPinnedBatches) {
   EXPECT_TRUE(prefetched_fit_matches_the_cpu("cuda", kCuda0, kCudaRtol, kCudaAtol)) << "no pinned batches";
 }
 
+// Reads of the emulated xpu's memory from the host so far (Note [Host
+// reads] in emulated_device.cpp).
+int64_t xpu_host_reads() {
+  void* library = dlopen(FULGOR_EMULATED_XPU_LIBRARY, RTLD_NOW | RTLD_NOLOAD);
+  EXPECT_NE(library, nullptr) << "the emulated xpu runtime is not loaded";
+  if (library == nullptr) return -1;
+  using Count = int64_t (*)();
+  const auto count = reinterpret_cast<Count>(dlsym(library, "fulgor_emulated_host_reads"));
+  dlclose(library);
+  return count ? count() : -1;
+}
+
+// Logs its loss each step, as the device tensor it is or as a number read
+// with item(); keeps nothing else of it.
+struct LoggingRegression : Module {
+  torch::nn::Linear linear{nullptr};
+  bool as_number;
+
+  explicit LoggingRegression(bool number) : as_number(number) {
+    torch::manual_seed(5);
+    linear = register_module("linear", torch::nn::Linear(4, 1));
+  }
+  torch::Tensor training_step(torch::data::Example<> batch, int64_t) override {
+    torch::Tensor loss = torch::mse_loss(linear(batch.data), batch.target);
+    LogOptions options;
+    options.prog_bar = true;
+    options.on_step = options.on_epoch = true;
+    if (as_number)
+      log("loss", loss.item<double>(), options);
+    else
+      log("loss", loss, options);
+    return loss;
+  }
+  OptimizerConfig configure_optimizers() override {
+    return std::make_shared<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.05));
+  }
+};
+
+// Keeps every (step, metrics) it is given.
+struct RecordingLogger : Logger {
+  std::vector<std::pair<int64_t, std::map<std::string, double>>> records;
+  std::string name() const override { return "recording"; }
+  std::string version() const override { return "0"; }
+  std::string log_dir() const override { return ""; }
+  void log_hyperparams(const nlohmann::json&) override {}
+  void log_metrics(const std::map<std::string, double>& metrics, int64_t step) override {
+    records.emplace_back(step, metrics);
+  }
+};
+
+// Host reads during a 3-epoch fit of LoggingRegression on xpu:1 (4 steps an
+// epoch, logs due every 4th step), and what its logger got.
+std::pair<int64_t, std::shared_ptr<RecordingLogger>> fit_logging_on_xpu(bool as_number) {
+  TempDir dir;
+  auto model = std::make_shared<LoggingRegression>(as_number);
+  auto loader = regression_loader();
+  auto logger = std::make_shared<RecordingLogger>();
+  auto options = quiet("xpu", Devices(std::vector<int64_t>{1}), 3, dir);
+  options.loggers = {logger};
+  options.log_every_n_steps = 4;
+  Trainer trainer(options);
+  const int64_t before = xpu_host_reads();
+  trainer.fit(*model, loader);
+  return {xpu_host_reads() - before, logger};
+}
+
+// Note [Deferred reads]: a loss logged as a device tensor is read once per
+// due step and once per epoch end, not at every step, and the loggers get
+// the same values as when the module reads each one itself.
+TEST(XpuTrainer, LoggingADeviceTensorReadsItOnlyWhenLogsAreDue) {
+  if (const std::string why = xpu_cannot_train(); !why.empty()) GTEST_SKIP() << why;
+  load_runtime("xpu");
+  const auto [deferred_reads, deferred] = fit_logging_on_xpu(false);
+  const auto [item_reads, immediate] = fit_logging_on_xpu(true);
+  EXPECT_GE(item_reads, 12) << "one item() per step at least: the count misses reads";
+  EXPECT_LE(deferred_reads, 3 + 3) << "3 due steps and 3 epoch ends";
+  EXPECT_GE(deferred->records.size(), 6u) << "step and epoch values";
+  ASSERT_EQ(deferred->records.size(), immediate->records.size());
+  for (size_t i = 0; i < immediate->records.size(); ++i) {
+    EXPECT_EQ(deferred->records[i].first, immediate->records[i].first);
+    EXPECT_EQ(deferred->records[i].second, immediate->records[i].second) << "record " << i;
+  }
+}
+
 // A checkpoint saved on one accelerator and resumed on another, with the
 // optimizer whose state has to move between them.
 struct ResumeCase {
@@ -282,17 +443,21 @@ TEST_P(CheckpointAcrossAccelerators, ResumesAsAnUninterruptedRunOnTheCpu) {
 }
 
 // Each optimizer keeps its state in its own type, which the Trainer moves onto
-// the resuming device.
+// the resuming device (HeavyBall: one the Trainer does not know).
 INSTANTIATE_TEST_SUITE_P(Xpu, CheckpointAcrossAccelerators,
                          ::testing::Values(ResumeCase{"xpu", "cpu", "SGD"}, ResumeCase{"cpu", "xpu", "SGD"},
-                                           ResumeCase{"cpu", "xpu", "Adam"}, ResumeCase{"cpu", "xpu", "AdamW"}),
+                                           ResumeCase{"cpu", "xpu", "Adam"}, ResumeCase{"cpu", "xpu", "AdamW"},
+                                           ResumeCase{"cpu", "xpu", "RMSprop"}, ResumeCase{"cpu", "xpu", "Adagrad"},
+                                           ResumeCase{"cpu", "xpu", "HeavyBall"}, ResumeCase{"xpu", "cpu", "HeavyBall"}),
                          case_name);
 INSTANTIATE_TEST_SUITE_P(Cuda, CheckpointAcrossAccelerators,
                          ::testing::Values(ResumeCase{"cuda", "cpu", "SGD"}, ResumeCase{"cpu", "cuda", "Adam"}),
                          case_name);
 INSTANTIATE_TEST_SUITE_P(Npu, CheckpointAcrossAccelerators,
                          ::testing::Values(ResumeCase{"npu", "cpu", "SGD"}, ResumeCase{"cpu", "npu", "SGD"},
-                                           ResumeCase{"cpu", "npu", "Adam"}, ResumeCase{"cpu", "npu", "AdamW"}),
+                                           ResumeCase{"cpu", "npu", "Adam"}, ResumeCase{"cpu", "npu", "AdamW"},
+                                           ResumeCase{"cpu", "npu", "RMSprop"}, ResumeCase{"cpu", "npu", "Adagrad"},
+                                           ResumeCase{"cpu", "npu", "HeavyBall"}),
                          case_name);
 
 }  // namespace

@@ -233,6 +233,57 @@ TEST(Checkpoint, BrokenFilesFailCleanlyAndChangeNothing) {
   EXPECT_EQ(listing(dir.path), before);
 }
 
+// The message of the E that `f` throws; a test failure when it throws none.
+template <typename E, typename F>
+std::string thrown_message(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no exception thrown";
+  return {};
+}
+
+// One parser reads a checkpoint's metadata, for resuming and for
+// read_checkpoint_meta alike, and names the entry it cannot use.
+TEST(Checkpoint, MalformedMetadataIsNamedByEveryReader) {
+  TempDir dir;
+  auto model = stateful_model();
+  const fs::path good = dir.path / "good.ckpt";
+  fitted_one_epoch(dir, *model)->save_checkpoint(good.string());
+  const nlohmann::json meta = read_checkpoint_meta(good.string());
+  auto with_meta = [&](const std::string& name, const nlohmann::json& changed) {
+    torch::serialize::OutputArchive archive;
+    archive.write("meta", c10::IValue(changed.dump()));
+    const std::string path = (dir.path / name).string();
+    write_checkpoint_file(path, archive);
+    return path;
+  };
+  nlohmann::json no_step = meta, text_epoch = meta, newer = meta, foreign = meta;
+  no_step["loop"].erase("global_step");
+  text_epoch["loop"]["epoch"] = "one";
+  newer["format_version"] = 99;
+  foreign["format"] = "something-else";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {with_meta("no_step.ckpt", no_step), "'global_step' is missing"},
+      {with_meta("text_epoch.ckpt", text_epoch), "'epoch' is string, expected an integer"},
+      {with_meta("newer.ckpt", newer), "format version 99"},
+      {with_meta("foreign.ckpt", foreign), "not a fulgor training checkpoint"}};
+  auto train = sequential_loader(16, 8);
+  for (const auto& [path, what] : cases) {
+    auto fresh = stateful_model();
+    Trainer resumed(resumable(dir, 2));
+    for (const std::string& message :
+         {thrown_message<CheckpointError>([&] { resumed.fit(*fresh, train, {.ckpt_path = path}); }),
+          thrown_message<CheckpointError>([&] { read_checkpoint_meta(path); })}) {
+      EXPECT_NE(message.find(path), std::string::npos) << message;
+      EXPECT_NE(message.find(what), std::string::npos) << message;
+    }
+    EXPECT_EQ(fresh->training_steps, 0);
+  }
+}
+
 TEST(Checkpoint, SavesAreAtomicAndLeaveNoTemporaryFiles) {
   TempDir dir;
   auto model = stateful_model();

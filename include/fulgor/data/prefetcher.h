@@ -103,19 +103,13 @@ class DevicePrefetcher {
       throw Error(
           "DevicePrefetcher: iterated without an accelerator and device; construct it with them, or give it to a "
           "Trainer, which binds its own");
-    if (accelerator_->supports_pinned_memory()) pin_batches(*loader_, 0);
+    if constexpr (detail::has_pin_memory<Loader>::value)
+      if (accelerator_->supports_pinned_memory()) loader_->pin_memory();
     return Iterator(this);
   }
   Iterator end() { return Iterator(); }
 
  private:
-  template <typename L>
-  static auto pin_batches(L& loader, int) -> decltype(loader.pin_memory(), void()) {
-    loader.pin_memory();
-  }
-  template <typename L>
-  static void pin_batches(L&, long) {}
-
   Loader* loader_;
   const Accelerator* accelerator_ = nullptr;
   std::optional<torch::Device> device_;

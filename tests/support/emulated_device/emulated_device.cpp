@@ -14,6 +14,7 @@
 #include <c10/core/impl/alloc_cpu.h>
 
 #include <array>
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <map>
@@ -209,15 +210,29 @@ at::Tensor empty_strided(at::IntArrayRef size, at::IntArrayRef stride, c10::opti
                                            c10::dtype_or_default(dtype));
 }
 
+// Note [Host reads]
+// Reading device memory from the host (item(), a copy to the CPU) waits for
+// the device on real hardware. Tests count them to check that the Trainer
+// does not read per step what it can read once; the fallback's own copies,
+// which real devices would not make, are not counted.
+std::atomic<int64_t> host_reads{0};
+thread_local bool in_fallback = false;
+
+void count_host_read(const at::Tensor& to, const at::Tensor& from) {
+  if (!in_fallback && to.device().is_cpu() && !from.device().is_cpu()) ++host_reads;
+}
+
 // copy_ is composite, but its composite kernel sends devices it does not know
 // to _copy_from, except XPU on 2.6, which it sends to copy_stub, which has no
 // XPU kernel in a build without XPU. Owning copy_ takes one path everywhere.
 at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool /*non_blocking*/) {
+  count_host_read(self, src);
   host_alias(self).copy_(host_alias(src));
   return self;
 }
 
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_blocking*/) {
+  count_host_read(dst, self);
   host_alias(dst).copy_(host_alias(self));
   return dst;
 }
@@ -249,7 +264,10 @@ at::Tensor& set_empty(at::Tensor& self) {
   return self.set_(storage, 0, {0}, {});
 }
 
-at::Scalar local_scalar_dense(const at::Tensor& self) { return at::_local_scalar_dense(host_alias(self)); }
+at::Scalar local_scalar_dense(const at::Tensor& self) {
+  if (!in_fallback) ++host_reads;
+  return at::_local_scalar_dense(host_alias(self));
+}
 
 bool holds_generator(const c10::Argument& argument) { return c10::GeneratorType::get()->isSubtypeOf(*argument.type()); }
 
@@ -299,6 +317,12 @@ void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool de
       }
     }
   }
+  const bool outer = in_fallback;
+  in_fallback = true;
+  struct Restore {
+    bool value;
+    ~Restore() { in_fallback = value; }
+  } restore{outer};
   compat::cpu_fallback(op, stack);
 }
 
@@ -482,3 +506,5 @@ int64_t fulgor_emulated_memory_allocated(int device_type, int index) {
 int64_t fulgor_emulated_memory_peak(int device_type, int index) {
   return fulgor::emulated::memory_table().peak(device_type, index);
 }
+
+int64_t fulgor_emulated_host_reads() { return fulgor::emulated::host_reads.load(); }

@@ -126,4 +126,6 @@ extern "C" {
 __attribute__((visibility("default"))) int fulgor_emulated_device_count();
 __attribute__((visibility("default"))) int64_t fulgor_emulated_memory_allocated(int device_type, int index);
 __attribute__((visibility("default"))) int64_t fulgor_emulated_memory_peak(int device_type, int index);
+// Reads of device memory from the host so far (Note [Host reads] in emulated_device.cpp).
+__attribute__((visibility("default"))) int64_t fulgor_emulated_host_reads();
 }

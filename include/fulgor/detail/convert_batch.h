@@ -1,11 +1,10 @@
 #pragma once
 
-// The Trainer's side of precision: the parsed option, the module and input
-// conversion of the "-true" precisions, and the loss scaling of "16-mixed".
+// The conversion of a batch's inputs for the "-true" precisions, done by the
+// loops after the batch reaches the device.
 
 #include <torch/data/example.h>
-#include <torch/optim/optimizer.h>
-#include <torch/serialize/archive.h>
+#include <torch/types.h>
 
 #include <map>
 #include <optional>
@@ -16,7 +15,6 @@
 #include <utility>
 #include <vector>
 
-#include "fulgor/accelerator.h"
 #include "fulgor/precision.h"
 
 namespace fulgor::detail {
@@ -102,57 +100,5 @@ template <typename T>
 T convert_batch(T batch, const Precision& precision) {
   return BatchConvert<T>::convert(std::move(batch), precision);
 }
-
-/// The Trainer's precision. Without a GradScaler (every precision but
-/// "16-mixed") scale_loss, unscale, step and update reduce to the plain
-/// backward and optimizer step.
-class PrecisionPlugin {
- public:
-  /// Parses `value` for `accelerator` (see Precision::parse). The GradScaler is
-  /// made on the first setup for "16-mixed" and kept across later loops of the
-  /// same Trainer, as Lightning keeps its scaler.
-  void setup(const std::string& value, const Accelerator& accelerator);
-
-  const Precision& precision() const { return precision_; }
-  /// The loss scaler; nullptr unless the precision is "16-mixed".
-  const GradScaler* scaler() const { return scaler_ ? &*scaler_ : nullptr; }
-
-  // Inline, so that a precision without a scaler adds no calls to the
-  // training step (Note [The per-step path] in src/trainer.cpp).
-
-  /// The tensor to call backward on.
-  torch::Tensor scale_loss(const torch::Tensor& loss) { return scaler_ ? scaler_->scale(loss) : loss; }
-  /// Runs backward from `loss`, scaled.
-  void backward(const torch::Tensor& loss) {
-    if (scaler_)
-      scaler_->scale(loss).backward();
-    else
-      loss.backward();
-  }
-  /// Unscales the optimizer's gradients, so that clipping and the optimizer see true values.
-  void unscale(torch::optim::Optimizer& optimizer) {
-    if (scaler_) scaler_->unscale(optimizer);
-  }
-  /// Steps the optimizer unless the scaler found inf/NaN gradients; returns whether it stepped.
-  bool step(torch::optim::Optimizer& optimizer) {
-    if (scaler_) return scaler_->step(optimizer);
-    optimizer.step();
-    return true;
-  }
-  /// Adjusts the loss scale once all optimizers have stepped.
-  void update() {
-    if (scaler_) scaler_->update();
-  }
-
-  /// Writes the scaler's state into `archive` under "grad_scaler"; nothing without a scaler.
-  void save(torch::serialize::OutputArchive& archive) const;
-  /// Restores the scaler's state from a checkpoint written by save. A
-  /// checkpoint without one (saved at another precision) leaves the scaler fresh.
-  void load(torch::serialize::InputArchive& archive, const std::string& path);
-
- private:
-  Precision precision_{"32-true", false, torch::kFloat};
-  std::optional<GradScaler> scaler_;
-};
 
 }  // namespace fulgor::detail

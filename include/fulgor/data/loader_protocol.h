@@ -1,0 +1,91 @@
+#pragma once
+
+// Note [The loader protocol]
+// The Trainer takes any object with begin() and end() whose iterator yields
+// the module's batch type: LibTorch's data loaders, fulgor::TensorLoader,
+// fulgor::DevicePrefetcher, or a user's own. Beyond iteration a loader may
+// offer any of these members, which the Trainer (or a DevicePrefetcher around
+// the loader) calls where it finds them:
+//
+//   int64_t size() const          batches per epoch. Allows fractional
+//                                 limit_*_batches and val_check_interval, and
+//                                 ends an epoch at its known last batch.
+//   void set_epoch(int64_t)       called before each training epoch with the
+//                                 epoch's number, so that a loader shuffling by
+//                                 epoch gives a resumed run the uninterrupted
+//                                 run's order (Note [Loader epochs]).
+//   bool disable_shuffle()        turns shuffling off for overfit_batches;
+//                                 returns whether it was on.
+//   bool batches_on(torch::Device) const
+//                                 whether its batches are on that device
+//                                 already, so that the Trainer does not move
+//                                 them again.
+//   void bind_device(const Accelerator&, torch::Device)
+//                                 takes the Trainer's accelerator and device
+//                                 as an epoch begins (a DevicePrefetcher built
+//                                 without them).
+//   void pin_memory()             makes its batches in pinned host memory; a
+//                                 DevicePrefetcher asks for it where the
+//                                 accelerator supports pinned memory.
+//
+// fulgor::TensorLoader offers all but bind_device; fulgor::make_data_loader's
+// loaders offer size(). docs/training.md ("Loaders") says the same for users.
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <optional>
+#include <type_traits>
+#include <utility>
+
+namespace fulgor {
+
+class Accelerator;
+
+namespace detail {
+
+template <typename L, typename = void>
+struct HasSize : std::false_type {};
+template <typename L>
+struct HasSize<L, std::void_t<decltype(std::declval<const L&>().size())>> : std::true_type {};
+
+template <typename L, typename = void>
+struct has_set_epoch : std::false_type {};
+template <typename L>
+struct has_set_epoch<L, std::void_t<decltype(std::declval<L&>().set_epoch(int64_t{}))>> : std::true_type {};
+
+template <typename L, typename = void>
+struct has_disable_shuffle : std::false_type {};
+template <typename L>
+struct has_disable_shuffle<L, std::void_t<decltype(std::declval<L&>().disable_shuffle())>> : std::true_type {};
+
+template <typename L, typename = void>
+struct has_batches_on : std::false_type {};
+template <typename L>
+struct has_batches_on<L, std::void_t<decltype(std::declval<const L&>().batches_on(std::declval<torch::Device>()))>>
+    : std::true_type {};
+
+template <typename L, typename = void>
+struct has_bind_device : std::false_type {};
+template <typename L>
+struct has_bind_device<L, std::void_t<decltype(std::declval<L&>().bind_device(std::declval<const Accelerator&>(),
+                                                                               std::declval<torch::Device>()))>>
+    : std::true_type {};
+
+template <typename L, typename = void>
+struct has_pin_memory : std::false_type {};
+template <typename L>
+struct has_pin_memory<L, std::void_t<decltype(std::declval<L&>().pin_memory())>> : std::true_type {};
+
+}  // namespace detail
+
+/// Batches per epoch of `loader` when it tells (a size() member), else nullopt.
+template <typename Loader>
+std::optional<int64_t> loader_length(const Loader& loader) {
+  if constexpr (detail::HasSize<Loader>::value)
+    return static_cast<int64_t>(loader.size());
+  else
+    return std::nullopt;
+}
+
+}  // namespace fulgor

@@ -1,0 +1,189 @@
+#pragma once
+
+// The loops' view of a loader and a module: what Trainer's templates make of
+// the user's loader and module before handing them to the compiled loops.
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "fulgor/accelerator.h"
+#include "fulgor/batch_size.h"
+#include "fulgor/data/loader_protocol.h"
+#include "fulgor/detail/convert_batch.h"
+#include "fulgor/error.h"
+#include "fulgor/module.h"
+#include "fulgor/precision.h"
+
+namespace fulgor {
+namespace detail {
+
+enum class Stage { train, validate, test, predict };
+
+// A loader and a module's steps for it, with the batch type erased, so that
+// the loops are compiled once, in src/trainer/. It speaks the loader
+// protocol (Note [The loader protocol]) for them.
+class StepRunner {
+ public:
+  explicit StepRunner(std::optional<int64_t> length) : length_(length) {}
+  virtual ~StepRunner() = default;
+  // Batches per epoch, when the loader tells.
+  std::optional<int64_t> length() const { return length_; }
+  void bind(const Accelerator& accelerator, torch::Device device, const Precision& precision) {
+    accelerator_ = &accelerator;
+    device_ = device;
+    precision_ = &precision;
+  }
+  // Keeps the first `n` batches and replays them every later epoch.
+  void cache_first(int64_t n) { cache_limit_ = n; }
+  // Tells a loader with a set_epoch member which epoch comes next.
+  virtual void set_epoch(int64_t epoch) = 0;
+  // Turns off a loader's shuffling where it can (TensorLoader::disable_shuffle):
+  // returns whether it was shuffling.
+  virtual bool disable_shuffle() = 0;
+  virtual void start_epoch() = 0;
+  // Fetches the next batch, onto the device when `move`; false at the end.
+  virtual bool next(bool move) = 0;
+  // The fetched batch's size (-1: unknown).
+  virtual int64_t batch_size() const = 0;
+  // Runs the module's step for `stage` on the fetched batch, under autocast
+  // for a mixed precision.
+  virtual torch::Tensor step(Stage stage, int64_t batch_idx) = 0;
+
+ protected:
+  const Accelerator* accelerator_ = nullptr;
+  const Precision* precision_ = nullptr;
+  std::optional<torch::Device> device_;
+  int64_t cache_limit_ = 0;
+
+ private:
+  std::optional<int64_t> length_;
+};
+
+template <typename Batch, typename Loader>
+class LoaderRunner final : public StepRunner {
+  using Iterator = decltype(std::declval<Loader&>().begin());
+  using LoaderBatch = std::decay_t<decltype(*std::declval<Iterator&>())>;
+  static_assert(std::is_constructible_v<Batch, LoaderBatch&&>,
+                "the loader's batches do not convert to the module's batch type: derive the module from "
+                "fulgor::BasicModule<B> with B the type the loader yields");
+
+ public:
+  LoaderRunner(BasicModule<Batch>& module, Loader& loader)
+      : StepRunner(loader_length(loader)), module_(module), loader_(loader) {}
+
+  // Note [Loader epochs]
+  // A loader that shuffles by epoch number (TensorLoader) would otherwise
+  // count its own epochs, which a resumed run starts again from 0; being told
+  // the Trainer's epoch makes its order the uninterrupted run's.
+  void set_epoch(int64_t epoch) override {
+    if constexpr (has_set_epoch<Loader>::value) loader_.set_epoch(epoch);
+  }
+
+  bool disable_shuffle() override {
+    if constexpr (has_disable_shuffle<Loader>::value) return loader_.disable_shuffle();
+    return false;
+  }
+
+  void start_epoch() override {
+    fetched_.reset();
+    replay_ = cache_limit_ > 0 && static_cast<int64_t>(cache_.size()) == cache_limit_;
+    position_ = 0;
+    if constexpr (has_batches_on<Loader>::value) module_.transfer_moves_ = !loader_.batches_on(*device_);
+    module_.transfer_accelerator_ = accelerator_;
+    if (replay_) return;
+    cache_.clear();
+    it_.reset();
+    end_.reset();
+    if constexpr (has_bind_device<Loader>::value) loader_.bind_device(*accelerator_, *device_);
+    it_.emplace(loader_.begin());
+    end_.emplace(loader_.end());
+    started_ = false;
+  }
+
+  bool next(bool move) override {
+    fetched_.reset();
+    if (replay_) {
+      if (position_ >= cache_.size()) return false;
+      if constexpr (std::is_copy_constructible_v<Batch>) fetched_.emplace(cache_[position_++]);
+    } else {
+      if (started_) ++*it_;
+      started_ = true;
+      if (*it_ == *end_) return false;
+      fetched_.emplace(Batch(std::move(**it_)));
+      if (cache_limit_ > 0 && static_cast<int64_t>(cache_.size()) < cache_limit_) {
+        if constexpr (std::is_copy_constructible_v<Batch>)
+          cache_.push_back(*fetched_);
+        else
+          throw ConfigError("overfit_batches keeps batches to replay them, which needs a copyable batch type");
+      }
+    }
+    if (move) {
+      // Lightning's batch transfer hooks; a "-true" precision converts the
+      // batch on the device, after them.
+      Batch batch = module_.on_before_batch_transfer(std::move(*fetched_), 0);
+      batch = module_.transfer_batch_to_device(std::move(batch), *device_, 0);
+      fetched_.emplace(module_.on_after_batch_transfer(std::move(batch), 0));
+      if (precision_->converts_module()) fetched_.emplace(convert_batch(std::move(*fetched_), *precision_));
+    }
+    return true;
+  }
+
+  int64_t batch_size() const override { return fetched_ ? batch_size_of(*fetched_) : -1; }
+
+  torch::Tensor step(Stage stage, int64_t batch_idx) override {
+    Batch batch = std::move(*fetched_);
+    fetched_.reset();
+    AutocastScope autocast(*precision_, *accelerator_);
+    switch (stage) {
+      case Stage::train:
+        return module_.training_step(std::move(batch), batch_idx);
+      case Stage::validate:
+        module_.validation_step(std::move(batch), batch_idx);
+        return {};
+      case Stage::test:
+        module_.test_step(std::move(batch), batch_idx);
+        return {};
+      case Stage::predict:
+        return module_.predict_step(std::move(batch), batch_idx);
+    }
+    return {};
+  }
+
+ private:
+  BasicModule<Batch>& module_;
+  Loader& loader_;
+  std::optional<Iterator> it_, end_;
+  bool started_ = false;
+  std::optional<Batch> fetched_;
+  std::vector<Batch> cache_;
+  bool replay_ = false;
+  size_t position_ = 0;
+};
+
+template <typename T>
+T& deref(T& loader) {
+  return loader;
+}
+template <typename T>
+T& deref(std::unique_ptr<T>& loader) {
+  return *loader;
+}
+template <typename T>
+T& deref(const std::shared_ptr<T>& loader) {
+  return *loader;
+}
+
+template <typename Batch, typename L>
+auto make_runner(BasicModule<Batch>& module, L& loader) {
+  auto& l = deref(loader);
+  return LoaderRunner<Batch, std::remove_reference_t<decltype(l)>>(module, l);
+}
+
+}  // namespace detail
+}  // namespace fulgor

@@ -1,0 +1,244 @@
+#include "checkpoint_connector.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
+#include <torch/torch.h>
+#include <torch/version.h>
+
+#include <filesystem>
+#include <mutex>
+#include <optional>
+
+#include "fulgor/callbacks/model_checkpoint.h"
+#include "fulgor/checkpoint.h"
+#include "fulgor/strategy.h"
+#include "fulgor/version.h"
+#include "state.h"
+#include "tensor_moves.h"
+
+namespace fulgor::detail {
+
+namespace {
+
+constexpr const char* kFormat = "fulgor-checkpoint";
+constexpr int kFormatVersion = 1;
+
+// Checks that meta[key] exists and has the JSON type `is` tests for.
+const nlohmann::json& entry(const nlohmann::json& meta, const std::string& path, const char* key,
+                            bool (nlohmann::json::*is)() const noexcept, const char* expected) {
+  auto it = meta.find(key);
+  if (it == meta.end() || !((*it).*is)())
+    throw CheckpointError(fmt::format("checkpoint '{}' has malformed metadata: '{}' is {}, expected {}", path, key,
+                                      it == meta.end() ? "missing" : it->type_name(), expected));
+  return *it;
+}
+
+// Note [Optimizer state on the device]
+// A checkpoint's optimizer states are read onto the CPU, and an optimizer
+// keeps its state in types of its own, which no interface walks. Loading
+// makes those states hold the very tensors of the archive they were read
+// from, so walking the archive and moving each of its tensors in place moves
+// the optimizer's state, whatever the optimizer.
+void move_archive_tensors(torch::serialize::InputArchive& archive, const Accelerator& accelerator,
+                          torch::Device device, const std::string& where) {
+  for (const auto& key : archive.keys()) {
+    torch::serialize::InputArchive nested;
+    if (archive.try_read(key, nested)) {
+      move_archive_tensors(nested, accelerator, device, where + "/" + key);
+      continue;
+    }
+    c10::IValue value;
+    if (!archive.try_read(key, value)) continue;
+    if (value.isTensor()) {
+      move_in_place(accelerator, value.toTensor(), device, where + "/" + key);
+    } else if (value.isTensorList()) {
+      for (const torch::Tensor& t : value.toTensorVector()) move_in_place(accelerator, t, device, where + "/" + key);
+    } else if (value.isList()) {
+      for (const c10::IValue& element : value.toListRef())
+        if (element.isTensor()) move_in_place(accelerator, element.toTensor(), device, where + "/" + key);
+    }
+  }
+}
+
+}  // namespace
+
+nlohmann::json parse_checkpoint_meta(torch::serialize::InputArchive& archive, const std::string& path) {
+  c10::IValue meta;
+  if (!archive.try_read("meta", meta) || !meta.isString())
+    throw CheckpointError(fmt::format("checkpoint '{}' has no metadata entry", path));
+  auto json = nlohmann::json::parse(meta.toStringRef(), nullptr, /*allow_exceptions=*/false);
+  if (json.is_discarded() || !json.is_object())
+    throw CheckpointError(fmt::format("checkpoint '{}' has malformed metadata: not a JSON object", path));
+  const auto format = json.find("format");
+  if (format == json.end() || !format->is_string() || *format != kFormat)
+    throw CheckpointError(
+        fmt::format("'{}' is not a fulgor training checkpoint (its metadata has no format \"{}\")", path, kFormat));
+  const auto version = json.find("format_version");
+  if (version == json.end() || !version->is_number_integer() || *version != kFormatVersion)
+    throw CheckpointError(fmt::format("checkpoint '{}' has format version {}; this fulgor reads version {}", path,
+                                      version == json.end() ? "none" : version->dump(), kFormatVersion));
+  using J = nlohmann::json;
+  const auto& loop = entry(json, path, "loop", &J::is_object, "an object");
+  for (const char* key : {"epoch", "global_step", "batches_in_epoch", "total_train_batches"})
+    entry(loop, path, key, &J::is_number_integer, "an integer");
+  entry(loop, path, "epoch_finished", &J::is_boolean, "a boolean");
+  entry(json, path, "optimizers", &J::is_number_unsigned, "a count");
+  entry(json, path, "schedulers", &J::is_array, "an array");
+  entry(json, path, "callbacks", &J::is_object, "an object");
+  entry(json, path, "module", &J::is_object, "an object");
+  return json;
+}
+
+torch::Tensor cpu_rng_state() {
+  auto generator = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  return generator.get_state();
+}
+
+void set_cpu_rng_state(const torch::Tensor& state) {
+  auto generator = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  generator.set_state(state);
+}
+
+std::string CheckpointConnector::resolve(const std::string& path) const {
+  namespace fs = std::filesystem;
+  if (path == "best") {
+    auto* mc = s.trainer.checkpoint_callback();
+    if (!mc || mc->best_model_path().empty())
+      throw CheckpointError("ckpt_path=\"best\": no ModelCheckpoint has saved a best checkpoint in this Trainer");
+    return mc->best_model_path();
+  }
+  if (path != "last") return path;
+  const fs::path dir = s.trainer.checkpoint_dir();
+  if (fs::exists(dir / "last.ckpt")) return (dir / "last.ckpt").string();
+  std::error_code ec;
+  std::optional<fs::path> newest;
+  fs::file_time_type newest_time;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    if (entry.path().extension() != ".ckpt" || !entry.is_regular_file()) continue;
+    auto t = entry.last_write_time();
+    if (!newest || t > newest_time) newest = entry.path(), newest_time = t;
+  }
+  if (!newest) throw CheckpointError(fmt::format("ckpt_path=\"last\": no checkpoint in '{}'", dir.string()));
+  return newest->string();
+}
+
+LoadedCheckpoint CheckpointConnector::read(const std::string& requested) const {
+  LoadedCheckpoint ckpt;
+  ckpt.path = resolve(requested);
+  ckpt.archive = read_checkpoint_file(ckpt.path);
+  ckpt.meta = parse_checkpoint_meta(ckpt.archive, ckpt.path);
+  return ckpt;
+}
+
+// Lightning's _restore_modules_and_callbacks, after the setup hooks: the
+// module's on_load_checkpoint, its weights, then every callback's
+// on_load_checkpoint and every callback's load_state_dict.
+void CheckpointConnector::restore_module_and_callbacks(LoadedCheckpoint& ckpt) {
+  const auto& meta = ckpt.meta;
+  s.module->on_load_checkpoint(meta.at("module"));
+  torch::serialize::InputArchive model_archive;
+  if (!ckpt.archive.try_read("model", model_archive))
+    throw CheckpointError(fmt::format("checkpoint '{}' has no model state", ckpt.path));
+  load_module_state(*s.module, model_archive, ckpt.path);
+  for (auto& cb : s.callbacks) cb->on_load_checkpoint(s.trainer, *s.module, meta);
+  const auto& states = meta.at("callbacks");
+  for (auto& cb : s.callbacks)
+    if (auto it = states.find(cb->state_key()); it != states.end()) cb->load_state_dict(*it);
+}
+
+// Lightning's restore_training_state, after on_fit_start: the precision's
+// state, the loops' progress, the optimizers and schedulers. The
+// generators are set by restore_rng when the first epoch begins.
+void CheckpointConnector::restore_training_state(LoadedCheckpoint& ckpt) {
+  const auto& meta = ckpt.meta;
+  s.precision.load(ckpt.archive, ckpt.path);
+  const auto& loop_state = meta.at("loop");
+  s.epoch = loop_state.at("epoch").get<int64_t>();
+  s.global_step = s.metrics.log_step = loop_state.at("global_step").get<int64_t>();
+  s.batches_in_epoch = loop_state.at("batches_in_epoch").get<int64_t>();
+  s.epoch_finished = loop_state.at("epoch_finished").get<bool>();
+  s.total_train_batches = loop_state.at("total_train_batches").get<int64_t>();
+  const auto n_optimizers = meta.at("optimizers").get<size_t>();  // checked by parse_checkpoint_meta
+  if (n_optimizers != s.optim.optimizers.size())
+    throw CheckpointError(fmt::format("checkpoint '{}' holds {} optimizer states; configure_optimizers returned {}",
+                                      ckpt.path, n_optimizers, s.optim.optimizers.size()));
+  for (size_t i = 0; i < n_optimizers; ++i) {
+    torch::serialize::InputArchive archive;
+    try {
+      ckpt.archive.read("optimizer_" + std::to_string(i), archive);
+      s.optim.optimizers[i]->load(archive);
+    } catch (const c10::Error& e) {
+      throw CheckpointError(fmt::format("checkpoint '{}': optimizer {} state does not fit: {}", ckpt.path, i,
+                                        e.what_without_backtrace()));
+    }
+    move_archive_tensors(archive, *s.accelerator, *s.device, fmt::format("optimizer {} state", i));
+  }
+  const auto& schedulers = meta.at("schedulers");
+  if (schedulers.size() != s.optim.schedulers.size())
+    throw CheckpointError(fmt::format("checkpoint '{}' holds {} scheduler states; configure_optimizers returned {}",
+                                      ckpt.path, schedulers.size(), s.optim.schedulers.size()));
+  for (size_t i = 0; i < schedulers.size(); ++i) s.optim.schedulers[i].scheduler->load_state_dict(schedulers[i]);
+}
+
+void CheckpointConnector::restore_rng(LoadedCheckpoint& ckpt, const char* cpu_key) {
+  torch::Tensor state;
+  if (ckpt.archive.try_read(cpu_key, state)) set_cpu_rng_state(state);
+  torch::Tensor device_state;
+  // A device generator's state fits only the generator of the accelerator
+  // that saved it: resuming elsewhere (saved on the CPU, resumed on an xpu)
+  // leaves the device's generator as it is.
+  const bool same_accelerator = ckpt.meta.value("accelerator", std::string()) == s.accelerator->name();
+  if (std::string(cpu_key) == "rng_cpu" && same_accelerator && ckpt.archive.try_read("rng_device", device_state))
+    s.accelerator->set_rng_state(*s.device, device_state);
+}
+
+void CheckpointConnector::save(const std::string& path) {
+  if (!s.module) throw Error(fmt::format("save_checkpoint('{}'): this Trainer has not fitted a module", path));
+  nlohmann::json meta;
+  meta["format"] = kFormat;
+  meta["format_version"] = kFormatVersion;
+  meta["fulgor_version"] = fulgor::version();
+  meta["torch_version"] = TORCH_VERSION;
+  meta["accelerator"] = s.accelerator ? s.accelerator->name() : "";
+  meta["loop"] = {{"epoch", s.epoch},
+                  {"global_step", s.global_step},
+                  {"batches_in_epoch", s.batches_in_epoch},
+                  {"epoch_finished", s.epoch_finished},
+                  {"total_train_batches", s.total_train_batches}};
+  meta["optimizers"] = s.optim.optimizers.size();
+  meta["schedulers"] = nlohmann::json::array();
+  for (const auto& config : s.optim.schedulers) meta["schedulers"].push_back(config.scheduler->state_dict());
+  meta["hparams"] = s.module->hparams();
+  meta["module"] = nlohmann::json::object();
+  s.module->on_save_checkpoint(meta["module"]);
+  meta["callbacks"] = nlohmann::json::object();
+  for (auto& cb : s.callbacks) {
+    auto state = cb->state_dict();
+    if (!state.is_null()) meta["callbacks"][cb->state_key()] = state;
+    cb->on_save_checkpoint(s.trainer, *s.module, meta);
+  }
+  torch::serialize::OutputArchive archive;
+  archive.write("meta", c10::IValue(meta.dump()));
+  torch::serialize::OutputArchive model_archive;
+  s.module->save(model_archive);
+  archive.write("model", model_archive);
+  for (size_t i = 0; i < s.optim.optimizers.size(); ++i) {
+    torch::serialize::OutputArchive o;
+    s.optim.optimizers[i]->save(o);
+    archive.write("optimizer_" + std::to_string(i), o);
+  }
+  archive.write("rng_cpu", cpu_rng_state());
+  if (s.accelerator && s.device) {
+    torch::Tensor device_state = s.accelerator->get_rng_state(*s.device);
+    if (device_state.defined()) archive.write("rng_device", device_state);
+  }
+  if (rng_epoch_start.defined()) archive.write("rng_epoch_start", rng_epoch_start);
+  s.precision.save(archive);
+  // Every rank loads checkpoints, rank 0 alone writes them; the others wait for the file.
+  if (!s.ddp || s.ddp->is_global_zero()) write_checkpoint_file(path, archive);
+  if (s.ddp) s.ddp->barrier();
+}
+
+}  // namespace fulgor::detail

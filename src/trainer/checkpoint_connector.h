@@ -1,0 +1,59 @@
+#pragma once
+
+#include <torch/serialize/input-archive.h>
+#include <torch/types.h>
+#include <nlohmann/json.hpp>
+
+#include <string>
+
+namespace fulgor::detail {
+
+struct TrainerState;
+
+// A checkpoint read for a loop: its file, archive and checked metadata.
+struct LoadedCheckpoint {
+  std::string path;
+  torch::serialize::InputArchive archive;
+  nlohmann::json meta;
+};
+
+// The "meta" entry of a checkpoint's archive, checked: a fulgor training
+// checkpoint of the version this fulgor reads, whose loop progress,
+// optimizer, scheduler and callback entries have the types the connector
+// reads. The one parser of it (read_checkpoint_meta and load_module_weights
+// use it too); throws CheckpointError naming the file and the entry.
+nlohmann::json parse_checkpoint_meta(torch::serialize::InputArchive& archive, const std::string& path);
+
+torch::Tensor cpu_rng_state();
+void set_cpu_rng_state(const torch::Tensor& state);
+
+// Lightning's _CheckpointConnector: what a checkpoint holds of a Trainer, and
+// putting it back. Resolves "last" and "best", saves, and restores in
+// Lightning's order: the module and callbacks after the setup hooks, the
+// training state after on_fit_start, the generators as the first epoch
+// begins (Note [Resuming mid-epoch] in fit_loop.cpp).
+struct CheckpointConnector {
+  explicit CheckpointConnector(TrainerState& state) : s(state) {}
+
+  // A path as given, or "last" (the checkpoint folder's last.ckpt, else its
+  // newest checkpoint) or "best" (the ModelCheckpoint's best_model_path).
+  std::string resolve(const std::string& path) const;
+  LoadedCheckpoint read(const std::string& requested) const;
+  void save(const std::string& path);
+
+  // Lightning's _restore_modules_and_callbacks.
+  void restore_module_and_callbacks(LoadedCheckpoint& ckpt);
+  // Lightning's restore_training_state.
+  void restore_training_state(LoadedCheckpoint& ckpt);
+  // Sets the CPU generator from the archive's `cpu_key` entry and, with
+  // "rng_cpu" and the same accelerator, the device's.
+  void restore_rng(LoadedCheckpoint& ckpt, const char* cpu_key);
+
+  // The CPU generator's state when the current epoch began.
+  torch::Tensor rng_epoch_start;
+
+ private:
+  TrainerState& s;
+};
+
+}  // namespace fulgor::detail

@@ -1,0 +1,175 @@
+#include "metric_store.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+
+#include "fulgor/strategy.h"
+#include "state.h"
+
+namespace fulgor::detail {
+
+void MetricStore::log(std::string_view name, double local_value, const LogOptions& o) {
+  // Only a training step logs in a train_step context: the common case
+  // needs no string comparison.
+  if (context != LogContext::train_step && s.loop == "predict") return;
+  const double value = o.sync_dist && s.ddp ? s.ddp->reduce(local_value, o.reduce) : local_value;
+  if (context == LogContext::none) {
+    record_now({{std::string(name), value}}, o.prog_bar, o.logger);
+    return;
+  }
+  const bool training = context == LogContext::train_step || context == LogContext::train_epoch;
+  const bool step_default = context == LogContext::train_step;
+  const bool on_step = o.on_step.value_or(step_default), on_epoch = o.on_epoch.value_or(!step_default);
+  if (on_step) {
+    // name_step beside an epoch value; else the name itself, not a copy.
+    const std::string suffixed = on_epoch ? std::string(name) + "_step" : std::string();
+    const std::string_view step_name = on_epoch ? std::string_view(suffixed) : name;
+    // Lightning's callback metrics take an evaluation loop's values only
+    // once its epoch ends (_ResultCollection.metrics).
+    if (training) {
+      callback_metrics[step_name] = value;
+      if (on_epoch) callback_metrics[name] = value;
+    }
+    if (o.prog_bar) progress_bar_metrics[step_name] = value;
+    // logged_metrics follows every batch, as Lightning's on_batch_end
+    // updates it; the loggers get only the due batches' values.
+    if (o.logger) {
+      logged_metrics[step_name] = value;
+      if (step_log_due) pending_step[std::string(step_name)] = value;
+    }
+  }
+  if (on_epoch) {
+    auto& acc = (training ? train_accumulators : eval_accumulators)[name];
+    const double weight = static_cast<double>(o.batch_size.value_or(current_batch_size > 0 ? current_batch_size : 1));
+    switch (o.reduce) {
+      case Reduce::mean:
+        acc.sum += value * weight;
+        acc.weight += weight;
+        break;
+      case Reduce::sum:
+        acc.sum += value;
+        break;
+      case Reduce::max:
+        acc.extreme = acc.any ? std::max(acc.extreme, value) : value;
+        break;
+      case Reduce::min:
+        acc.extreme = acc.any ? std::min(acc.extreme, value) : value;
+        break;
+    }
+    acc.any = true;
+    acc.both = on_step;
+    acc.options = o;
+  }
+}
+
+void MetricStore::log_on_device(std::string_view name, const torch::Tensor& value, const LogOptions& o) {
+  if (context != LogContext::train_step && s.loop == "predict") return;
+  // Note [Deferred reads]: these need the number now.
+  if (context == LogContext::none || (o.sync_dist && s.ddp)) {
+    log(name, value.item<double>(), o);
+    return;
+  }
+  const bool step_default = context == LogContext::train_step;
+  if (o.logger && step_log_due && o.on_step.value_or(step_default)) deferred_step_logs_ = true;
+  deferred_.push_back({std::string(name), value.detach(), o, context, current_batch_size, step_log_due});
+  // A run whose tables nobody reads for long keeps a bounded backlog.
+  constexpr size_t kMaxDeferred = 4096;
+  if (deferred_.size() >= kMaxDeferred) read_deferred();
+}
+
+void MetricStore::read_deferred() {
+  if (deferred_.empty()) return;
+  std::vector<Deferred> entries;
+  entries.swap(deferred_);
+  deferred_step_logs_ = false;
+  // One copy to the host for all the values on the first one's device.
+  const torch::Tensor& first = entries.front().value;
+  std::vector<torch::Tensor> together;
+  together.reserve(entries.size());
+  for (const Deferred& d : entries)
+    if (d.value.device() == first.device()) together.push_back(d.value.reshape({}).to(first.scalar_type()));
+  const torch::Tensor host = torch::stack(together).to(torch::kCPU, torch::kDouble);
+  const double* values = host.data_ptr<double>();
+  const LogContext saved_context = context;
+  const int64_t saved_batch_size = current_batch_size;
+  const bool saved_due = step_log_due;
+  size_t next = 0;
+  for (const Deferred& d : entries) {
+    context = d.context;
+    current_batch_size = d.batch_size;
+    step_log_due = d.step_log_due;
+    log(d.name, d.value.device() == first.device() ? values[next++] : d.value.item<double>(), d.options);
+  }
+  context = saved_context;
+  current_batch_size = saved_batch_size;
+  step_log_due = saved_due;
+}
+
+void MetricStore::flush_step_logs() {
+  if (deferred_step_logs_) read_deferred();
+  std::optional<int64_t> eval_step;  // Note [Logged steps]
+  if (context == LogContext::eval_step && !s.sanity) eval_step = eval_log_step++;
+  if (pending_step.empty()) return;
+  send_to_loggers(pending_step, eval_step, !eval_step);
+  pending_step.clear();
+}
+
+void MetricStore::send_to_loggers(std::map<std::string, double> metrics, std::optional<int64_t> step,
+                                  bool with_epoch) {
+  // The sanity check's values reach no logger, and are forgotten after it.
+  if (metrics.empty() || s.sanity) return;
+  for (const auto& [k, v] : metrics) logged_metrics[k] = v;
+  if (with_epoch) metrics["epoch"] = static_cast<double>(s.epoch);
+  for (auto& logger : s.loggers) logger->log_metrics(metrics, step.value_or(log_step));
+}
+
+void MetricStore::record_now(const std::map<std::string, double>& metrics, bool prog_bar, bool logger) {
+  for (const auto& [k, v] : metrics) {
+    callback_metrics[k] = v;
+    if (prog_bar) progress_bar_metrics[k] = v;
+  }
+  if (logger) send_to_loggers(metrics);
+}
+
+std::map<std::string, double> MetricStore::refresh(MetricTable<Accumulator>& accumulators,
+                                                   std::map<std::string, double>* to_log) {
+  read_deferred();
+  std::map<std::string, double> result;
+  for (const auto& [name, acc] : accumulators.map()) {
+    if (!acc.any) continue;
+    double value = acc.options.reduce == Reduce::mean  ? (acc.weight > 0 ? acc.sum / acc.weight : 0.0)
+                   : acc.options.reduce == Reduce::sum ? acc.sum
+                                                       : acc.extreme;
+    const std::string epoch_name = acc.both ? name + "_epoch" : name;
+    callback_metrics[epoch_name] = value;
+    if (acc.both) callback_metrics[name] = value;
+    if (acc.options.prog_bar) progress_bar_metrics[epoch_name] = value;
+    if (acc.options.logger) {
+      logged_metrics[epoch_name] = value;
+      if (to_log) (*to_log)[epoch_name] = value;
+    }
+    result[epoch_name] = value;
+  }
+  return result;
+}
+
+std::map<std::string, double> MetricStore::aggregate(MetricTable<Accumulator>& accumulators,
+                                                     std::optional<int64_t> step) {
+  std::map<std::string, double> to_log;
+  auto result = refresh(accumulators, &to_log);
+  accumulators.clear();
+  send_to_loggers(to_log, step);
+  return result;
+}
+
+void MetricStore::clear() {
+  // What waits belongs to the tables being cleared.
+  deferred_.clear();
+  deferred_step_logs_ = false;
+  callback_metrics.clear();
+  progress_bar_metrics.clear();
+  logged_metrics.clear();
+}
+
+}  // namespace fulgor::detail

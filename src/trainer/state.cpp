@@ -1,0 +1,236 @@
+#include <ATen/Context.h>
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <typeinfo>
+
+#include "fulgor/callbacks/model_checkpoint.h"
+#include "fulgor/callbacks/model_summary.h"
+#include "fulgor/callbacks/progress_bar.h"
+#include "fulgor/registry.h"
+#include "fulgor/strategy.h"
+#include "state.h"
+
+namespace fulgor::detail {
+
+struct ModuleAccess {
+  static void attach(ModuleBase& module, MetricSink* sink, Trainer* trainer) {
+    module.sink_ = sink;
+    module.trainer_ = trainer;
+  }
+};
+
+namespace {
+
+void check_limit(const Limit& limit, const char* name) {
+  if (limit.is_count() ? limit.count() < 0 : (limit.fraction() < 0 || limit.fraction() > 1))
+    throw ConfigError(fmt::format("{}={}: expected a batch count >= 0 or a fraction in [0.0, 1.0]", name, limit.str()));
+}
+
+void check_options(const TrainerOptions& o) {
+  check_strategy(o.strategy);
+  auto at_least = [](int64_t value, int64_t min, const char* name) {
+    if (value < min) throw ConfigError(fmt::format("{}={}: expected an integer >= {}", name, value, min));
+  };
+  if (o.max_epochs) at_least(*o.max_epochs, -1, "max_epochs");
+  if (o.min_epochs) at_least(*o.min_epochs, 0, "min_epochs");
+  if (o.min_steps) at_least(*o.min_steps, 0, "min_steps");
+  at_least(o.max_steps, -1, "max_steps");
+  at_least(o.fast_dev_run, 0, "fast_dev_run");
+  at_least(o.num_sanity_val_steps, -1, "num_sanity_val_steps");
+  at_least(o.log_every_n_steps, 1, "log_every_n_steps");
+  at_least(o.accumulate_grad_batches, 1, "accumulate_grad_batches");
+  if (o.check_val_every_n_epoch) at_least(*o.check_val_every_n_epoch, 1, "check_val_every_n_epoch");
+  check_limit(o.limit_train_batches, "limit_train_batches");
+  check_limit(o.limit_val_batches, "limit_val_batches");
+  check_limit(o.limit_test_batches, "limit_test_batches");
+  check_limit(o.limit_predict_batches, "limit_predict_batches");
+  check_limit(o.overfit_batches, "overfit_batches");
+  check_limit(o.val_check_interval, "val_check_interval");
+  if (o.val_check_interval.is_count() ? o.val_check_interval.count() < 1 : o.val_check_interval.fraction() <= 0)
+    throw ConfigError(fmt::format("val_check_interval={}: expected a batch count >= 1 or a fraction in (0.0, 1.0]",
+                                  o.val_check_interval.str()));
+  if (o.gradient_clip_algorithm != "norm" && o.gradient_clip_algorithm != "value")
+    throw ConfigError(
+        fmt::format("unknown gradient_clip_algorithm '{}'; known: norm, value", o.gradient_clip_algorithm));
+  if (o.gradient_clip_val && !(*o.gradient_clip_val >= 0))
+    throw ConfigError(fmt::format("gradient_clip_val={}: expected a number >= 0", *o.gradient_clip_val));
+  if (o.ddp_timeout && !(*o.ddp_timeout > 0))
+    throw ConfigError(fmt::format("ddp_timeout={}: expected a number of seconds > 0", *o.ddp_timeout));
+}
+
+}  // namespace
+
+TrainerState::TrainerState(Trainer& owner, TrainerOptions opts) : trainer(owner), options(std::move(opts)) {}
+TrainerState::~TrainerState() = default;
+
+int64_t TrainerState::resolved_max_epochs() const {
+  if (options.fast_dev_run > 0) return 1;
+  if (options.max_epochs) return *options.max_epochs;
+  return options.max_steps == -1 ? 1000 : -1;
+}
+
+void TrainerState::begin(const std::string& name) {
+  check_options(options);
+  accelerator = make_accelerator(options.accelerator);
+  auto devices = accelerator->parse_devices(options.devices);
+  const auto environment = detect_distributed_environment();
+  if (runs_data_parallel(options.strategy, environment)) {
+    devices = {data_parallel_device(*accelerator, options.devices, environment)};
+    if (!ddp) start_ddp(environment, devices.front());
+  } else if (devices.size() != 1) {
+    throw ConfigError(fmt::format(
+        "devices={} selects {} devices of accelerator '{}', but strategy '{}' runs on one device: use devices=1, "
+        "or start one process per device with fulgor-run and strategy 'ddp'",
+        options.devices.str(), devices.size(), accelerator->name(), options.strategy));
+  }
+  precision.setup(options.precision, *accelerator);
+  device = devices.front();
+  stage = name;
+  metrics.eval_log_step = 0;
+  should_stop = false;
+  stop_reason.clear();
+  metrics.clear();
+  max_epochs = resolved_max_epochs();
+}
+
+void TrainerState::attach(ModuleBase& model) {
+  if (options.deterministic) {
+    auto& context = at::globalContext();
+    deterministic_before.emplace(context.deterministicAlgorithms(), context.deterministicAlgorithmsWarnOnly());
+    context.setDeterministicAlgorithms(true, /*warn_only=*/false);
+  }
+  module = &model;
+  accelerator->setup_device(*device);
+  if (options.seed) torch::manual_seed(*options.seed);
+  accelerator->move_module(model, *device);
+  precision.precision().convert_module(model);
+  ModuleAccess::attach(model, &metrics, &trainer);
+}
+
+void TrainerState::end() {
+  if (module) ModuleAccess::attach(*module, nullptr, &trainer);
+  if (ddp) ddp->detach();
+  loop.clear();
+  metrics.context = LogContext::none;
+  if (accelerator) accelerator->teardown();
+  if (deterministic_before) {
+    at::globalContext().setDeterministicAlgorithms(deterministic_before->first, deterministic_before->second);
+    deterministic_before.reset();
+  }
+}
+
+// Lightning's _attach_model_callbacks: the module's callbacks replace the
+// Trainer's of the same type, and checkpointing callbacks go last.
+void TrainerState::attach_model_callbacks(ModuleBase& model) {
+  auto from_model = model.configure_callbacks();
+  if (from_model.empty()) return;
+  auto replaced = [&](const Callback& cb) {
+    return std::any_of(from_model.begin(), from_model.end(), [&](const auto& m) { return typeid(*m) == typeid(cb); });
+  };
+  std::vector<std::shared_ptr<Callback>> merged;
+  for (auto& cb : callbacks)
+    if (!replaced(*cb)) merged.push_back(cb);
+  merged.insert(merged.end(), from_model.begin(), from_model.end());
+  std::stable_partition(merged.begin(), merged.end(),
+                        [](const auto& cb) { return dynamic_cast<ModelCheckpoint*>(cb.get()) == nullptr; });
+  callbacks = std::move(merged);
+}
+
+// Lightning's _call_setup_hook and _call_teardown_hook.
+void TrainerState::setup_hooks(ModuleBase& model, const std::string& name) {
+  each_callback([&](Callback& cb) { cb.setup(trainer, model, name); });
+  model.setup(name);
+}
+
+void TrainerState::teardown_hooks(ModuleBase& model, const std::string& name) {
+  each_callback([&](Callback& cb) { cb.teardown(trainer, model, name); });
+  model.teardown(name);
+}
+
+// Lightning's _interrupt: the callbacks hear of the exception, and the
+// loggers are finalized as failed.
+void TrainerState::on_exception(ModuleBase& model, const std::exception& e) {
+  each_callback([&](Callback& cb) { cb.on_exception(trainer, model, e); });
+  for (auto& logger : loggers) logger->finalize("failed");
+}
+
+// Joins the job. Only rank 0 prints (progress, model summary) and writes logs.
+void TrainerState::start_ddp(const DistributedEnvironment& environment, torch::Device on) {
+  accelerator->setup_device(on);
+  ProcessGroupOptions group_options;
+  if (options.ddp_timeout)
+    group_options.timeout = std::chrono::milliseconds(static_cast<int64_t>(std::ceil(*options.ddp_timeout * 1000)));
+  ddp = std::make_unique<DdpStrategy>(environment, *accelerator, on, group_options);
+  if (ddp->is_global_zero()) return;
+  callbacks.erase(std::remove_if(callbacks.begin(), callbacks.end(),
+                                 [](const auto& cb) {
+                                   return dynamic_cast<ProgressBar*>(cb.get()) != nullptr ||
+                                          dynamic_cast<ModelSummary*>(cb.get()) != nullptr;
+                                 }),
+                  callbacks.end());
+  for (auto& logger : loggers) logger = silenced_logger(logger);
+}
+
+// Under ddp every rank must leave the loop at the same batch, or the others
+// would wait in a collective for it: a stop request (EarlyStopping on a
+// rank's own metrics) or a signal that reached some ranks only counts for
+// all. Returns the signal to act on.
+int TrainerState::agree_on_stop(int signal) {
+  if (!ddp) return signal;
+  const int64_t agreed = ddp->max_over_ranks(static_cast<int64_t>(signal) * 2 + (should_stop ? 1 : 0));
+  should_stop = (agreed & 1) != 0 || should_stop;
+  return static_cast<int>(agreed / 2);
+}
+
+std::optional<int64_t> TrainerState::eval_limit(Stage s, const StepRunner& runner) const {
+  if (options.fast_dev_run > 0) return options.fast_dev_run;
+  const Limit& limit =
+      s == Stage::validate
+          ? (options.overfit_batches.of(std::nullopt) != 0 ? options.overfit_batches : options.limit_val_batches)
+      : s == Stage::test ? options.limit_test_batches
+                         : options.limit_predict_batches;
+  return resolve_limit(limit, runner,
+                       s == Stage::validate ? "limit_val_batches"
+                       : s == Stage::test   ? "limit_test_batches"
+                                            : "limit_predict_batches");
+}
+
+std::optional<int64_t> TrainerState::resolve_limit(const Limit& limit, const StepRunner& runner,
+                                                   const char* name) {
+  auto n = limit.of(runner.length());
+  if (!n && !limit.is_all())
+    throw ConfigError(
+        fmt::format("{}={} is a fraction, but the loader does not tell its length: give a count of "
+                    "batches, or make the loader with fulgor::make_data_loader",
+                    name, limit.str()));
+  return n;
+}
+
+void TrainerState::configure_optimizers(ModuleBase& model) {
+  optim = model.configure_optimizers();
+  if (optim.optimizers.empty() || !optim.optimizers.front())
+    throw ConfigError(fmt::format("{}::configure_optimizers returned no optimizer", model.name()));
+  // Note [One optimizer]
+  // Automatic optimization steps the optimizer with each training_step's
+  // loss. Several optimizers are there for parts of a model with objectives
+  // of their own (a GAN's generator and discriminator), which one loss
+  // stepping them all would ignore; Lightning 2 allows them only under
+  // manual optimization, which fulgor does not have yet.
+  if (optim.optimizers.size() > 1)
+    throw ConfigError(fmt::format(
+        "{}::configure_optimizers returned {} optimizers; the Trainer's automatic optimization steps exactly one "
+        "with each training_step's loss, and fulgor has no manual optimization: return one optimizer (parameter "
+        "groups give parts of the model their own options)",
+        model.name(), optim.optimizers.size()));
+  for (const auto& sc : optim.schedulers) {
+    if (!sc.scheduler) throw ConfigError("configure_optimizers returned a SchedulerConfig without a scheduler");
+    if (sc.frequency < 1) throw ConfigError(fmt::format("scheduler frequency={}: expected >= 1", sc.frequency));
+    if (sc.scheduler->needs_metric() && sc.monitor.empty())
+      throw ConfigError("configure_optimizers returned a scheduler that needs a metric, without `monitor`");
+  }
+}
+
+}  // namespace fulgor::detail

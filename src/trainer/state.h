@@ -1,0 +1,112 @@
+#pragma once
+
+// The Trainer's state, shared by the parts of the Trainer in src/trainer/:
+//   state.cpp                 beginning and ending a loop (Lightning's _run:
+//                             accelerator, devices, strategy, hooks, callbacks)
+//   fit_loop.cpp              the fit loop: epochs, the validation schedule,
+//                             resuming, and the training batch
+//                             (training_batch.h)
+//   evaluation_loop.cpp       one loop for validate, test, predict and the
+//                             sanity check
+//   metric_store.cpp          log(), epoch aggregation, the loggers
+//   checkpoint_connector.cpp  saving and restoring, "last" and "best", RNG
+//   trainer.cpp               the Trainer's own members
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "checkpoint_connector.h"
+#include "evaluation_loop.h"
+#include "fulgor/trainer.h"
+#include "metric_store.h"
+#include "precision_plugin.h"
+
+// Branches the per-step path rarely takes (Note [The per-step path] in fit_loop.cpp).
+#if defined(__GNUC__)
+#define FULGOR_UNLIKELY(x) __builtin_expect(!!(x), 0)
+#else
+#define FULGOR_UNLIKELY(x) (x)
+#endif
+
+namespace fulgor {
+struct DistributedEnvironment;
+
+namespace detail {
+
+class DdpStrategy;
+
+struct TrainerState {
+  TrainerState(Trainer& owner, TrainerOptions opts);
+  ~TrainerState();
+
+  Trainer& trainer;
+  TrainerOptions options;
+  std::vector<std::shared_ptr<Callback>> callbacks;
+  std::vector<std::shared_ptr<Logger>> loggers;
+  std::unique_ptr<Accelerator> accelerator;
+  // Strategy "ddp": made by the first loop, kept for the Trainer's others.
+  std::unique_ptr<DdpStrategy> ddp;
+  std::optional<torch::Device> device;
+  ModuleBase* module = nullptr;
+  OptimizerConfig optim;
+  PrecisionPlugin precision;
+
+  // Progress.
+  int64_t epoch = 0, global_step = 0, batches_in_epoch = 0, total_train_batches = 0;
+  bool epoch_finished = false;
+  std::optional<int64_t> train_batches;
+  int64_t max_epochs = -1;
+  std::string stage, loop;
+  bool sanity = false;
+  bool should_stop = false;
+  std::string stop_reason;
+  // LibTorch's deterministic-algorithms setting (and its warn_only) from
+  // before a loop with `deterministic` set it, put back when the loop ends.
+  std::optional<std::pair<bool, bool>> deterministic_before;
+
+  MetricStore metrics{*this};
+  CheckpointConnector checkpoints{*this};
+  EvaluationLoop evaluation{*this};
+
+  template <typename F>
+  void each_callback(F&& f) {
+    for (auto& cb : callbacks) f(*cb);
+  }
+
+  // Lightning's _run, up to the loop: options, accelerator, devices and
+  // strategy for the loop `name` ("fit", "validate", ...).
+  void begin(const std::string& name);
+  // Sets up the device and moves the module onto it; log() goes to `metrics`.
+  void attach(ModuleBase& model);
+  // Undoes begin and attach; runs also when a loop throws.
+  void end();
+  // Lightning's _attach_model_callbacks.
+  void attach_model_callbacks(ModuleBase& model);
+  // Lightning's _call_setup_hook and _call_teardown_hook.
+  void setup_hooks(ModuleBase& model, const std::string& name);
+  void teardown_hooks(ModuleBase& model, const std::string& name);
+  // Lightning's _interrupt: the callbacks hear of the exception, and the
+  // loggers are finalized as failed.
+  void on_exception(ModuleBase& model, const std::exception& e);
+  void configure_optimizers(ModuleBase& model);
+  // Under ddp, the stop every rank acts on (agree_on_stop in state.cpp).
+  int agree_on_stop(int signal);
+
+  // Batches an evaluation loop runs for stage `s` (nullopt: all).
+  std::optional<int64_t> eval_limit(Stage s, const StepRunner& runner) const;
+  static std::optional<int64_t> resolve_limit(const Limit& limit, const StepRunner& runner, const char* name);
+
+ private:
+  int64_t resolved_max_epochs() const;
+  void start_ddp(const DistributedEnvironment& environment, torch::Device on);
+};
+
+}  // namespace detail
+}  // namespace fulgor

@@ -1,0 +1,145 @@
+#include "fulgor/trainer.h"
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <filesystem>
+
+#include "fulgor/callbacks/model_checkpoint.h"
+#include "fulgor/callbacks/model_summary.h"
+#include "fulgor/callbacks/progress_bar.h"
+#include "fulgor/loggers/tensorboard.h"
+#include "fulgor/strategy.h"
+#include "state.h"
+
+namespace fulgor {
+
+std::string to_string(StopReason reason) {
+  switch (reason) {
+    case StopReason::max_epochs:
+      return "max_epochs";
+    case StopReason::max_steps:
+      return "max_steps";
+    case StopReason::requested:
+      return "requested";
+    case StopReason::signal:
+      return "signal";
+  }
+  return "unknown";
+}
+
+Trainer::Trainer(TrainerOptions options) : state_(std::make_unique<detail::TrainerState>(*this, std::move(options))) {
+  auto& s = *state_;
+  const auto& o = s.options;
+  auto has = [&](auto* probe) {
+    using T = std::remove_pointer_t<decltype(probe)>;
+    return std::any_of(o.callbacks.begin(), o.callbacks.end(),
+                       [](const auto& cb) { return dynamic_cast<T*>(cb.get()) != nullptr; });
+  };
+  if (o.enable_model_summary && !has(static_cast<ModelSummary*>(nullptr)))
+    s.callbacks.push_back(std::make_shared<ModelSummary>());
+  if (o.enable_progress_bar && !has(static_cast<ProgressBar*>(nullptr)))
+    s.callbacks.push_back(std::make_shared<ProgressBar>());
+  // Checkpointing callbacks go last, so that they save what the others did.
+  for (const auto& cb : o.callbacks)
+    if (!dynamic_cast<ModelCheckpoint*>(cb.get())) s.callbacks.push_back(cb);
+  for (const auto& cb : o.callbacks)
+    if (dynamic_cast<ModelCheckpoint*>(cb.get())) s.callbacks.push_back(cb);
+  if (o.enable_checkpointing && o.fast_dev_run == 0 && !has(static_cast<ModelCheckpoint*>(nullptr)))
+    s.callbacks.push_back(std::make_shared<ModelCheckpoint>());
+  if (o.fast_dev_run == 0) {
+    s.loggers = o.loggers;
+    if (s.loggers.empty() && o.logger) s.loggers.push_back(std::make_shared<TensorBoardLogger>(default_root_dir()));
+  }
+}
+
+Trainer::~Trainer() = default;
+
+// ---- Accessors ----------------------------------------------------------------
+
+const TrainerOptions& Trainer::options() const { return state_->options; }
+int64_t Trainer::current_epoch() const { return state_->epoch; }
+int64_t Trainer::global_step() const { return state_->global_step; }
+int64_t Trainer::batches_in_epoch() const { return state_->batches_in_epoch; }
+std::optional<int64_t> Trainer::num_training_batches() const { return state_->train_batches; }
+std::optional<int64_t> Trainer::num_eval_batches() const { return state_->evaluation.batches; }
+int64_t Trainer::max_epochs() const { return state_->max_epochs; }
+std::string Trainer::stage() const { return state_->stage; }
+std::string Trainer::running_loop() const { return state_->loop; }
+bool Trainer::sanity_checking() const { return state_->sanity; }
+
+void Trainer::request_stop(std::string reason) {
+  state_->should_stop = true;
+  state_->stop_reason = std::move(reason);
+}
+bool Trainer::should_stop() const { return state_->should_stop; }
+const std::string& Trainer::stop_reason() const { return state_->stop_reason; }
+bool Trainer::logs_due() const { return state_->metrics.step_log_due; }
+
+const std::map<std::string, double>& Trainer::callback_metrics() const {
+  state_->metrics.read_deferred();
+  return state_->metrics.callback_metrics.map();
+}
+const std::map<std::string, double>& Trainer::logged_metrics() const {
+  state_->metrics.read_deferred();
+  return state_->metrics.logged_metrics.map();
+}
+const std::map<std::string, double>& Trainer::progress_bar_metrics() const {
+  state_->metrics.read_deferred();
+  return state_->metrics.progress_bar_metrics.map();
+}
+void Trainer::log_metrics(const std::map<std::string, double>& metrics) { state_->metrics.send_to_loggers(metrics); }
+
+const std::vector<std::shared_ptr<Callback>>& Trainer::callbacks() const { return state_->callbacks; }
+const std::vector<std::shared_ptr<Logger>>& Trainer::loggers() const { return state_->loggers; }
+ModelCheckpoint* Trainer::checkpoint_callback() const {
+  for (const auto& cb : state_->callbacks)
+    if (auto* mc = dynamic_cast<ModelCheckpoint*>(cb.get())) return mc;
+  return nullptr;
+}
+const std::vector<std::shared_ptr<torch::optim::Optimizer>>& Trainer::optimizers() const {
+  return state_->optim.optimizers;
+}
+const std::vector<SchedulerConfig>& Trainer::lr_schedulers() const { return state_->optim.schedulers; }
+
+const Accelerator& Trainer::accelerator() const {
+  if (!state_->accelerator) throw Error("the Trainer has not run a loop yet, so it has no accelerator");
+  return *state_->accelerator;
+}
+torch::Device Trainer::device() const {
+  if (!state_->device) throw Error("the Trainer has not run a loop yet, so it has no device");
+  return *state_->device;
+}
+
+const Precision& Trainer::precision() const { return state_->precision.precision(); }
+const GradScaler* Trainer::grad_scaler() const { return state_->precision.scaler(); }
+int64_t Trainer::global_rank() const { return state_->ddp ? state_->ddp->environment().rank : 0; }
+int64_t Trainer::world_size() const { return state_->ddp ? state_->ddp->environment().world_size : 1; }
+bool Trainer::is_global_zero() const { return global_rank() == 0; }
+
+bool Trainer::reduce_boolean_decision(bool decision, bool all) {
+  if (!state_->ddp) return decision;
+  // All: no rank says no, so the largest "no" is 0.
+  if (all) return state_->ddp->max_over_ranks(decision ? 0 : 1) == 0;
+  return state_->ddp->max_over_ranks(decision ? 1 : 0) == 1;
+}
+
+std::string Trainer::default_root_dir() const {
+  return state_->options.default_root_dir.empty() ? "." : state_->options.default_root_dir;
+}
+
+std::string Trainer::checkpoint_dir() const {
+  if (auto* mc = checkpoint_callback(); mc && !mc->dirpath().empty()) return mc->dirpath();
+  return (std::filesystem::path(default_root_dir()) / "checkpoints").string();
+}
+
+std::string Trainer::log_dir() const {
+  if (!state_->loggers.empty() && !state_->loggers.front()->log_dir().empty())
+    return state_->loggers.front()->log_dir();
+  return default_root_dir();
+}
+
+void Trainer::save_checkpoint(const std::string& path) { state_->checkpoints.save(path); }
+
+}  // namespace fulgor

@@ -1,0 +1,144 @@
+#pragma once
+
+// The training batch: training_step, accumulation, backward, the optimizer
+// step and the schedulers, with their hooks in Lightning's order. Included by
+// fit_loop.cpp alone, so that the per-step path stays in one translation unit
+// (Note [The per-step path] in fit_loop.cpp).
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/torch.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fulgor/strategy.h"
+#include "state.h"
+
+namespace fulgor::detail {
+
+// Note [The optimizer closure]
+// Lightning steps the optimizer with optimizer.step(closure), where the
+// closure runs training_step, zero_grad (on an accumulation window's first
+// batch) and backward; the step then calls on_before_optimizer_step, clips
+// and steps. A batch that does not step runs the closure alone. fulgor
+// keeps that order, the module's optimizer_step deciding when the closure
+// runs. `window` counts the batches whose gradients wait for a step: a
+// training_step returning an undefined loss adds none, and a window without
+// any is not stepped.
+struct TrainingBatch {
+  explicit TrainingBatch(TrainerState& state) : s(state) {}
+
+  double monitored(const SchedulerConfig& config, bool& found) const {
+    s.metrics.read_deferred();
+    auto it = s.metrics.callback_metrics.map().find(config.monitor);
+    found = it != s.metrics.callback_metrics.map().end();
+    if (!found && config.strict) {
+      std::vector<std::string> names;
+      for (const auto& [k, v] : s.metrics.callback_metrics.map()) names.push_back(k);
+      throw ConfigError(fmt::format("the scheduler monitors '{}', which was not logged; logged metrics: {}",
+                                    config.monitor,
+                                    names.empty() ? "none" : fmt::format("{}", fmt::join(names, ", "))));
+    }
+    return found ? it->second : 0.0;
+  }
+
+  void step_schedulers(Interval interval, int64_t count) {
+    for (auto& config : s.optim.schedulers) {
+      if (config.interval != interval || count % config.frequency != 0) continue;
+      if (config.monitor.empty()) {
+        s.module->lr_scheduler_step(*config.scheduler, std::nullopt);
+        continue;
+      }
+      bool found = false;
+      double value = monitored(config, found);
+      if (found) s.module->lr_scheduler_step(*config.scheduler, value);
+    }
+  }
+
+  [[noreturn]] void throw_bad_loss(const torch::Tensor& loss) const {
+    throw ConfigError(fmt::format("{}::training_step must return a scalar loss that requires grad; got shape [{}]{}",
+                                  s.module->name(), fmt::join(loss.sizes(), ", "),
+                                  loss.requires_grad() ? "" : " without grad"));
+  }
+
+  torch::Tensor run_closure(StepRunner& train, int64_t batch_idx, bool steps_optimizer) {
+    std::optional<torch::autograd::DetectAnomalyGuard> anomaly;
+    if (FULGOR_UNLIKELY(s.options.detect_anomaly)) anomaly.emplace();
+    // Gradients travel only on the batches that step the optimizer.
+    if (FULGOR_UNLIKELY(s.ddp != nullptr)) s.ddp->before_forward(steps_optimizer);
+    torch::Tensor loss = train.step(Stage::train, batch_idx);
+    if (loss.defined() && FULGOR_UNLIKELY(loss.numel() != 1 || !loss.requires_grad())) throw_bad_loss(loss);
+    if (batch_idx % s.options.accumulate_grad_batches == 0) {
+      auto& optimizer = *s.optim.optimizers.front();
+      s.each_callback([&](Callback& cb) { cb.on_before_zero_grad(s.trainer, *s.module, optimizer); });
+      s.module->on_before_zero_grad(optimizer);
+      s.module->optimizer_zero_grad(s.epoch, batch_idx, optimizer);
+    }
+    if (!loss.defined()) return loss;
+    const int64_t accumulate = s.options.accumulate_grad_batches;
+    // The loss itself, not a copy, unless accumulating.
+    const torch::Tensor divided =
+        FULGOR_UNLIKELY(accumulate > 1) ? loss / static_cast<double>(accumulate) : torch::Tensor();
+    const torch::Tensor& scaled = divided.defined() ? divided : loss;
+    s.each_callback([&](Callback& cb) { cb.on_before_backward(s.trainer, *s.module, scaled); });
+    s.module->on_before_backward(scaled);
+    if (FULGOR_UNLIKELY(s.ddp != nullptr))
+      s.ddp->backward(s.precision.scale_loss(scaled));
+    else
+      s.precision.backward(scaled);
+    s.each_callback([&](Callback& cb) { cb.on_after_backward(s.trainer, *s.module); });
+    s.module->on_after_backward();
+    ++window;
+    return loss;
+  }
+
+  // What optimizer.step does after the closure. False: nothing to step.
+  bool step_optimizer() {
+    if (window == 0) return false;
+    auto& optimizer = *s.optim.optimizers.front();
+    s.precision.unscale(optimizer);  // clipping and the hooks see true gradients
+    s.each_callback([&](Callback& cb) { cb.on_before_optimizer_step(s.trainer, *s.module, optimizer); });
+    s.module->on_before_optimizer_step(optimizer);
+    s.module->configure_gradient_clipping(optimizer, s.options.gradient_clip_val, s.options.gradient_clip_algorithm);
+    s.precision.step(optimizer);
+    s.precision.update();
+    window = 0;
+    return true;
+  }
+
+  struct StepClosure final : OptimizerClosure {
+    StepClosure(TrainingBatch& owner, StepRunner* runner, int64_t idx) : batch(owner), train(runner), batch_idx(idx) {}
+    void operator()() override {
+      if (called) throw Error("optimizer_step called its optimizer_closure twice");
+      called = true;
+      if (train) loss = batch.run_closure(*train, batch_idx, true);
+      stepped = batch.step_optimizer();
+    }
+    TrainingBatch& batch;
+    StepRunner* train;  // nullptr: the window's batches have run already
+    int64_t batch_idx;
+    torch::Tensor loss;
+    bool called = false, stepped = false;
+  };
+
+  // Runs the module's optimizer_step. Note [Skipped steps]: a step the
+  // GradScaler skips still counts, and per-step schedulers still step, as in
+  // Lightning: global_step counts optimizer steps attempted (as does one
+  // whose optimizer_step never called the closure).
+  torch::Tensor optimizer_step(StepRunner* train, int64_t batch_idx) {
+    StepClosure closure(*this, train, batch_idx);
+    s.module->optimizer_step(s.epoch, batch_idx, *s.optim.optimizers.front(), closure);
+    if (closure.stepped || !closure.called) {
+      ++s.global_step;
+      step_schedulers(Interval::step, s.global_step);
+    }
+    return std::move(closure.loss);
+  }
+
+  TrainerState& s;
+  int64_t window = 0;
+};
+
+}  // namespace fulgor::detail
