@@ -21,6 +21,7 @@
 #include "fulgor/checkpoint.h"
 #include "fulgor/loggers/tensorboard.h"
 #include "fulgor/registry.h"
+#include "fulgor/seed.h"
 #include "fulgor/strategy.h"
 #include "fulgor/version.h"
 #include "metric_table.h"
@@ -487,7 +488,7 @@ struct TrainerState final : MetricSink {
     }
     module = &model;
     accelerator->setup_device(*device);
-    if (options.seed) torch::manual_seed(*options.seed);
+    if (options.seed) seed_accelerator(*accelerator, *options.seed);
     accelerator->move_module(model, *device);
     precision.precision().convert_module(model);
     ModuleAccess::attach(model, this, &trainer);

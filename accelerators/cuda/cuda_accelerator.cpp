@@ -13,7 +13,6 @@ namespace {
 
 class CudaAccelerator final : public DeviceGuardAccelerator {
  public:
-  std::string name() const override { return "cuda"; }
   torch::DeviceType device_type() const override { return torch::kCUDA; }
   std::string description() const override { return "NVIDIA GPUs through LibTorch's CUDA backend"; }
   int priority() const override { return 400; }

@@ -32,6 +32,7 @@
 #include "fulgor/registry.h"
 #include "fulgor/runtime_info.h"
 #include "fulgor/scheduler.h"
+#include "fulgor/seed.h"
 #include "fulgor/trainer.h"
 #include "fulgor/trainer_options.h"
 #include "fulgor/version.h"

@@ -208,6 +208,81 @@ TEST(CudaTrainer, PrefetchesPinnedBatches) {
   EXPECT_TRUE(prefetched_fit_matches_the_cpu("cuda", kCuda0, kCudaRtol, kCudaAtol)) << "no pinned batches";
 }
 
+// ---- Seeds on the devices ----------------------------------------------------
+
+// TinyRegression with dropout on its hidden layer: every step draws random
+// numbers on the device.
+struct DropoutRegression : TinyRegression {
+  DropoutRegression() : TinyRegression("SGD") {}
+  torch::Tensor training_step(torch::data::Example<> batch, int64_t) override {
+    const torch::Tensor hidden = torch::dropout(torch::tanh(l1(batch.data)), 0.5, is_training());
+    const torch::Tensor loss = torch::mse_loss(l2(hidden), batch.target);
+    losses.push_back(loss.detach().to(torch::kCPU).item<double>());
+    return loss;
+  }
+};
+
+// The losses of one epoch of DropoutRegression on `device` under the
+// Trainer's `seed`, from the same initial weights every time.
+std::vector<double> seeded_dropout_fit(const std::string& name, torch::Device device, uint64_t seed) {
+  TempDir dir;
+  torch::manual_seed(17);
+  DropoutRegression model;
+  auto loader = regression_loader();
+  TrainerOptions options = quiet(name, std::vector<int64_t>{device.index()}, 1, dir);
+  options.seed = seed;
+  Trainer(options).fit(model, loader);
+  return model.losses;
+}
+
+// The Trainer's seed reaches the generator the device draws from, whichever
+// it is: the fits would differ otherwise, as each moves that generator on.
+void seed_decides_dropout_on(const std::string& name, torch::Device device) {
+  load_runtime(name);
+  const std::vector<double> first = seeded_dropout_fit(name, device, 5);
+  ASSERT_EQ(first.size(), 4u);
+  EXPECT_EQ(seeded_dropout_fit(name, device, 5), first);
+  EXPECT_NE(seeded_dropout_fit(name, device, 6), first);
+}
+
+// seed_everything before a module is built makes weights initialised on the
+// device repeat.
+void seed_everything_decides_initialisation_on(const std::string& name, torch::Device device) {
+  load_runtime(name);
+  const auto initialised = [&](uint64_t seed) {
+    EXPECT_EQ(seed_everything(seed), seed);
+    torch::Tensor weight = torch::empty({8, 4}, torch::TensorOptions().device(device));
+    torch::nn::init::kaiming_uniform_(weight);
+    return weight.to(torch::kCPU);
+  };
+  const torch::Tensor first = initialised(3);
+  EXPECT_TRUE(torch::equal(initialised(3), first));
+  EXPECT_FALSE(torch::equal(initialised(4), first));
+}
+
+TEST(XpuTrainer, SeedDecidesDropout) {
+  if (const std::string why = xpu_cannot_train(); !why.empty()) GTEST_SKIP() << why;
+  seed_decides_dropout_on("xpu", kXpu1);
+}
+
+TEST(XpuTrainer, SeedEverythingDecidesInitialisation) { seed_everything_decides_initialisation_on("xpu", kXpu1); }
+
+// The emulated npu has a generator per device, which torch::manual_seed does
+// not reach: only the accelerator's manual_seed does.
+TEST(NpuTrainer, SeedDecidesDropout) {
+  if (!detail::compat::kHasNamedPrivateUse1)
+    GTEST_SKIP() << "the npu accelerator needs LibTorch >= 2.1, where PrivateUse1 can be named \"npu\"; this is "
+                 << TORCH_VERSION;
+  seed_decides_dropout_on("npu", kNpu1);
+}
+
+TEST(NpuTrainer, SeedEverythingDecidesInitialisation) {
+  if (!detail::compat::kHasNamedPrivateUse1)
+    GTEST_SKIP() << "the npu accelerator needs LibTorch >= 2.1, where PrivateUse1 can be named \"npu\"; this is "
+                 << TORCH_VERSION;
+  seed_everything_decides_initialisation_on("npu", kNpu1);
+}
+
 // A checkpoint saved on one accelerator and resumed on another, with the
 // optimizer whose state has to move between them.
 struct ResumeCase {
