@@ -6,6 +6,7 @@
 #include "fulgor/batch.h"
 #include "fulgor/batch_size.h"
 #include "fulgor/callback.h"
+#include "fulgor/callbacks/device_stats_monitor.h"
 #include "fulgor/callbacks/early_stopping.h"
 #include "fulgor/callbacks/learning_rate_monitor.h"
 #include "fulgor/callbacks/model_checkpoint.h"

@@ -3,16 +3,20 @@
 // train as the same fit on the CPU does, and checkpoints must move between
 // each device and the CPU.
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cmath>
 #include <filesystem>
+#include <optional>
 #include <ostream>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "../trainer/tiny.h"
 #include "emulated_runtimes.h"
 #include "fulgor/detail/compat.h"
 #include "fulgor/fulgor.h"
@@ -208,7 +212,7 @@ TEST(CudaTrainer, PrefetchesPinnedBatches) {
   EXPECT_TRUE(prefetched_fit_matches_the_cpu("cuda", kCuda0, kCudaRtol, kCudaAtol)) << "no pinned batches";
 }
 
-// ---- Seeds on the devices ----------------------------------------------------
+// ---- Seeds and memory statistics on the devices ------------------------------
 
 // TinyRegression with dropout on its hidden layer: every step draws random
 // numbers on the device.
@@ -281,6 +285,38 @@ TEST(NpuTrainer, SeedEverythingDecidesInitialisation) {
     GTEST_SKIP() << "the npu accelerator needs LibTorch >= 2.1, where PrivateUse1 can be named \"npu\"; this is "
                  << TORCH_VERSION;
   seed_everything_decides_initialisation_on("npu", kNpu1);
+}
+
+// The names DeviceStatsMonitor logged in a fit of two epochs on xpu:1.
+std::set<std::string> device_stats_logged_on_xpu(std::optional<bool> cpu_stats) {
+  TempDir dir;
+  auto model = tiny_model();
+  auto loader = regression_loader();
+  auto logger = std::make_shared<testing::RecordingLogger>();
+  TrainerOptions options = quiet("xpu", std::vector<int64_t>{1}, 2, dir);
+  options.loggers = {logger};
+  options.log_every_n_steps = 1;
+  options.callbacks = {std::make_shared<DeviceStatsMonitor>(cpu_stats)};
+  Trainer(options).fit(*model, loader);
+  std::set<std::string> names;
+  for (const auto& [step, metrics] : logger->calls)
+    for (const auto& [name, value] : metrics)
+      if (name.rfind("DeviceStatsMonitor.", 0) == 0) names.insert(name);
+  return names;
+}
+
+// The xpu accelerator has no memory statistics to give: the monitor logs
+// nothing of its own there, and the CPU's when asked to.
+TEST(XpuTrainer, DeviceStatsMonitorLogsTheCpuStatsWhenAsked) {
+  if (const std::string why = xpu_cannot_train(); !why.empty()) GTEST_SKIP() << why;
+  load_runtime("xpu");
+  EXPECT_TRUE(make_accelerator("xpu")->memory_stats(kXpu1).empty());
+  EXPECT_EQ(device_stats_logged_on_xpu(std::nullopt), std::set<std::string>());
+  const std::set<std::string> with_cpu = device_stats_logged_on_xpu(true);
+  for (const char* hook : {"on_train_batch_start", "on_train_batch_end"})
+    for (const char* stat : {"process_resident_bytes", "process_virtual_bytes"})
+      EXPECT_EQ(with_cpu.count(fmt::format("DeviceStatsMonitor.{}/{}", hook, stat)), 1u) << hook << " " << stat;
+  EXPECT_EQ(with_cpu.size(), 4u);
 }
 
 // A checkpoint saved on one accelerator and resumed on another, with the
