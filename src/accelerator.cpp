@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <mutex>
 
 #include "fulgor/error.h"
@@ -12,22 +13,21 @@
 
 namespace fulgor {
 
-std::string Accelerator::describe() const {
-  Availability a = availability();
-  if (!a.available) return fmt::format("{}: unavailable ({})", name(), a.reason);
-  int64_t n = device_count();
-  return fmt::format("{}: {} device{} — {}", name(), n, n == 1 ? "" : "s", description());
-}
-
 std::vector<torch::Device> Accelerator::parse_devices(const Devices& devices) const {
   Availability a = availability();
   if (!a.available) throw DeviceError(fmt::format("accelerator '{}' is not available: {}", name(), a.reason));
+  // "auto" is a count, as in Lightning, where the accelerator's
+  // auto_device_count() stands in for it.
+  const Devices selected = devices.is_auto() ? Devices(auto_device_count()) : devices;
   std::vector<torch::Device> result;
-  for (int64_t index : parse_device_indices(devices, device_count(), name())) result.push_back(device(index));
+  for (int64_t index : parse_device_indices(selected, device_count(), name())) result.push_back(device(index));
   return result;
 }
 
+// LibTorch's CPU tensors are on `cpu`, never `cpu:0`: a CPU-backed
+// accelerator's devices must compare equal to where its tensors are.
 torch::Device Accelerator::device(int64_t index) const {
+  if (device_type() == torch::kCPU) return torch::Device(torch::kCPU);
   return torch::Device(device_type(), static_cast<torch::DeviceIndex>(index));
 }
 
@@ -93,6 +93,21 @@ at::Generator default_generator(torch::Device device) {
   }
 }
 }  // namespace
+
+void Accelerator::manual_seed(uint64_t seed) const {
+  std::vector<torch::Device> seeded;
+  const int64_t count = device_count();
+  for (int64_t index = 0; index < count; ++index) {
+    const torch::Device each = device(index);
+    // A CPU-backed accelerator's devices are all the one CPU device.
+    if (std::find(seeded.begin(), seeded.end(), each) != seeded.end()) continue;
+    seeded.push_back(each);
+    at::Generator generator = default_generator(each);
+    if (!generator.defined()) continue;
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_current_seed(seed);
+  }
+}
 
 torch::Tensor Accelerator::get_rng_state(torch::Device device) const {
   at::Generator generator = default_generator(device);

@@ -59,6 +59,11 @@ std::vector<int64_t> first_n(int64_t n) {
 
 }  // namespace
 
+bool Devices::is_auto() const {
+  const auto* spec = std::get_if<std::string>(&value_);
+  return spec != nullptr && trim(*spec) == "auto";
+}
+
 std::vector<int64_t> parse_device_indices(const Devices& devices, int64_t available, const std::string& accelerator) {
   // Normalise to either a count or an explicit list, as Lightning's _parse_gpu_ids does.
   bool is_count = false;

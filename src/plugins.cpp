@@ -57,12 +57,9 @@ std::string library_of(AcceleratorCreator creator) {
 }
 
 RegistryAccess::Entry make_entry(const std::string& name, AcceleratorCreator creator) {
-  std::unique_ptr<Accelerator> probe = creator();
   RegisterOptions options;
-  options.description = probe->description();
-  options.priority = probe->priority();
   options.origin = library_of(creator);
-  return {name, creator, std::move(options)};
+  return RegistryAccess::make_entry(name, creator, std::move(options));
 }
 
 std::string abi_mismatch(const std::string& what, int abi_version) {

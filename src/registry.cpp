@@ -19,7 +19,7 @@ std::string known_names(const std::vector<std::string>& names) {
 template <typename Entries>
 void sort_by_priority(Entries& entries) {
   std::sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) {
-    return a.options.priority != b.options.priority ? a.options.priority > b.options.priority : a.name < b.name;
+    return a.priority != b.priority ? a.priority > b.priority : a.name < b.name;
   });
 }
 
@@ -45,9 +45,28 @@ void AcceleratorRegistry::add(const std::string& name, AcceleratorFactory factor
                     name));
   if (!factory) throw RegistryError(fmt::format("cannot register accelerator '{}' without a factory", name));
   std::vector<Entry> one;
-  one.push_back({name, std::move(factory), std::move(options)});
+  one.push_back(make_entry(name, std::move(factory), std::move(options)));
   std::string clash = add_all(std::move(one));
   if (!clash.empty()) throw RegistryError(clash);
+}
+
+AcceleratorRegistry::Entry AcceleratorRegistry::make_entry(const std::string& name, AcceleratorFactory factory,
+                                                           RegisterOptions options) {
+  Entry entry;
+  entry.name = name;
+  entry.factory = std::move(factory);
+  entry.options = std::move(options);
+  const std::unique_ptr<Accelerator> probe = instantiate(entry);
+  entry.priority = probe->priority();
+  entry.description = probe->description();
+  return entry;
+}
+
+std::unique_ptr<Accelerator> AcceleratorRegistry::instantiate(const Entry& entry) {
+  std::unique_ptr<Accelerator> accelerator = entry.factory();
+  if (!accelerator) throw RegistryError(fmt::format("the factory of accelerator '{}' made no accelerator", entry.name));
+  accelerator->name_ = entry.name;
+  return accelerator;
 }
 
 std::string AcceleratorRegistry::add_all(std::vector<Entry> entries) {
@@ -105,7 +124,7 @@ std::string AcceleratorRegistry::resolve(const std::string& name) const {
   sort_by_priority(entries);
   std::vector<std::string> unavailable;
   for (const Entry& entry : entries) {
-    std::unique_ptr<Accelerator> accelerator = entry.factory();
+    std::unique_ptr<Accelerator> accelerator = instantiate(entry);
     if (name == "gpu" && accelerator->device_type() == torch::kCPU) continue;
     Availability availability = accelerator->availability();
     if (availability.available) return entry.name;
@@ -119,7 +138,7 @@ std::string AcceleratorRegistry::resolve(const std::string& name) const {
 std::unique_ptr<Accelerator> AcceleratorRegistry::create(const std::string& name) const {
   const std::string resolved = resolve(name);
   for (const Entry& entry : snapshot())
-    if (entry.name == resolved) return entry.factory();
+    if (entry.name == resolved) return instantiate(entry);
   throw RegistryError(fmt::format("accelerator '{}' was removed while it was being created", resolved));
 }
 
@@ -128,12 +147,12 @@ std::vector<AcceleratorInfo> AcceleratorRegistry::describe() const {
   sort_by_priority(entries);
   std::vector<AcceleratorInfo> result;
   for (const Entry& entry : entries) {
-    std::unique_ptr<Accelerator> accelerator = entry.factory();
+    std::unique_ptr<Accelerator> accelerator = instantiate(entry);
     Availability availability = accelerator->availability();
     AcceleratorInfo info;
     info.name = entry.name;
-    info.description = entry.options.description;
-    info.priority = entry.options.priority;
+    info.description = entry.description;
+    info.priority = entry.priority;
     info.origin = entry.options.origin;
     info.available = availability.available;
     info.reason = availability.reason;

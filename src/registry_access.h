@@ -11,6 +11,9 @@ namespace fulgor::detail {
 
 struct RegistryAccess {
   using Entry = AcceleratorRegistry::Entry;
+  static Entry make_entry(const std::string& name, AcceleratorFactory factory, RegisterOptions options) {
+    return AcceleratorRegistry::make_entry(name, std::move(factory), std::move(options));
+  }
   static std::string add_all(std::vector<Entry> entries) {
     return AcceleratorRegistry::storage().add_all(std::move(entries));
   }

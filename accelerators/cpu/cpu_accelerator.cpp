@@ -14,7 +14,6 @@ namespace {
 
 class CpuAccelerator final : public Accelerator {
  public:
-  std::string name() const override { return "cpu"; }
   torch::DeviceType device_type() const override { return torch::kCPU; }
   std::string description() const override { return "the host CPU, through LibTorch's CPU kernels"; }
   int priority() const override { return 0; }

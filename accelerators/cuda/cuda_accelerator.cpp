@@ -1,9 +1,16 @@
 // NVIDIA GPUs through LibTorch's CUDA support. On a LibTorch built without
 // CUDA no device guard exists for it and the accelerator says so.
+// FULGOR_WITH_CUDA (set by CMake where LibTorch has CUDA) adds the memory
+// statistics of LibTorch's CUDA caching allocator.
 
 #include <ATen/Context.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <fmt/format.h>
+
+#ifdef FULGOR_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#endif
 
 #include "fulgor/device_guard_accelerator.h"
 #include "fulgor/registry.h"
@@ -13,7 +20,6 @@ namespace {
 
 class CudaAccelerator final : public DeviceGuardAccelerator {
  public:
-  std::string name() const override { return "cuda"; }
   torch::DeviceType device_type() const override { return torch::kCUDA; }
   std::string description() const override { return "NVIDIA GPUs through LibTorch's CUDA backend"; }
   int priority() const override { return 400; }
@@ -28,6 +34,28 @@ class CudaAccelerator final : public DeviceGuardAccelerator {
     if (non_blocking && tensor.device().is_cpu() && !tensor.is_pinned()) return tensor.pin_memory().to(device, true);
     return tensor.to(device, non_blocking);
   }
+
+#ifdef FULGOR_WITH_CUDA
+  // The figures of torch.cuda.memory_stats under its names, over all pools.
+  std::map<std::string, int64_t> memory_stats(torch::Device device) const override {
+    require_available();
+    const c10::DeviceIndex index = device.has_index() ? device.index() : c10::cuda::current_device();
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(index);
+    constexpr size_t kAllPools = 0;  // StatType::AGGREGATE
+    std::map<std::string, int64_t> result;
+    auto add = [&](const char* name, const auto& stat) {
+      result[fmt::format("{}.all.current", name)] = stat[kAllPools].current;
+      result[fmt::format("{}.all.peak", name)] = stat[kAllPools].peak;
+    };
+    add("allocated_bytes", stats.allocated_bytes);
+    add("reserved_bytes", stats.reserved_bytes);
+    add("active_bytes", stats.active_bytes);
+    add("inactive_split_bytes", stats.inactive_split_bytes);
+    result["num_alloc_retries"] = stats.num_alloc_retries;
+    result["num_ooms"] = stats.num_ooms;
+    return result;
+  }
+#endif
 
  protected:
   std::string prepare_runtime() const override {

@@ -14,7 +14,6 @@ namespace {
 
 class NpuAccelerator final : public DeviceGuardAccelerator {
  public:
-  std::string name() const override { return "npu"; }
   torch::DeviceType device_type() const override { return torch::DeviceType::PrivateUse1; }
   std::string description() const override { return "Ascend NPUs through LibTorch's PrivateUse1 device type"; }
   int priority() const override { return 200; }

@@ -12,7 +12,6 @@ namespace {
 
 class XpuAccelerator final : public DeviceGuardAccelerator {
  public:
-  std::string name() const override { return "xpu"; }
   torch::DeviceType device_type() const override { return torch::kXPU; }
   std::string description() const override { return "Intel GPUs through LibTorch's XPU device type"; }
   int priority() const override { return 300; }

@@ -48,7 +48,7 @@ int main(int argc, char** argv) {
       std::cout << fulgor::command_line_help(argv[0], defaults) << "\nData: --data.dir=DIR\n";
       return 0;
     }
-    torch::manual_seed(cli.trainer.seed.value_or(0));
+    fulgor::seed_everything(cli.trainer.seed.value_or(0));
     auto [images, labels] =
         fashion_mnist::load(cli.get<std::string>("data", "dir", fashion_mnist::kDefaultDir), /*train=*/true);
     auto loader = fulgor::make_data_loader(

@@ -2,8 +2,11 @@
 // compute on the host CPU. The device count comes from VCPU_DEVICE_COUNT
 // (default 2), so multi-device code paths can be tried on any machine.
 //
-// A real backend replaces the device type and the answers below with its
-// runtime's; everything else in fulgor then works with it unchanged.
+// Its devices are chosen by index like GPUs ("0,1", 2, "auto"), and each of
+// them is LibTorch's one CPU device, which the defaults of fulgor::Accelerator
+// give for a CPU-backed accelerator. A real backend replaces the device type
+// and the answers below with its runtime's; everything else in fulgor then
+// works with it unchanged.
 
 #include <fulgor/fulgor.h>
 
@@ -14,7 +17,6 @@ namespace {
 
 class VcpuAccelerator final : public fulgor::Accelerator {
  public:
-  std::string name() const override { return "vcpu"; }
   torch::DeviceType device_type() const override { return torch::kCPU; }
   std::string description() const override { return "virtual devices on the host CPU (VCPU_DEVICE_COUNT)"; }
   // Below the CPU's 0: "auto" keeps choosing the plain CPU.
@@ -33,13 +35,6 @@ class VcpuAccelerator final : public fulgor::Accelerator {
     return (end != env && *end == '\0' && count > 0) ? count : 0;
   }
 
-  // Devices are chosen by index like GPUs, but all of them are the CPU device.
-  std::vector<torch::Device> parse_devices(const fulgor::Devices& devices) const override {
-    auto indices = fulgor::parse_device_indices(devices, device_count(), name());
-    return std::vector<torch::Device>(indices.size(), torch::Device(torch::kCPU));
-  }
-
-  void synchronize(torch::Device) const override {}
   std::string distributed_backend() const override { return "gloo"; }
   std::vector<std::string> supported_precisions() const override { return {"32-true", "64-true", "bf16-mixed"}; }
 };

@@ -84,7 +84,7 @@ int main(int argc, char** argv) {
     const auto lr = cli.get<double>("model", "lr", 1e-3);
     const auto batch_size = cli.get<int64_t>("data", "batch_size", 128);
     const auto dir = cli.get<std::string>("data", "dir", fashion_mnist::kDefaultDir);
-    torch::manual_seed(cli.trainer.seed.value_or(0));
+    fulgor::seed_everything(cli.trainer.seed.value_or(0));
 
     // The last 5000 training images validate, as in Lightning's MNIST examples.
     auto [train_x, train_y] = fashion_mnist::load(dir, /*train=*/true);

@@ -12,6 +12,8 @@
 
 namespace fulgor {
 
+class AcceleratorRegistry;
+
 /// Whether an accelerator can be used in this process, and why not.
 struct Availability {
   bool available = false;
@@ -23,6 +25,8 @@ struct Availability {
 /// device, they ask the Accelerator.
 ///
 /// Contract for implementers (see docs/accelerators.md):
+///   - The class is registered under its name with REGISTER_ACCELERATOR; its
+///     priority and description come from the class.
 ///   - The constructor is cheap and touches no device or runtime: the registry
 ///     constructs accelerators to list them. Work that can fail goes into
 ///     availability() (which must never throw) and setup_device().
@@ -35,8 +39,10 @@ class Accelerator {
 
   // ---- Identity -------------------------------------------------------------
 
-  /// The registry name, e.g. "cpu". Lower case, no spaces.
-  virtual std::string name() const = 0;
+  /// The name the registry created this instance under (REGISTER_ACCELERATOR's
+  /// or AcceleratorRegistry::add's), e.g. "cpu"; empty for an instance
+  /// constructed directly.
+  const std::string& name() const { return name_; }
   /// The LibTorch device type the accelerator's tensors live on.
   virtual torch::DeviceType device_type() const = 0;
   /// One sentence for `fulgor-info` and docs.
@@ -44,8 +50,6 @@ class Accelerator {
   /// Rank in "auto" selection: the available accelerator with the highest
   /// priority wins. Built-ins: cuda 400, xpu 300, npu 200, cpu 0.
   virtual int priority() const { return 100; }
-  /// One line for logs: name, device count and what stands behind them.
-  virtual std::string describe() const;
 
   // ---- Availability and devices ---------------------------------------------
 
@@ -54,13 +58,17 @@ class Accelerator {
   bool is_available() const { return availability().available; }
   /// How many devices exist (0 when unavailable).
   virtual int64_t device_count() const = 0;
-  /// How many devices `devices = "auto"` uses.
+  /// How many devices `devices = "auto"` uses: the default parse_devices
+  /// selects the first auto_device_count() devices for it.
   virtual int64_t auto_device_count() const { return device_count(); }
   /// The devices a `devices` value selects, with Lightning's semantics for
-  /// devices addressed by index. Throws ConfigError naming the value and the
-  /// device count when the value is not accepted, DeviceError when unavailable.
+  /// devices addressed by index (parse_device_indices), "auto" meaning the
+  /// first auto_device_count() devices. Throws ConfigError naming the value
+  /// and the device count when the value is not accepted, DeviceError when
+  /// unavailable.
   virtual std::vector<torch::Device> parse_devices(const Devices& devices) const;
-  /// The device with this index.
+  /// The device with this index; for an accelerator whose device type is the
+  /// CPU, LibTorch's one CPU device (which has no index) whatever the index.
   torch::Device device(int64_t index) const;
 
   // ---- Lifetime -------------------------------------------------------------
@@ -96,16 +104,27 @@ class Accelerator {
 
   // ---- Memory and RNG -------------------------------------------------------
 
-  /// Memory statistics of `device`, name -> number (bytes unless the name says otherwise).
+  /// Memory statistics of `device`, name -> number (bytes unless the name
+  /// says otherwise), for DeviceStatsMonitor; empty when there are none.
   virtual std::map<std::string, int64_t> memory_stats(torch::Device device) const;
-  /// Returns cached, unused memory to the device runtime.
-  virtual void empty_cache() const {}
+
+  /// Seeds the default random generator of each of the accelerator's devices
+  /// (the CPU's, where the device type is the CPU), so that random draws on
+  /// them repeat: what the Trainer's `seed` option and seed_everything call.
+  /// Devices LibTorch has no generator for are left alone: their random
+  /// operators draw where the runtime takes them from, usually the CPU's
+  /// generator, which the Trainer and seed_everything seed as well.
+  virtual void manual_seed(uint64_t seed) const;
 
   /// The state of `device`'s default random generator, or an undefined tensor
   /// when the device draws from no generator of its own.
   virtual torch::Tensor get_rng_state(torch::Device device) const;
   /// Restores a state returned by get_rng_state.
   virtual void set_rng_state(torch::Device device, const torch::Tensor& state) const;
+
+ private:
+  friend class AcceleratorRegistry;  // names the instances it creates
+  std::string name_;
 };
 
 }  // namespace fulgor

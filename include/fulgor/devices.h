@@ -9,7 +9,7 @@
 namespace fulgor {
 
 /// Which devices a Trainer uses, with PyTorch Lightning's meanings:
-///   "auto"            every device the accelerator counts (one process on the CPU)
+///   "auto"            the accelerator's auto_device_count() devices (one process on the CPU)
 ///   -1 or "-1"        every device
 ///   N or "N"          the first N devices (on the CPU: N processes)
 ///   "0,1", "1,"       those device indices
@@ -31,6 +31,8 @@ class Devices {
   Devices(std::initializer_list<int64_t> indices) : value_(std::vector<int64_t>(indices)) {}
 
   const Value& value() const { return value_; }
+  /// Whether the value is "auto", which each accelerator resolves itself.
+  bool is_auto() const;
 
   /// The value as a user would have typed it: `auto`, `2`, `"0,1"`, `[0, 2]`.
   std::string str() const;

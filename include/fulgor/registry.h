@@ -17,10 +17,9 @@ struct RegistryAccess;
 
 using AcceleratorFactory = std::function<std::unique_ptr<Accelerator>()>;
 
-/// How an accelerator is registered.
+/// How an accelerator is registered. Its priority and description are the
+/// class's own (Accelerator::priority, Accelerator::description).
 struct RegisterOptions {
-  std::string description;
-  int priority = 100;     ///< rank in "auto" selection, highest wins
   bool override = false;  ///< replace an accelerator already registered under the name
   std::string origin;     ///< where it came from (a library path); filled in when empty
 };
@@ -56,8 +55,10 @@ class AcceleratorRegistry {
   /// Throws PluginError when one of them fails to load.
   static AcceleratorRegistry& instance();
 
-  /// Registers `factory` under `name`. Throws RegistryError when the name is
-  /// taken and options.override is false, naming where the earlier one came from.
+  /// Registers `factory` under `name`; it is called once now to read the
+  /// accelerator's priority and description. Throws RegistryError when the
+  /// name is taken and options.override is false, naming where the earlier
+  /// one came from.
   void add(const std::string& name, AcceleratorFactory factory, RegisterOptions options = {});
   /// Removes `name`; returns whether it was registered.
   bool remove(const std::string& name);
@@ -68,7 +69,8 @@ class AcceleratorRegistry {
   /// The registered name `name` stands for: itself, or the choice "auto" and
   /// "gpu" make. Throws RegistryError for unknown names, listing the known ones.
   std::string resolve(const std::string& name) const;
-  /// A fresh instance of the accelerator `name` (or "auto", "gpu") stands for.
+  /// A fresh instance of the accelerator `name` (or "auto", "gpu") stands
+  /// for, whose name() is the registered name.
   std::unique_ptr<Accelerator> create(const std::string& name) const;
 
   /// Every registered accelerator, highest priority first, availability included.
@@ -86,7 +88,14 @@ class AcceleratorRegistry {
     std::string name;
     AcceleratorFactory factory;
     RegisterOptions options;
+    int priority = 0;  // read from the class when registered
+    std::string description;
   };
+  // An entry for `factory`, with the priority and description of the
+  // accelerator it makes. Throws RegistryError when it makes none.
+  static Entry make_entry(const std::string& name, AcceleratorFactory factory, RegisterOptions options);
+  // A fresh instance of `entry`'s accelerator, named.
+  static std::unique_ptr<Accelerator> instantiate(const Entry& entry);
   // The registry without the plugin loading instance() does first.
   static AcceleratorRegistry& storage();
   // Adds all or, when a name is taken, none; returns the taken name's message.
@@ -137,9 +146,9 @@ struct AcceleratorRegistration {
       abi_version, name, []() -> std::unique_ptr<::fulgor::Accelerator> { return std::make_unique<Class>(); })
 
 /// Registers accelerator class `Class` (default-constructible, cheap to
-/// construct) under the string `name` when its library loads. Description and
-/// priority come from the class. Use once per accelerator, at namespace scope in
-/// a .cpp file:
+/// construct) under the string `name` when its library loads: the name users
+/// select it by, and its instances' name(). Description and priority come from
+/// the class. Use once per accelerator, at namespace scope in a .cpp file:
 ///
 ///   REGISTER_ACCELERATOR("myaccel", MyAccelerator);
 #define REGISTER_ACCELERATOR(name, Class) FULGOR_DETAIL_REGISTER_ACCELERATOR(FULGOR_PLUGIN_ABI_VERSION, name, Class)

@@ -129,9 +129,11 @@ struct TrainerOptions {
   bool detect_anomaly = false;
   /// Where logs and checkpoints go by default ("" is the working directory).
   std::string default_root_dir;
-  /// Seeds LibTorch's generators when a loop starts, after the module was
+  /// Seeds the CPU's generator and those of the accelerator's devices
+  /// (fulgor::seed_accelerator) when a loop starts, after the module was
   /// built: the seed decides the loaders' shuffling, dropout and any other
-  /// random draw in the loops, not the module's initial weights.
+  /// random draw in the loops, not the module's initial weights (call
+  /// fulgor::seed_everything before building the module for those).
   std::optional<uint64_t> seed;
   /// Under strategy "ddp": seconds the rendezvous and each collective may wait
   /// for the other ranks before failing (unset: 30 minutes, Lightning's

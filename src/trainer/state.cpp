@@ -10,6 +10,7 @@
 #include "fulgor/callbacks/model_summary.h"
 #include "fulgor/callbacks/progress_bar.h"
 #include "fulgor/registry.h"
+#include "fulgor/seed.h"
 #include "fulgor/strategy.h"
 #include "state.h"
 
@@ -104,7 +105,7 @@ void TrainerState::attach(ModuleBase& model) {
   }
   module = &model;
   accelerator->setup_device(*device);
-  if (options.seed) torch::manual_seed(*options.seed);
+  if (options.seed) seed_accelerator(*accelerator, *options.seed);
   accelerator->move_module(model, *device);
   precision.precision().convert_module(model);
   ModuleAccess::attach(model, &metrics, &trainer);

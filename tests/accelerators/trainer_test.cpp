@@ -4,6 +4,7 @@
 // each device and the CPU.
 
 #include <dlfcn.h>
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -11,11 +12,14 @@
 #include <cmath>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <ostream>
+#include <set>
 #include <string>
 #include <type_traits>
 #include <vector>
 
+#include "../trainer/tiny.h"
 #include "emulated_runtimes.h"
 #include "fulgor/detail/compat.h"
 #include "fulgor/fulgor.h"
@@ -323,25 +327,13 @@ struct LoggingRegression : Module {
   }
 };
 
-// Keeps every (step, metrics) it is given.
-struct RecordingLogger : Logger {
-  std::vector<std::pair<int64_t, std::map<std::string, double>>> records;
-  std::string name() const override { return "recording"; }
-  std::string version() const override { return "0"; }
-  std::string log_dir() const override { return ""; }
-  void log_hyperparams(const nlohmann::json&) override {}
-  void log_metrics(const std::map<std::string, double>& metrics, int64_t step) override {
-    records.emplace_back(step, metrics);
-  }
-};
-
 // Host reads during a 3-epoch fit of LoggingRegression on xpu:1 (4 steps an
 // epoch, logs due every 4th step), and what its logger got.
-std::pair<int64_t, std::shared_ptr<RecordingLogger>> fit_logging_on_xpu(bool as_number) {
+std::pair<int64_t, std::shared_ptr<testing::RecordingLogger>> fit_logging_on_xpu(bool as_number) {
   TempDir dir;
   auto model = std::make_shared<LoggingRegression>(as_number);
   auto loader = regression_loader();
-  auto logger = std::make_shared<RecordingLogger>();
+  auto logger = std::make_shared<testing::RecordingLogger>();
   auto options = quiet("xpu", Devices(std::vector<int64_t>{1}), 3, dir);
   options.loggers = {logger};
   options.log_every_n_steps = 4;
@@ -361,12 +353,117 @@ TEST(XpuTrainer, LoggingADeviceTensorReadsItOnlyWhenLogsAreDue) {
   const auto [item_reads, immediate] = fit_logging_on_xpu(true);
   EXPECT_GE(item_reads, 12) << "one item() per step at least: the count misses reads";
   EXPECT_LE(deferred_reads, 3 + 3) << "3 due steps and 3 epoch ends";
-  EXPECT_GE(deferred->records.size(), 6u) << "step and epoch values";
-  ASSERT_EQ(deferred->records.size(), immediate->records.size());
-  for (size_t i = 0; i < immediate->records.size(); ++i) {
-    EXPECT_EQ(deferred->records[i].first, immediate->records[i].first);
-    EXPECT_EQ(deferred->records[i].second, immediate->records[i].second) << "record " << i;
+  EXPECT_GE(deferred->calls.size(), 6u) << "step and epoch values";
+  ASSERT_EQ(deferred->calls.size(), immediate->calls.size());
+  for (size_t i = 0; i < immediate->calls.size(); ++i) {
+    EXPECT_EQ(deferred->calls[i].first, immediate->calls[i].first);
+    EXPECT_EQ(deferred->calls[i].second, immediate->calls[i].second) << "record " << i;
   }
+// ---- Seeds and memory statistics on the devices ------------------------------
+
+// TinyRegression with dropout on its hidden layer: every step draws random
+// numbers on the device.
+struct DropoutRegression : TinyRegression {
+  DropoutRegression() : TinyRegression("SGD") {}
+  torch::Tensor training_step(torch::data::Example<> batch, int64_t) override {
+    const torch::Tensor hidden = torch::dropout(torch::tanh(l1(batch.data)), 0.5, is_training());
+    const torch::Tensor loss = torch::mse_loss(l2(hidden), batch.target);
+    losses.push_back(loss.detach().to(torch::kCPU).item<double>());
+    return loss;
+  }
+};
+
+// The losses of one epoch of DropoutRegression on `device` under the
+// Trainer's `seed`, from the same initial weights every time.
+std::vector<double> seeded_dropout_fit(const std::string& name, torch::Device device, uint64_t seed) {
+  TempDir dir;
+  torch::manual_seed(17);
+  DropoutRegression model;
+  auto loader = regression_loader();
+  TrainerOptions options = quiet(name, std::vector<int64_t>{device.index()}, 1, dir);
+  options.seed = seed;
+  Trainer(options).fit(model, loader);
+  return model.losses;
+}
+
+// The Trainer's seed reaches the generator the device draws from, whichever
+// it is: the fits would differ otherwise, as each moves that generator on.
+void seed_decides_dropout_on(const std::string& name, torch::Device device) {
+  load_runtime(name);
+  const std::vector<double> first = seeded_dropout_fit(name, device, 5);
+  ASSERT_EQ(first.size(), 4u);
+  EXPECT_EQ(seeded_dropout_fit(name, device, 5), first);
+  EXPECT_NE(seeded_dropout_fit(name, device, 6), first);
+}
+
+// seed_everything before a module is built makes weights initialised on the
+// device repeat.
+void seed_everything_decides_initialisation_on(const std::string& name, torch::Device device) {
+  load_runtime(name);
+  const auto initialised = [&](uint64_t seed) {
+    EXPECT_EQ(seed_everything(seed), seed);
+    torch::Tensor weight = torch::empty({8, 4}, torch::TensorOptions().device(device));
+    torch::nn::init::kaiming_uniform_(weight);
+    return weight.to(torch::kCPU);
+  };
+  const torch::Tensor first = initialised(3);
+  EXPECT_TRUE(torch::equal(initialised(3), first));
+  EXPECT_FALSE(torch::equal(initialised(4), first));
+}
+
+TEST(XpuTrainer, SeedDecidesDropout) {
+  if (const std::string why = xpu_cannot_train(); !why.empty()) GTEST_SKIP() << why;
+  seed_decides_dropout_on("xpu", kXpu1);
+}
+
+TEST(XpuTrainer, SeedEverythingDecidesInitialisation) { seed_everything_decides_initialisation_on("xpu", kXpu1); }
+
+// The emulated npu has a generator per device, which torch::manual_seed does
+// not reach: only the accelerator's manual_seed does.
+TEST(NpuTrainer, SeedDecidesDropout) {
+  if (!detail::compat::kHasNamedPrivateUse1)
+    GTEST_SKIP() << "the npu accelerator needs LibTorch >= 2.1, where PrivateUse1 can be named \"npu\"; this is "
+                 << TORCH_VERSION;
+  seed_decides_dropout_on("npu", kNpu1);
+}
+
+TEST(NpuTrainer, SeedEverythingDecidesInitialisation) {
+  if (!detail::compat::kHasNamedPrivateUse1)
+    GTEST_SKIP() << "the npu accelerator needs LibTorch >= 2.1, where PrivateUse1 can be named \"npu\"; this is "
+                 << TORCH_VERSION;
+  seed_everything_decides_initialisation_on("npu", kNpu1);
+}
+
+// The names DeviceStatsMonitor logged in a fit of two epochs on xpu:1.
+std::set<std::string> device_stats_logged_on_xpu(std::optional<bool> cpu_stats) {
+  TempDir dir;
+  auto model = tiny_model();
+  auto loader = regression_loader();
+  auto logger = std::make_shared<testing::RecordingLogger>();
+  TrainerOptions options = quiet("xpu", std::vector<int64_t>{1}, 2, dir);
+  options.loggers = {logger};
+  options.log_every_n_steps = 1;
+  options.callbacks = {std::make_shared<DeviceStatsMonitor>(cpu_stats)};
+  Trainer(options).fit(*model, loader);
+  std::set<std::string> names;
+  for (const auto& [step, metrics] : logger->calls)
+    for (const auto& [name, value] : metrics)
+      if (name.rfind("DeviceStatsMonitor.", 0) == 0) names.insert(name);
+  return names;
+}
+
+// The xpu accelerator has no memory statistics to give: the monitor logs
+// nothing of its own there, and the CPU's when asked to.
+TEST(XpuTrainer, DeviceStatsMonitorLogsTheCpuStatsWhenAsked) {
+  if (const std::string why = xpu_cannot_train(); !why.empty()) GTEST_SKIP() << why;
+  load_runtime("xpu");
+  EXPECT_TRUE(make_accelerator("xpu")->memory_stats(kXpu1).empty());
+  EXPECT_EQ(device_stats_logged_on_xpu(std::nullopt), std::set<std::string>());
+  const std::set<std::string> with_cpu = device_stats_logged_on_xpu(true);
+  for (const char* hook : {"on_train_batch_start", "on_train_batch_end"})
+    for (const char* stat : {"process_resident_bytes", "process_virtual_bytes"})
+      EXPECT_EQ(with_cpu.count(fmt::format("DeviceStatsMonitor.{}/{}", hook, stat)), 1u) << hook << " " << stat;
+  EXPECT_EQ(with_cpu.size(), 4u);
 }
 
 // A checkpoint saved on one accelerator and resumed on another, with the

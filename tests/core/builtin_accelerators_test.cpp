@@ -28,7 +28,7 @@ TEST(BuiltinAccelerators, CpuIsAlwaysAvailable) {
   EXPECT_THROW(cpu->parse_devices("0,1"), ConfigError);
   EXPECT_THROW(cpu->parse_devices(0), ConfigError);
   EXPECT_GT(cpu->memory_stats(torch::Device(torch::kCPU)).at("process_resident_bytes"), 0);
-  EXPECT_NE(cpu->describe().find("cpu: 1 device"), std::string::npos) << cpu->describe();
+  EXPECT_EQ(cpu->name(), "cpu");
   cpu->synchronize(torch::Device(torch::kCPU));
 }
 

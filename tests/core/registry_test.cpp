@@ -9,42 +9,41 @@
 namespace fulgor {
 namespace {
 
-// A configurable accelerator for exercising the registry.
+// A configurable accelerator for exercising the registry; its priority and
+// description are what the registry ranks and lists it by.
 class FakeAccelerator final : public Accelerator {
  public:
-  FakeAccelerator(std::string name, bool available, torch::DeviceType type = torch::kXPU)
-      : name_(std::move(name)), available_(available), type_(type) {}
-  std::string name() const override { return name_; }
+  FakeAccelerator(int priority, bool available, torch::DeviceType type)
+      : priority_(priority), available_(available), type_(type) {}
   torch::DeviceType device_type() const override { return type_; }
-  std::string description() const override { return "fake " + name_; }
+  std::string description() const override { return "fake, priority " + std::to_string(priority_); }
+  int priority() const override { return priority_; }
   Availability availability() const override {
-    return available_ ? Availability{true, {}} : Availability{false, name_ + " is switched off"};
+    return available_ ? Availability{true, {}} : Availability{false, name() + " is switched off"};
   }
   int64_t device_count() const override { return available_ ? 3 : 0; }
   std::string distributed_backend() const override { return "fakeccl"; }
 
  private:
-  std::string name_;
+  int priority_;
   bool available_;
   torch::DeviceType type_;
 };
 
-AcceleratorFactory fake(const std::string& name, bool available, torch::DeviceType type = torch::kXPU) {
-  return [=] { return std::make_unique<FakeAccelerator>(name, available, type); };
+AcceleratorFactory fake(int priority, bool available, torch::DeviceType type = torch::kXPU) {
+  return [=] { return std::make_unique<FakeAccelerator>(priority, available, type); };
 }
 
-RegisterOptions with_priority(int priority, bool override = false) {
+RegisterOptions overriding() {
   RegisterOptions options;
-  options.priority = priority;
-  options.override = override;
-  options.description = "test";
+  options.override = true;
   return options;
 }
 
 // Registers test accelerators and removes them again, so tests stay independent.
 class RegistryTest : public ::testing::Test {
  protected:
-  void add(const std::string& name, AcceleratorFactory f, RegisterOptions o) {
+  void add(const std::string& name, AcceleratorFactory f, RegisterOptions o = {}) {
     registry().add(name, std::move(f), std::move(o));
     added_.push_back(name);
   }
@@ -56,7 +55,7 @@ class RegistryTest : public ::testing::Test {
 };
 
 TEST_F(RegistryTest, RegistersCreatesAndRemoves) {
-  add("fake_a", fake("fake_a", true), with_priority(5));
+  add("fake_a", fake(5, true));
   EXPECT_TRUE(registry().contains("fake_a"));
   auto accelerator = registry().create("fake_a");
   EXPECT_EQ(accelerator->name(), "fake_a");
@@ -69,11 +68,11 @@ TEST_F(RegistryTest, RegistersCreatesAndRemoves) {
 }
 
 TEST_F(RegistryTest, DuplicateNamesTheEarlierRegistration) {
-  RegisterOptions first = with_priority(1);
+  RegisterOptions first;
   first.origin = "libfirst.so";
-  add("fake_dup", fake("fake_dup", true), first);
+  add("fake_dup", fake(1, true), first);
   try {
-    registry().add("fake_dup", fake("fake_dup", false), with_priority(1));
+    registry().add("fake_dup", fake(1, false));
     FAIL() << "a duplicate name was accepted";
   } catch (const RegistryError& e) {
     EXPECT_NE(std::string(e.what()).find("'fake_dup' is already registered (by libfirst.so)"), std::string::npos)
@@ -83,15 +82,15 @@ TEST_F(RegistryTest, DuplicateNamesTheEarlierRegistration) {
 }
 
 TEST_F(RegistryTest, OverrideReplaces) {
-  add("fake_over", fake("fake_over", true), with_priority(1));
-  registry().add("fake_over", fake("fake_over", false), with_priority(1, /*override=*/true));
+  add("fake_over", fake(1, true));
+  registry().add("fake_over", fake(1, false), overriding());
   EXPECT_FALSE(registry().create("fake_over")->is_available());
 }
 
 TEST_F(RegistryTest, RejectsReservedAndEmptyNames) {
-  EXPECT_THROW(registry().add("auto", fake("auto", true)), RegistryError);
-  EXPECT_THROW(registry().add("gpu", fake("gpu", true)), RegistryError);
-  EXPECT_THROW(registry().add("", fake("", true)), RegistryError);
+  EXPECT_THROW(registry().add("auto", fake(1, true)), RegistryError);
+  EXPECT_THROW(registry().add("gpu", fake(1, true)), RegistryError);
+  EXPECT_THROW(registry().add("", fake(1, true)), RegistryError);
   EXPECT_THROW(registry().add("fake_nofactory", nullptr), RegistryError);
 }
 
@@ -116,9 +115,9 @@ std::string first_available() {
 // The fakes outrank every built-in (CUDA's 400 is the highest).
 TEST_F(RegistryTest, AutoPicksTheAvailableAcceleratorOfHighestPriority) {
   EXPECT_EQ(registry().resolve("auto"), first_available());
-  add("fake_high_off", fake("fake_high_off", false), with_priority(1000));
-  add("fake_mid", fake("fake_mid", true), with_priority(700));
-  add("fake_low", fake("fake_low", true), with_priority(600));
+  add("fake_high_off", fake(1000, false));
+  add("fake_mid", fake(700, true));
+  add("fake_low", fake(600, true));
   EXPECT_EQ(registry().resolve("auto"), "fake_mid");
   EXPECT_EQ(registry().create("auto")->name(), "fake_mid");
   registry().remove("fake_mid");
@@ -126,7 +125,7 @@ TEST_F(RegistryTest, AutoPicksTheAvailableAcceleratorOfHighestPriority) {
 }
 
 TEST_F(RegistryTest, GpuPicksTheFirstAvailableNonCpuAccelerator) {
-  add("fake_cpu_like", fake("fake_cpu_like", true, torch::kCPU), with_priority(900));
+  add("fake_cpu_like", fake(900, true, torch::kCPU));
   if (registry().create("cuda")->is_available()) {
     EXPECT_EQ(registry().resolve("gpu"), "cuda");
   } else {
@@ -138,14 +137,14 @@ TEST_F(RegistryTest, GpuPicksTheFirstAvailableNonCpuAccelerator) {
       EXPECT_NE(std::string(e.what()).find("cuda: "), std::string::npos) << e.what();
     }
   }
-  add("fake_gpu_low", fake("fake_gpu_low", true), with_priority(600));
-  add("fake_gpu_high", fake("fake_gpu_high", true), with_priority(700));
+  add("fake_gpu_low", fake(600, true));
+  add("fake_gpu_high", fake(700, true));
   EXPECT_EQ(registry().resolve("gpu"), "fake_gpu_high");
   EXPECT_EQ(registry().resolve("auto"), "fake_cpu_like");
 }
 
 TEST_F(RegistryTest, DescribeReportsAvailabilityInPriorityOrder) {
-  add("fake_desc", fake("fake_desc", false), with_priority(250));
+  add("fake_desc", fake(250, false));
   auto infos = registry().describe();
   std::vector<std::string> order;
   for (const auto& info : infos) order.push_back(info.name);
@@ -155,7 +154,29 @@ TEST_F(RegistryTest, DescribeReportsAvailabilityInPriorityOrder) {
   EXPECT_EQ(info.reason, "fake_desc is switched off");
   EXPECT_EQ(info.distributed_backend, "fakeccl");
   EXPECT_EQ(info.priority, 250);
+  EXPECT_EQ(info.description, "fake, priority 250");
   EXPECT_EQ(info.device_count, 0);
+}
+
+// The name is the registration's: one class registered twice answers to each
+// name, and its availability reason (which uses name()) is given under it.
+TEST_F(RegistryTest, InstancesCarryTheNameTheyWereRegisteredUnder) {
+  add("fake_one", fake(1, false));
+  add("fake_two", fake(1, false));
+  EXPECT_EQ(registry().create("fake_one")->name(), "fake_one");
+  EXPECT_EQ(registry().create("fake_two")->name(), "fake_two");
+  EXPECT_EQ(registry().describe("fake_two").reason, "fake_two is switched off");
+  EXPECT_EQ(FakeAccelerator(1, true, torch::kXPU).name(), "");
+}
+
+TEST_F(RegistryTest, RefusesAFactoryThatMakesNoAccelerator) {
+  try {
+    registry().add("fake_null", [] { return std::unique_ptr<Accelerator>(); });
+    FAIL() << "a factory making no accelerator was accepted";
+  } catch (const RegistryError& e) {
+    EXPECT_EQ(std::string(e.what()), "the factory of accelerator 'fake_null' made no accelerator");
+  }
+  EXPECT_FALSE(registry().contains("fake_null"));
 }
 
 TEST_F(RegistryTest, ThreadSafeRegistrationAndLookup) {
@@ -168,7 +189,7 @@ TEST_F(RegistryTest, ThreadSafeRegistrationAndLookup) {
       for (int i = 0; i < kPerThread; ++i) {
         std::string name = "fake_t" + std::to_string(t) + "_" + std::to_string(i);
         try {
-          registry().add(name, fake(name, true), with_priority(-100));
+          registry().add(name, fake(-100, true));
           if (registry().create(name)->name() != name) ++failures;
           if (registry().resolve("auto") != chosen) ++failures;
           registry().names();

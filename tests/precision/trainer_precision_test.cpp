@@ -19,9 +19,9 @@ using fulgor::testing::TempDir;
 // GradScaler path runs on a machine without a GPU.
 class Fp16TestAccelerator final : public fulgor::Accelerator {
  public:
-  std::string name() const override { return "fp16_test_cpu"; }
   torch::DeviceType device_type() const override { return torch::kCPU; }
   std::string description() const override { return "the CPU, claiming 16-mixed for the precision tests"; }
+  int priority() const override { return -1; }
   fulgor::Availability availability() const override { return {true, {}}; }
   int64_t device_count() const override { return 1; }
   std::vector<torch::Device> parse_devices(const fulgor::Devices&) const override {
@@ -34,7 +34,6 @@ class Fp16TestAccelerator final : public fulgor::Accelerator {
 void register_fp16_accelerator() {
   fulgor::RegisterOptions options;
   options.override = true;
-  options.priority = -1;
   fulgor::AcceleratorRegistry::instance().add(
       "fp16_test_cpu", [] { return std::make_unique<Fp16TestAccelerator>(); }, options);
 }

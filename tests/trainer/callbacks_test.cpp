@@ -167,6 +167,61 @@ TEST(Callbacks, LearningRateMonitorLogsOncePerEpochWhenAskedTo) {
   EXPECT_DOUBLE_EQ(rates[1].second, 0.4 * std::pow(0.5, 3.0));
 }
 
+// On the CPU the monitor logs the process's memory under Lightning's keys:
+// around the training batches whose logs are due, and around every
+// validation and test batch.
+TEST(Callbacks, DeviceStatsMonitorLogsTheDevicesMemoryStats) {
+  TempDir dir;
+  TinyNet model;
+  auto train = sequential_loader(16, 4);
+  auto val = sequential_loader(8, 4);
+  auto logger = std::make_shared<RecordingLogger>();
+  auto options = quiet(dir, 1, {std::make_shared<DeviceStatsMonitor>()});
+  options.loggers = {logger};
+  options.log_every_n_steps = 2;
+  Trainer trainer(options);
+  trainer.fit(model, train, val);
+  trainer.test(model, val);
+  const std::string prefix = "DeviceStatsMonitor.";
+  // Due at the second and fourth of four steps, labelled with the steps taken before.
+  EXPECT_EQ(logger->steps(prefix + "on_train_batch_start/process_resident_bytes"), (std::vector<int64_t>{1, 3}));
+  EXPECT_EQ(logger->steps(prefix + "on_train_batch_end/process_virtual_bytes"), (std::vector<int64_t>{1, 3}));
+  for (const auto& [step, bytes] : logger->series(prefix + "on_train_batch_end/process_resident_bytes"))
+    EXPECT_GT(bytes, 1e6) << "step " << step;
+  for (const char* hook :
+       {"on_validation_batch_start", "on_validation_batch_end", "on_test_batch_start", "on_test_batch_end"})
+    EXPECT_EQ(logger->series(prefix + hook + "/process_resident_bytes").size(), 2u) << hook;
+}
+
+TEST(Callbacks, DeviceStatsMonitorLeavesOutTheCpuWhenToldTo) {
+  TempDir dir;
+  TinyNet model;
+  auto train = sequential_loader(8, 4);
+  auto logger = std::make_shared<RecordingLogger>();
+  auto options = quiet(dir, 1, {std::make_shared<DeviceStatsMonitor>(/*cpu_stats=*/false)});
+  options.loggers = {logger};
+  options.log_every_n_steps = 1;
+  Trainer(options).fit(model, train);
+  for (const auto& [step, metrics] : logger->calls)
+    for (const auto& [name, value] : metrics) EXPECT_EQ(name.rfind("DeviceStatsMonitor", 0), std::string::npos) << name;
+  EXPECT_FALSE(logger->calls.empty());
+}
+
+TEST(Callbacks, DeviceStatsMonitorNeedsALogger) {
+  TempDir dir;
+  TinyNet model;
+  auto train = sequential_loader(8, 4);
+  Trainer trainer(quiet(dir, 1, {std::make_shared<DeviceStatsMonitor>()}));
+  try {
+    trainer.fit(model, train);
+    FAIL() << "DeviceStatsMonitor ran without a logger";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("DeviceStatsMonitor logs through the Trainer's loggers"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(model.training_steps, 0);
+}
+
 TEST(Callbacks, ModelSummaryCountsParameters) {
   TinyNet model;
   const std::string text = summarize(model);

@@ -142,6 +142,44 @@ TEST(Reproducibility, SeedDecidesShufflingAndDropout) {
   }
 }
 
+// The CPU, recording the seeds the Trainer gives its manual_seed.
+class SeedRecordingCpu final : public Accelerator {
+ public:
+  torch::DeviceType device_type() const override { return torch::kCPU; }
+  std::string description() const override { return "the CPU, recording manual_seed"; }
+  int priority() const override { return -100; }
+  Availability availability() const override { return {true, {}}; }
+  int64_t device_count() const override { return 1; }
+  std::string distributed_backend() const override { return "gloo"; }
+  void manual_seed(uint64_t seed) const override {
+    seeds().push_back(seed);
+    Accelerator::manual_seed(seed);
+  }
+  static std::vector<uint64_t>& seeds() {
+    static std::vector<uint64_t> all;
+    return all;
+  }
+};
+
+// The seed reaches the devices through the accelerator, once per loop, and
+// only when set.
+TEST(Reproducibility, SeedGoesThroughTheAccelerator) {
+  AcceleratorRegistry::instance().add("seed_recording_cpu", [] { return std::make_unique<SeedRecordingCpu>(); });
+  SeedRecordingCpu::seeds().clear();
+  TempDir dir;
+  TinyNet model;
+  auto train = sequential_loader(8, 4);
+  auto options = quiet(dir, 1);
+  options.accelerator = "seed_recording_cpu";
+  options.seed = 9;
+  Trainer(options).fit(model, train);
+  Trainer(options).test(model, train);
+  options.seed.reset();
+  Trainer(options).fit(model, train);
+  AcceleratorRegistry::instance().remove("seed_recording_cpu");
+  EXPECT_EQ(SeedRecordingCpu::seeds(), (std::vector<uint64_t>{9, 9}));
+}
+
 // A training step whose backward produces NaN: sqrt's derivative at x < 0.
 struct NanBackward : TinyNet {
   std::vector<bool> anomaly_mode;  // whether anomaly detection was on, per step

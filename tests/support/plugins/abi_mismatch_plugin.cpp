@@ -4,7 +4,6 @@
 namespace {
 class FutureAccelerator final : public fulgor::Accelerator {
  public:
-  std::string name() const override { return "future"; }
   torch::DeviceType device_type() const override { return torch::kCPU; }
   std::string description() const override { return "built for another ABI"; }
   fulgor::Availability availability() const override { return {true, {}}; }

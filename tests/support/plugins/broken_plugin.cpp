@@ -9,7 +9,6 @@ namespace {
 // but moves only a module's parameters, leaving its buffers on the CPU.
 class LeakyBuffersAccelerator final : public fulgor::DeviceGuardAccelerator {
  public:
-  std::string name() const override { return "leaky_buffers"; }
   torch::DeviceType device_type() const override { return torch::kXPU; }
   std::string description() const override { return "leaves module buffers on the CPU"; }
   std::string distributed_backend() const override { return "gloo"; }
@@ -26,7 +25,6 @@ class LeakyBuffersAccelerator final : public fulgor::DeviceGuardAccelerator {
 // Counts three devices but parses `devices` as if there were two.
 class MiscountingAccelerator final : public fulgor::Accelerator {
  public:
-  std::string name() const override { return "miscounting"; }
   torch::DeviceType device_type() const override { return torch::kCPU; }
   std::string description() const override { return "device_count disagrees with parse_devices"; }
   fulgor::Availability availability() const override { return {true, {}}; }

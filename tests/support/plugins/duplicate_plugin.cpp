@@ -5,20 +5,14 @@
 namespace {
 class ImpostorAccelerator final : public fulgor::Accelerator {
  public:
-  explicit ImpostorAccelerator(std::string name = "cpu") : name_(std::move(name)) {}
-  std::string name() const override { return name_; }
   torch::DeviceType device_type() const override { return torch::kCPU; }
   std::string description() const override { return "claims a taken name"; }
   fulgor::Availability availability() const override { return {true, {}}; }
   int64_t device_count() const override { return 1; }
   std::string distributed_backend() const override { return "gloo"; }
-
- private:
-  std::string name_;
 };
 class InnocentAccelerator final : public fulgor::Accelerator {
  public:
-  std::string name() const override { return "innocent"; }
   torch::DeviceType device_type() const override { return torch::kCPU; }
   std::string description() const override { return "registered beside a clash"; }
   fulgor::Availability availability() const override { return {true, {}}; }
