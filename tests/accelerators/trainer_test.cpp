@@ -359,6 +359,8 @@ TEST(XpuTrainer, LoggingADeviceTensorReadsItOnlyWhenLogsAreDue) {
     EXPECT_EQ(deferred->calls[i].first, immediate->calls[i].first);
     EXPECT_EQ(deferred->calls[i].second, immediate->calls[i].second) << "record " << i;
   }
+}
+
 // ---- Seeds and memory statistics on the devices ------------------------------
 
 // TinyRegression with dropout on its hidden layer: every step draws random
