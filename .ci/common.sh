@@ -36,26 +36,6 @@ run_suite() {
   fi
 }
 
-# The sanitizer stage (Note [Sanitizers] in CMakeLists.txt): the core and Trainer
-# tests (registry, devices, plugins, options, the loops, checkpoints, callbacks,
-# loggers) under ASan and UBSan, in their own build folder. Prints one summary line.
-run_sanitized_suite() {
-  local dir=$1 log
-  log=$(mktemp)
-  cd "$dir"
-  if { cmake -S . -B build-sanitize -DFULGOR_SANITIZE=address,undefined -DFULGOR_BUILD_BENCHMARKS=OFF &&
-       cmake --build build-sanitize -j"$(nproc)" --target fulgor_core_tests fulgor_trainer_tests &&
-       ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
-         ctest --test-dir build-sanitize -L '^fulgor_(core|trainer)_tests$' -j"$(nproc)" --output-on-failure; } >"$log" 2>&1; then
-    tail -n 20 "$log" >&2
-    echo "ASan+UBSan (core, Trainer): $(grep -E 'tests passed' "$log" | tail -n 1)"
-  else
-    cat "$log" >&2
-    echo "ASan+UBSan (core, Trainer): FAILED" >&2
-    return 1
-  fi
-}
-
 make_trixie_root() {
   local root=$1
   if [ ! -x "$root/usr/bin/apt-get" ]; then
