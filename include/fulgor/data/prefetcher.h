@@ -6,6 +6,7 @@
 
 #include "fulgor/accelerator.h"
 #include "fulgor/batch.h"
+#include "fulgor/data/loader_protocol.h"
 #include "fulgor/error.h"
 
 namespace fulgor {
