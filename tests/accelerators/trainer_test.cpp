@@ -15,6 +15,7 @@
 #include <optional>
 #include <ostream>
 #include <set>
+#include <sstream>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -64,10 +65,13 @@ struct HeavyBallState : torch::optim::OptimizerCloneableParamState<HeavyBallStat
 // The key of a parameter's state, whose type differs between LibTorch versions.
 template <typename Key>
 Key state_key(c10::TensorImpl* parameter) {
-  if constexpr (std::is_same_v<Key, std::string>)
-    return c10::guts::to_string(parameter);
-  else
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream text;  // as c10::guts::to_string, which 2.x no longer has
+    text << parameter;
+    return text.str();
+  } else {
     return parameter;
+  }
 }
 
 class HeavyBall : public torch::optim::Optimizer {
