@@ -12,6 +12,7 @@
 #include <csignal>
 #include <filesystem>
 #include <functional>
+#include <set>
 #include <typeinfo>
 
 #include "fulgor/callbacks/early_stopping.h"
@@ -239,6 +240,9 @@ struct TrainerState final : MetricSink {
   bool should_stop = false;
   std::string stop_reason;
   torch::Tensor rng_epoch_start;
+  // The folders this Trainer has saved into, each cleared of stale temporary
+  // files before its first save.
+  std::set<std::string> swept_folders;
   // LibTorch's deterministic-algorithms setting (and its warn_only) from
   // before a loop with `deterministic` set it, put back when the loop ends.
   std::optional<std::pair<bool, bool>> deterministic_before;
@@ -683,7 +687,11 @@ struct TrainerState final : MetricSink {
     if (rng_epoch_start.defined()) archive.write("rng_epoch_start", rng_epoch_start);
     precision.save(archive);
     // Every rank loads checkpoints, rank 0 alone writes them; the others wait for the file.
-    if (!ddp || ddp->is_global_zero()) write_checkpoint_file(path, archive);
+    if (!ddp || ddp->is_global_zero()) {
+      const std::string folder = std::filesystem::absolute(path).parent_path().lexically_normal().string();
+      if (swept_folders.insert(folder).second) detail::remove_stale_temporaries(folder);
+      write_checkpoint_file(path, archive);
+    }
     if (ddp) ddp->barrier();
   }
 
