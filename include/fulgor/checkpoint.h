@@ -1,5 +1,6 @@
 #pragma once
 
+#include <torch/nn/module.h>
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 #include <nlohmann/json.hpp>
