@@ -3,14 +3,20 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <torch/version.h>
 #include <unistd.h>
+#include <xxhash.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <memory>
+#include <new>
 #include <string_view>
 
 #include "fulgor/error.h"
@@ -20,8 +26,12 @@
 namespace fulgor {
 namespace {
 
+namespace fs = std::filesystem;
+
 constexpr char kMagic[8] = {'F', 'U', 'L', 'G', 'O', 'R', 'C', 'K'};
-constexpr uint32_t kContainerVersion = 2;
+constexpr uint32_t kContainerVersion = 3;
+// Version 2 differs only in its hash (fnv1a_words); such files are still read.
+constexpr uint32_t kFnvContainerVersion = 2;
 constexpr size_t kHeaderSize = 28;
 
 template <typename T>
@@ -36,38 +46,22 @@ T get_le(const char* in) {
   return value;
 }
 
-// FNV-1a over little-endian 64-bit words (the last one zero-padded): a word
-// at a time it checks a 40 MB archive in a few milliseconds, where the
-// byte-wise FNV-1a took tens. Fed in pieces of any size.
-class Checksum {
- public:
-  void update(const char* data, size_t size) {
-    while (size > 0 && pending_ > 0) {
-      word_[pending_++] = *data++;
-      --size;
-      if (pending_ == 8) mix(word_), pending_ = 0;
-    }
-    for (; size >= 8; data += 8, size -= 8) mix(data);
-    for (; size > 0; --size) word_[pending_++] = *data++;
+// Version 2's hash: FNV-1a over little-endian 64-bit words, the last one
+// zero-padded.
+uint64_t fnv1a_words(const char* data, size_t size) {
+  uint64_t hash = 1469598103934665603ULL;
+  auto mix = [&](const char* word) {
+    hash ^= get_le<uint64_t>(word);
+    hash *= 1099511628211ULL;
+  };
+  for (; size >= 8; data += 8, size -= 8) mix(data);
+  if (size > 0) {
+    char last[8] = {};
+    std::memcpy(last, data, size);
+    mix(last);
   }
-  uint64_t finish() {
-    if (pending_ > 0) {
-      std::memset(word_ + pending_, 0, 8 - pending_);
-      mix(word_);
-      pending_ = 0;
-    }
-    return hash_;
-  }
-
- private:
-  void mix(const char* word) {
-    hash_ ^= get_le<uint64_t>(word);
-    hash_ *= 1099511628211ULL;
-  }
-  uint64_t hash_ = 1469598103934665603ULL;
-  char word_[8] = {};
-  size_t pending_ = 0;
-};
+  return hash;
+}
 
 std::string system_error(const std::string& what, const std::string& path) {
   return fmt::format("cannot write checkpoint '{}': {} failed: {}", path, what, std::strerror(errno));
@@ -83,18 +77,26 @@ void write_all(int fd, const char* data, size_t size, const std::string& path) {
   }
 }
 
+struct Xxh3StateDeleter {
+  void operator()(XXH3_state_t* state) const { XXH3_freeState(state); }
+};
+
 // Streams the archive into the file while hashing it, gathering the archive's
 // many small records into large writes. Errors are kept, not thrown: the
 // archive writer calls back through LibTorch's zip code, which is told of a
 // failure by a short write.
 class ArchiveSink {
  public:
-  ArchiveSink(int fd, const std::string& path) : fd_(fd), path_(path) { buffer_.reserve(kBufferSize); }
+  ArchiveSink(int fd, const std::string& path) : fd_(fd), path_(path), hash_state_(XXH3_createState()) {
+    if (!hash_state_) throw std::bad_alloc();
+    XXH3_64bits_reset(hash_state_.get());
+    buffer_.reserve(kBufferSize);
+  }
 
   size_t write(const void* data, size_t size) {
     if (!error_.empty()) return 0;
     const char* bytes = static_cast<const char*>(data);
-    checksum_.update(bytes, size);
+    XXH3_64bits_update(hash_state_.get(), bytes, size);
     length_ += size;
     try {
       if (buffer_.size() + size > kBufferSize) flush();
@@ -114,18 +116,20 @@ class ArchiveSink {
   }
   const std::string& error() const { return error_; }
   uint64_t length() const { return length_; }
-  uint64_t hash() { return checksum_.finish(); }
+  uint64_t hash() const { return XXH3_64bits_digest(hash_state_.get()); }
 
  private:
   static constexpr size_t kBufferSize = 1 << 20;
   int fd_;
   const std::string& path_;
+  std::unique_ptr<XXH3_state_t, Xxh3StateDeleter> hash_state_;
   std::string buffer_, error_;
-  Checksum checksum_;
   uint64_t length_ = 0;
 };
 
-// Writes the archive after a header whose length and hash are filled in at the end.
+// Writes the archive after a header whose length and hash are filled in at
+// the end. Until then the header is zeros, which marks an unfinished
+// temporary (is_unfinished_checkpoint).
 void write_container(int fd, torch::serialize::OutputArchive& archive, const std::string& path) {
   char header[kHeaderSize] = {};
   write_all(fd, header, kHeaderSize, path);
@@ -147,43 +151,132 @@ void write_container(int fd, torch::serialize::OutputArchive& archive, const std
     throw CheckpointError(system_error("write", path));
 }
 
+// Note [Temporary checkpoint files]
+// A save writes ".NAME.tmp.XXXXXX" (mkstemp's six letters and digits) beside
+// NAME and renames it over NAME once complete. A writer killed mid-save leaves
+// its temporary behind, as large as the checkpoint it was writing;
+// remove_stale_temporaries removes those. Several processes may save into one
+// folder, so a temporary is stale only when no live writer owns it:
+//  - the writer holds an flock on its temporary from just after creating it
+//    until after the rename; the kernel drops the lock when the writer dies;
+//  - the sweeper removes only temporaries it can lock without waiting.
+// Between mkstemp and flock a temporary is unlocked, and a sweeper may remove
+// it then; so the writer, once it holds the lock, checks that the name still
+// leads to its file and starts over with a new name if not. The sweeper, once
+// it holds the lock, checks the same: the name may have been renamed away,
+// the writer's lock released with it. Where the file system has no flock,
+// the writer writes unlocked and the sweeper, unable to lock, removes nothing.
+
+bool names_same_file(int fd, const std::string& name) {
+  struct stat opened {};
+  struct stat named {};
+  return ::fstat(fd, &opened) == 0 && ::lstat(name.c_str(), &named) == 0 && opened.st_dev == named.st_dev &&
+         opened.st_ino == named.st_ino;
+}
+
+int lock_exclusive(int fd, int flags) {
+  int status;
+  while ((status = ::flock(fd, LOCK_EX | flags)) != 0 && errno == EINTR) {
+  }
+  return status;
+}
+
+// Creates and locks the temporary that `path` is written to, in `dir`.
+int create_temporary(const fs::path& dir, const std::string& path, std::string& tmp) {
+  const std::string pattern = (dir / ("." + fs::path(path).filename().string() + ".tmp.XXXXXX")).string();
+  // Losing the name to a sweeper takes the split second between mkstemp and
+  // flock; losing it a hundred times in a row means something else is wrong.
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    tmp = pattern;
+    const int fd = ::mkostemp(tmp.data(), O_CLOEXEC);
+    if (fd < 0) throw CheckpointError(system_error("creating a temporary file", path));
+    lock_exclusive(fd, 0);
+    if (names_same_file(fd, tmp)) return fd;
+    ::close(fd);
+  }
+  throw CheckpointError(
+      fmt::format("cannot write checkpoint '{}': its temporary files in '{}' keep disappearing", path, dir.string()));
+}
+
+bool is_temporary_name(const std::string& name) {
+  constexpr std::string_view suffix = ".tmp.";
+  constexpr size_t random = 6;
+  if (name.size() < 2 + suffix.size() + random || name[0] != '.') return false;
+  const size_t at = name.size() - random - suffix.size();
+  if (name.compare(at, suffix.size(), suffix) != 0) return false;
+  return std::all_of(name.end() - random, name.end(),
+                     [](char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0; });
+}
+
+// A temporary that write_checkpoint_file made: a regular file that starts
+// with the zeroed header (cut short anywhere) or, written to the end, with
+// the finished one. Anything else of a similar name is not fulgor's to remove.
+bool is_unfinished_checkpoint(int fd) {
+  struct stat info {};
+  if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) return false;
+  char head[kHeaderSize];
+  const ssize_t n = ::pread(fd, head, kHeaderSize, 0);
+  if (n < 0) return false;
+  if (static_cast<size_t>(n) == kHeaderSize && std::memcmp(head, kMagic, sizeof(kMagic)) == 0) return true;
+  return std::all_of(head, head + n, [](char c) { return c == 0; });
+}
+
 }  // namespace
 
 void write_checkpoint_file(const std::string& path, torch::serialize::OutputArchive& archive) {
-  namespace fs = std::filesystem;
   fs::path target(path);
   fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  // A rename would replace a FIFO or a device node with the checkpoint.
+  struct stat existing {};
+  if (::stat(path.c_str(), &existing) == 0 && !S_ISREG(existing.st_mode))
+    throw CheckpointError(fmt::format("cannot write checkpoint '{}': it exists and is not a regular file", path));
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec)
     throw CheckpointError(
         fmt::format("cannot write checkpoint '{}': cannot create folder '{}': {}", path, dir.string(), ec.message()));
-  std::string tmp = (dir / ("." + target.filename().string() + ".tmp.XXXXXX")).string();
-  int fd = ::mkstemp(tmp.data());
-  if (fd < 0) throw CheckpointError(system_error("creating a temporary file", path));
+  std::string tmp;
+  const int fd = create_temporary(dir, path, tmp);
+  // The descriptor, and with it the lock, stays open until after the rename
+  // (Note [Temporary checkpoint files]).
   try {
     write_container(fd, archive, path);
-    if (::fsync(fd) != 0) throw CheckpointError(system_error("fsync", path));
-    if (::close(fd) != 0) {
-      fd = -1;
-      throw CheckpointError(system_error("close", path));
-    }
-    fd = -1;
     // mkstemp creates the file readable by its owner only; a checkpoint is an ordinary file.
-    ::chmod(tmp.c_str(), 0644);
+    ::fchmod(fd, 0644);
+    if (::fsync(fd) != 0) throw CheckpointError(system_error("fsync", path));
     if (::rename(tmp.c_str(), path.c_str()) != 0) throw CheckpointError(system_error("rename", path));
   } catch (...) {
-    if (fd >= 0) ::close(fd);
     ::unlink(tmp.c_str());
+    ::close(fd);
     throw;
   }
+  // fsync has reported any error writing the data; nothing is left for close to report.
+  ::close(fd);
   // The rename is durable once the folder's entry is.
-  int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dir_fd >= 0) {
     ::fsync(dir_fd);
     ::close(dir_fd);
   }
 }
+
+namespace detail {
+void remove_stale_temporaries(const std::string& dir) {
+  std::error_code ec;
+  for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    const std::string name = it->path().string();
+    if (!is_temporary_name(it->path().filename().string())) continue;
+    // Non-blocking: opening a FIFO would otherwise wait for a writer.
+    // Read-write: where flock is emulated with POSIX locks (NFS), an
+    // exclusive lock needs a file open for writing.
+    const int fd = ::open(name.c_str(), O_RDWR | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) continue;
+    if (is_unfinished_checkpoint(fd) && lock_exclusive(fd, LOCK_NB) == 0 && names_same_file(fd, name))
+      ::unlink(name.c_str());
+    ::close(fd);
+  }
+}
+}  // namespace detail
 
 namespace {
 // A file mapped read-only: the archive is checked and parsed where the page
@@ -191,7 +284,9 @@ namespace {
 class MappedFile {
  public:
   explicit MappedFile(const std::string& path) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // Non-blocking, so that a FIFO is refused below rather than waited on;
+    // it changes nothing for a regular file.
+    const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) throw CheckpointError(fmt::format("cannot read checkpoint '{}': {}", path, std::strerror(errno)));
     struct stat info {};
     if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
@@ -234,22 +329,22 @@ torch::serialize::InputArchive read_checkpoint_file(const std::string& path) {
   const auto version = get_le<uint32_t>(bytes.data() + 8);
   const auto length = get_le<uint64_t>(bytes.data() + 12);
   const auto hash = get_le<uint64_t>(bytes.data() + 20);
-  if (version != kContainerVersion)
-    throw CheckpointError(fmt::format("checkpoint '{}' has container version {}; this fulgor reads version {}", path,
-                                      version, kContainerVersion));
+  if (version != kContainerVersion && version != kFnvContainerVersion)
+    throw CheckpointError(fmt::format("checkpoint '{}' has container version {}; this fulgor reads versions {} and {}",
+                                      path, version, kFnvContainerVersion, kContainerVersion));
   if (bytes.size() - kHeaderSize < length)
     throw CheckpointError(
         fmt::format("checkpoint '{}' is truncated: {} of {} bytes present", path, bytes.size() - kHeaderSize, length));
   if (bytes.size() - kHeaderSize > length)
     throw CheckpointError(fmt::format("checkpoint '{}' is corrupted: {} bytes past the end of its data", path,
                                       bytes.size() - kHeaderSize - length));
-  Checksum checksum;
-  checksum.update(bytes.data() + kHeaderSize, length);
-  if (checksum.finish() != hash)
+  const char* data = bytes.data() + kHeaderSize;
+  const uint64_t actual = version == kFnvContainerVersion ? fnv1a_words(data, length) : XXH3_64bits(data, length);
+  if (actual != hash)
     throw CheckpointError(fmt::format("checkpoint '{}' is corrupted: its contents do not match its checksum", path));
   torch::serialize::InputArchive archive;
   try {
-    archive.load_from(bytes.data() + kHeaderSize, length, torch::Device(torch::kCPU));
+    archive.load_from(data, length, torch::Device(torch::kCPU));
   } catch (const c10::Error& e) {
     throw CheckpointError(fmt::format("checkpoint '{}' cannot be read by LibTorch {}: {}", path, TORCH_VERSION,
                                       e.what_without_backtrace()));

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <torch/nn/module.h>
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 #include <nlohmann/json.hpp>
@@ -15,12 +16,15 @@ class Accelerator;
 // Note [Checkpoint files]
 // A checkpoint is one file: a 28-byte header, then a LibTorch archive
 // (torch::serialize::OutputArchive, the same zip container on every LibTorch
-// version).
+// version). docs/training.md describes it byte by byte.
 //   bytes 0..7    "FULGORCK"
-//   bytes 8..11   container version, little-endian uint32 (2)
+//   bytes 8..11   container version, little-endian uint32 (3)
 //   bytes 12..19  archive length in bytes, little-endian uint64
-//   bytes 20..27  hash of the archive, little-endian uint64: FNV-1a 64 over
-//                 its little-endian 64-bit words, the last zero-padded
+//   bytes 20..27  XXH3-64 (seed 0) of the archive, little-endian uint64, so
+//                 `tail -c +29 FILE | xxhsum -H3 --little-endian` prints
+//                 these 8 bytes in hex
+// Version 2 files, whose hash was FNV-1a over the archive's little-endian
+// 64-bit words (the last zero-padded), are still read.
 // The header lets a truncated, corrupted or foreign file be recognised before
 // LibTorch parses it. The archive holds:
 //   "meta"        a JSON string: format, fulgor and LibTorch versions, loop
@@ -31,17 +35,22 @@ class Accelerator;
 //   "rng_cpu", "rng_device", "rng_epoch_start"
 //                 generator states: the CPU's and the accelerator's now, and
 //                 the CPU's when the epoch began (the sampler's shuffle)
+//   "grad_scaler" the loss scaler's state, with fp16 mixed precision
 // Files are written atomically: a temporary file in the same folder, written
 // (the archive streamed, the header's length and hash filled in last),
 // fsync'ed, then renamed over the destination, then the folder is
-// fsync'ed. A crash or a full disk leaves the previous file intact.
+// fsync'ed. A crash or a full disk leaves the previous file intact. See
+// Note [Temporary checkpoint files] (src/checkpoint.cpp) for what a crash
+// leaves behind and how it is removed.
 
 /// Writes `archive` to `path` as a checkpoint file, atomically.
-/// Throws CheckpointError naming the file and the system's reason.
+/// Throws CheckpointError naming the file and the system's reason, or saying
+/// that `path` exists and is not a regular file.
 void write_checkpoint_file(const std::string& path, torch::serialize::OutputArchive& archive);
 
 /// Reads a checkpoint file onto the CPU. Throws CheckpointError naming the
-/// file when it is missing, truncated, corrupted, of another format or version.
+/// file when it is missing, not a regular file, truncated, corrupted, of
+/// another format or version.
 torch::serialize::InputArchive read_checkpoint_file(const std::string& path);
 
 /// The "meta" JSON of a checkpoint file (versions, epoch, global step, ...).
@@ -53,6 +62,11 @@ nlohmann::json read_checkpoint_meta(const std::string& path);
 void load_module_weights(ModuleBase& module, const std::string& path);
 
 namespace detail {
+// Removes the temporary files that writers killed mid-save left in `dir`,
+// sparing those a live writer holds (Note [Temporary checkpoint files]).
+// Best effort: what cannot be examined or removed stays, silently.
+void remove_stale_temporaries(const std::string& dir);
+
 // Copies the tensors of `archive` (read onto the CPU) into the module's
 // parameters and buffers in place.
 void load_module_state(torch::nn::Module& module, torch::serialize::InputArchive& archive, const std::string& path);

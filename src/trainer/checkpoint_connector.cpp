@@ -237,7 +237,11 @@ void CheckpointConnector::save(const std::string& path) {
   if (rng_epoch_start.defined()) archive.write("rng_epoch_start", rng_epoch_start);
   s.precision.save(archive);
   // Every rank loads checkpoints, rank 0 alone writes them; the others wait for the file.
-  if (!s.ddp || s.ddp->is_global_zero()) write_checkpoint_file(path, archive);
+  if (!s.ddp || s.ddp->is_global_zero()) {
+    const std::string folder = std::filesystem::absolute(path).parent_path().lexically_normal().string();
+    if (swept_folders.insert(folder).second) remove_stale_temporaries(folder);
+    write_checkpoint_file(path, archive);
+  }
   if (s.ddp) s.ddp->barrier();
 }
 

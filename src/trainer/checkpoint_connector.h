@@ -4,6 +4,7 @@
 #include <torch/types.h>
 #include <nlohmann/json.hpp>
 
+#include <set>
 #include <string>
 
 namespace fulgor::detail {
@@ -53,6 +54,10 @@ struct CheckpointConnector {
   torch::Tensor rng_epoch_start;
 
  private:
+  // The folders this Trainer has saved into, each cleared of stale temporary
+  // files before its first save.
+  std::set<std::string> swept_folders;
+
   TrainerState& s;
 };
 

@@ -1,10 +1,23 @@
-// Checkpoints: exact resume, atomic files, clean failures, signals.
+// Checkpoints: exact resume, atomic files, clean failures, signals, the
+// container format, temporaries left by killed writers.
 
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/file.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 
+#include <chrono>
 #include <csignal>
+#include <cstdio>
 #include <fstream>
+#include <future>
+#include <random>
+#include <regex>
+#include <thread>
 
+#include "../support/child_process.h"
+#include "support/writer_model.h"
 #include "tiny.h"
 
 namespace fulgor::testing {
@@ -352,6 +365,314 @@ TEST(Checkpoint, AWriteFailingPartWayLeavesThePreviousFile) {
   std::set<std::string> names;
   for (const auto& e : fs::directory_iterator(dir.path)) names.insert(e.path().filename().string());
   for (const auto& name : names) EXPECT_EQ(name.find(".tmp."), std::string::npos) << name;
+}
+
+// ---- Paths that are not regular files ---------------------------------------
+
+TEST(Checkpoint, APathThatIsNotARegularFileIsAnErrorNamingIt) {
+  TempDir dir;
+  auto model = stateful_model();
+  auto trainer = fitted_one_epoch(dir, *model);
+  const std::string fifo = (dir.path / "fifo.ckpt").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  auto expect_refused = [&](const std::function<void()>& use, const std::string& path) {
+    try {
+      use();
+      ADD_FAILURE() << "no error for " << path;
+    } catch (const CheckpointError& e) {
+      EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("not a regular file"), std::string::npos) << e.what();
+    }
+  };
+  // Opening a FIFO for reading waits for a writer: run it aside, and be the
+  // writer if it is still waiting, so that a failure ends.
+  auto reading = std::async(std::launch::async, [&] { expect_refused([&] { read_checkpoint_meta(fifo); }, fifo); });
+  if (reading.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
+    ADD_FAILURE() << "reading the FIFO " << fifo << " waits for a writer";
+    const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+    if (fd >= 0) ::close(fd);
+  }
+  reading.get();
+  // Saving would replace it.
+  expect_refused([&] { trainer->save_checkpoint(fifo); }, fifo);
+  EXPECT_TRUE(fs::is_fifo(fifo));
+
+  const std::string folder = (dir.path / "folder.ckpt").string();
+  fs::create_directories(folder);
+  expect_refused([&] { read_checkpoint_meta(folder); }, folder);
+  expect_refused([&] { trainer->save_checkpoint(folder); }, folder);
+}
+
+// ---- The container -----------------------------------------------------------
+
+std::string shell_output(const std::string& command) {
+  std::string out;
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (!pipe) return out;
+  char chunk[256];
+  for (size_t n; (n = std::fread(chunk, 1, sizeof(chunk), pipe)) > 0;) out.append(chunk, n);
+  ::pclose(pipe);
+  return out;
+}
+
+std::string hex(const std::string& bytes) {
+  std::string out;
+  for (unsigned char c : bytes) out += fmt::format("{:02x}", c);
+  return out;
+}
+
+uint64_t le64(const std::string& bytes, size_t at) {
+  uint64_t value = 0;
+  for (size_t i = 0; i < 8; ++i) value |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[at + i])) << (8 * i);
+  return value;
+}
+
+void put_le(std::string& bytes, size_t at, uint64_t value, size_t size) {
+  for (size_t i = 0; i < size; ++i) bytes[at + i] = static_cast<char>((value >> (8 * i)) & 0xff);
+}
+
+// docs/training.md's recipe: xxhsum over bytes 28 to the end prints the 8
+// bytes stored at 20..27.
+TEST(Checkpoint, XxhsumChecksTheStoredHash) {
+  if (std::system("command -v xxhsum >/dev/null 2>&1") != 0)
+    GTEST_SKIP() << "xxhsum is not installed (Debian package xxhash), so the recipe cannot be run";
+  TempDir dir;
+  auto model = stateful_model();
+  const fs::path path = dir.path / "model.ckpt";
+  fitted_one_epoch(dir, *model)->save_checkpoint(path.string());
+  const std::string bytes = file_bytes(path);
+  ASSERT_GT(bytes.size(), 28u);
+  EXPECT_EQ(bytes.substr(0, 12), std::string("FULGORCK\x03\0\0\0", 12));
+  EXPECT_EQ(le64(bytes, 12), bytes.size() - 28);
+
+  const std::string stored = shell_output("od -An -tx1 -j20 -N8 '" + path.string() + "' | tr -d ' \\n'");
+  EXPECT_EQ(stored, hex(bytes.substr(20, 8)));
+  const std::string printed = shell_output("tail -c +29 '" + path.string() + "' | xxhsum -H3 --little-endian");
+  std::smatch digest;
+  ASSERT_TRUE(std::regex_search(printed, digest, std::regex("[0-9a-f]{16}"))) << printed;
+  EXPECT_EQ(digest.str(), stored) << printed;
+}
+
+// Version 2's hash, from its definition: FNV-1a over the archive's
+// little-endian 64-bit words, the last zero-padded.
+uint64_t version2_hash(std::string archive) {
+  archive.resize((archive.size() + 7) / 8 * 8, '\0');
+  uint64_t hash = 1469598103934665603ULL;
+  for (size_t at = 0; at < archive.size(); at += 8) {
+    hash ^= le64(archive, at);
+    hash *= 1099511628211ULL;
+  }
+  return hash;
+}
+
+TEST(Checkpoint, ReadsVersion2Files) {
+  TempDir dir;
+  auto model = stateful_model();
+  auto train = sequential_loader(16, 8);
+  const fs::path current = dir.path / "current.ckpt";
+  fitted_one_epoch(dir, *model)->save_checkpoint(current.string());
+  const std::string bytes = file_bytes(current);
+  auto write = [&](const std::string& name, const std::string& content) {
+    std::ofstream(dir.path / name, std::ios::binary) << content;
+    return (dir.path / name).string();
+  };
+  std::string v2 = bytes;
+  put_le(v2, 8, 2, 4);
+  put_le(v2, 20, version2_hash(bytes.substr(28)), 8);
+  const std::string old = write("v2.ckpt", v2);
+
+  auto copy = stateful_model();
+  load_module_weights(*copy, old);
+  EXPECT_TRUE(same_parameters(*copy, *model));
+  auto resumed = stateful_model();
+  Trainer more(resumable(dir, 2));
+  more.fit(*resumed, train, {.ckpt_path = old});
+  EXPECT_EQ(resumed->training_steps, 2);
+  EXPECT_EQ(more.global_step(), 4);
+
+  // The version decides the hash: version 2 with version 3's hash is corrupted.
+  std::string mixed = bytes;
+  put_le(mixed, 8, 2, 4);
+  EXPECT_THROW(
+      {
+        try {
+          read_checkpoint_file(write("mixed.ckpt", mixed));
+        } catch (const CheckpointError& e) {
+          EXPECT_NE(std::string(e.what()).find("corrupted"), std::string::npos) << e.what();
+          throw;
+        }
+      },
+      CheckpointError);
+  std::string future = bytes;
+  put_le(future, 8, 4, 4);
+  EXPECT_THROW(
+      {
+        try {
+          read_checkpoint_file(write("v4.ckpt", future));
+        } catch (const CheckpointError& e) {
+          EXPECT_NE(std::string(e.what()).find("container version 4"), std::string::npos) << e.what();
+          throw;
+        }
+      },
+      CheckpointError);
+}
+
+// ---- Temporaries left by killed writers -------------------------------------
+
+std::set<std::string> temporaries(const fs::path& dir) {
+  std::set<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().filename().string().find(".tmp.") != std::string::npos) names.insert(e.path().filename().string());
+  return names;
+}
+
+TEST(Checkpoint, TheFirstSaveIntoAFolderRemovesStaleTemporariesButNotLiveOnes) {
+  TempDir dir;
+  auto model = stateful_model();
+  const fs::path elsewhere = dir.path / "elsewhere" / "model.ckpt";
+  fitted_one_epoch(dir, *model)->save_checkpoint(elsewhere.string());
+  const std::string finished = file_bytes(elsewhere);
+  const std::string zero_header(28, '\0');
+
+  const fs::path folder = dir.path / "checkpoints";
+  fs::create_directories(folder);
+  auto write = [&](const std::string& name, const std::string& content) {
+    std::ofstream(folder / name, std::ios::binary) << content;
+  };
+  // What writers killed mid-save leave: nothing written yet, the zeroed
+  // header and part of the archive, or the whole file before the rename.
+  const std::set<std::string> stale = {".last.ckpt.tmp.a1B2c3", ".epoch=0-step=2.ckpt.tmp.Zz9Yy8",
+                                       ".model.ckpt.tmp.Q0q0Q0"};
+  write(".last.ckpt.tmp.a1B2c3", "");
+  write(".epoch=0-step=2.ckpt.tmp.Zz9Yy8", zero_header + finished.substr(28, 1000));
+  write(".model.ckpt.tmp.Q0q0Q0", finished);
+  // One another process is writing now: it holds the lock.
+  write(".last.ckpt.tmp.L1ve00", zero_header);
+  const int live = ::open((folder / ".last.ckpt.tmp.L1ve00").c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(live, 0);
+  ASSERT_EQ(::flock(live, LOCK_EX), 0);
+  // Not fulgor's: other content, or a name of another shape.
+  write(".notes.txt.tmp.abc123", "draft");
+  write("last.ckpt.tmp.abc123", zero_header);
+  write(".last.ckpt.tmp.abc12", zero_header);
+  ASSERT_EQ(::mkfifo((folder / ".pipe.ckpt.tmp.f1f0f1").c_str(), 0644), 0);
+  std::set<std::string> kept = {".last.ckpt.tmp.L1ve00", ".notes.txt.tmp.abc123", "last.ckpt.tmp.abc123",
+                                ".last.ckpt.tmp.abc12", ".pipe.ckpt.tmp.f1f0f1"};
+
+  auto fresh = stateful_model();
+  auto options = resumable(dir, 1);
+  options.enable_checkpointing = true;
+  auto train = sequential_loader(16, 8);
+  Trainer trainer(options);
+  trainer.fit(*fresh, train);
+  EXPECT_EQ(temporaries(folder), kept);
+  EXPECT_TRUE(fs::exists(folder / "epoch=0-step=2.ckpt"));
+
+  // Its first save into another folder clears that one too.
+  const fs::path manual = dir.path / "manual";
+  fs::create_directories(manual);
+  std::ofstream(manual / ".x.ckpt.tmp.a1B2c3", std::ios::binary) << zero_header;
+  trainer.save_checkpoint((manual / "x.ckpt").string());
+  EXPECT_TRUE(temporaries(manual).empty());
+  ::close(live);
+}
+
+// Two processes saving into one folder: each one's sweep must spare the
+// other's temporaries while they are written. flock locks belong to open
+// files, so a thread sweeping stands in for the other process.
+TEST(Checkpoint, SavesSurviveSweepsOfTheirFolderRunningAlongside) {
+  TempDir dir;
+  const std::string folder = (dir.path / "shared").string();
+  fs::create_directories(folder);
+  std::atomic<bool> done{false};
+  std::atomic<int64_t> sweeps{0};
+  std::thread sweeper([&] {
+    for (; !done; ++sweeps) detail::remove_stale_temporaries(folder);
+  });
+  std::vector<std::string> errors;
+  for (int i = 0; i < 100; ++i) {
+    torch::serialize::OutputArchive archive;
+    archive.write("x", torch::full({64 * 1024}, static_cast<float>(i)));
+    try {
+      write_checkpoint_file(folder + "/shared.ckpt", archive);
+    } catch (const CheckpointError& e) {
+      errors.push_back(e.what());
+    }
+  }
+  done = true;
+  sweeper.join();
+  EXPECT_TRUE(errors.empty()) << errors.size() << " saves failed, the first: " << errors.front();
+  EXPECT_GT(sweeps.load(), 100);
+  auto archive = read_checkpoint_file(folder + "/shared.ckpt");
+  torch::Tensor x;
+  archive.read("x", x);
+  EXPECT_EQ(x[0].item<float>(), 99.0f);
+  EXPECT_TRUE(temporaries(folder).empty());
+}
+
+// A process saving after every step, killed with SIGKILL at random moments,
+// over and over: every checkpoint it leaves loads, each run resumes from
+// "last" where the previous one got to, and the next run's first save
+// removes the temporaries the killed ones left.
+TEST(Checkpoint, AWriterKilledAtRandomMomentsLeavesLoadableCheckpoints) {
+  TempDir dir;
+  const fs::path folder = dir.path / "checkpoints";
+  const std::string log = (dir.path / "writer.log").string();
+  // Each run starts LibTorch afresh, about a second.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(55);
+  const unsigned seed = std::random_device{}();
+  SCOPED_TRACE("kill delays drawn with seed " + std::to_string(seed));
+  std::mt19937 random(seed);
+  std::uniform_int_distribution<int> delay_ms(0, 300);
+  const std::regex started("training from step (\\d+)");
+  // The step a run resumed from, once it has begun training.
+  auto start_step = [&](fulgor::test::Child& writer) -> std::optional<int64_t> {
+    std::smatch m;
+    for (std::string out; writer.running() && std::chrono::steady_clock::now() < deadline;
+         std::this_thread::sleep_for(std::chrono::milliseconds(5)))
+      if (out = writer.log(); std::regex_search(out, m, started)) return std::stoll(m[1].str());
+    return std::nullopt;
+  };
+
+  int64_t previous_start = 0;
+  size_t temporaries_left = 0;
+  const int kills = 30;
+  for (int kill = 0; kill < kills; ++kill) {
+    fulgor::test::Child writer({FULGOR_CHECKPOINT_WRITER, dir.str(), "1000000000"}, {}, log);
+    const auto start = start_step(writer);
+    ASSERT_TRUE(start.has_value()) << "run " << kill << " did not begin training in time:\n" << writer.log();
+    EXPECT_GE(*start, previous_start) << "run " << kill;
+    previous_start = *start;
+    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms(random)));
+    writer.signal(SIGKILL);
+    const auto status = writer.wait(std::chrono::seconds(10));
+    ASSERT_TRUE(status && WIFSIGNALED(*status) && WTERMSIG(*status) == SIGKILL)
+        << "run " << kill << " ended by itself:\n"
+        << writer.log();
+    if (fs::exists(folder)) temporaries_left += temporaries(folder).size();
+  }
+  std::cout << kills << " kills left " << temporaries_left << " temporaries, each removed by the next run\n";
+
+  size_t loaded = 0;
+  for (const auto& e : fs::directory_iterator(folder)) {
+    if (e.path().extension() != ".ckpt") continue;
+    WriterModel model;
+    EXPECT_NO_THROW(load_module_weights(model, e.path().string())) << e.path();
+    ++loaded;
+  }
+  EXPECT_GE(loaded, 1u);
+  ASSERT_TRUE(fs::exists(folder / "last.ckpt"));
+  const int64_t reached = read_checkpoint_meta((folder / "last.ckpt").string()).at("loop").at("global_step");
+  EXPECT_GE(reached, previous_start);
+  // As a kill leaves it, should the last kill have left none.
+  std::ofstream(folder / ".last.ckpt.tmp.K1lled", std::ios::binary) << std::string(28, '\0') << "partial";
+
+  fulgor::test::Child last({FULGOR_CHECKPOINT_WRITER, dir.str(), std::to_string(reached + 3)}, {}, log);
+  EXPECT_EQ(start_step(last).value_or(-1), reached);
+  const auto left = std::chrono::duration_cast<std::chrono::seconds>(deadline - std::chrono::steady_clock::now());
+  ASSERT_TRUE(fulgor::test::exited_with(last.wait(std::max(left, std::chrono::seconds(1))), 0)) << last.log();
+  EXPECT_EQ(read_checkpoint_meta((folder / "last.ckpt").string()).at("loop").at("global_step"), reached + 3);
+  EXPECT_TRUE(temporaries(folder).empty());
 }
 
 }  // namespace

@@ -1,0 +1,80 @@
+// The program the checkpoint crash test starts and kills:
+//
+//   fulgor_checkpoint_writer ROOT MAX_STEPS
+//
+// Fits WriterModel in ROOT, saving a checkpoint after every step (the three
+// lowest train_loss and last.ckpt, in ROOT/checkpoints) until MAX_STEPS, and
+// resumes from ckpt_path "last" when that folder holds a checkpoint. Prints
+// "training from step N" once training has begun (after the resume). Exits 0 on success, 3 with the message
+// on a fulgor::Error, 4 on any other exception.
+
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <iostream>
+#include <string>
+
+#include "fulgor/fulgor.h"
+#include "writer_model.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct AnnounceTraining final : fulgor::Callback {
+  void on_train_start(fulgor::Trainer& trainer, fulgor::ModuleBase&) override {
+    std::cout << "training from step " << trainer.global_step() << std::endl;
+  }
+};
+
+bool holds_a_checkpoint(const fs::path& dir) {
+  std::error_code ec;
+  for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::directory_iterator(); it.increment(ec))
+    if (it->path().extension() == ".ckpt") return true;
+  return false;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 3) {
+    std::cerr << "usage: fulgor_checkpoint_writer ROOT MAX_STEPS\n";
+    return 2;
+  }
+  try {
+    torch::set_num_threads(1);
+    const std::string root = argv[1];
+    torch::manual_seed(3);
+    fulgor::TensorLoaderOptions shuffled;
+    shuffled.batch_size = 8;
+    shuffled.shuffle = true;
+    fulgor::TensorLoader loader(torch::randn({64, 256}), torch::randn({64, 256}), shuffled);
+    fulgor::testing::WriterModel model;
+
+    fulgor::ModelCheckpointOptions every_step;
+    every_step.filename = "{step}";
+    every_step.monitor = "train_loss";
+    every_step.save_top_k = 3;
+    every_step.save_last = true;
+    every_step.every_n_train_steps = 1;
+    fulgor::TrainerOptions options;
+    options.accelerator = "cpu";
+    options.devices = 1;
+    options.default_root_dir = root;
+    options.logger = false;
+    options.enable_progress_bar = false;
+    options.enable_model_summary = false;
+    options.max_steps = std::stoll(argv[2]);
+    options.callbacks = {std::make_shared<fulgor::ModelCheckpoint>(every_step), std::make_shared<AnnounceTraining>()};
+    fulgor::Trainer trainer(options);
+    const bool resume = holds_a_checkpoint(trainer.checkpoint_dir());
+    trainer.fit(model, loader, fulgor::FitOptions{resume ? "last" : ""});
+  } catch (const fulgor::Error& e) {
+    std::cerr << "fulgor_checkpoint_writer: " << e.what() << std::endl;
+    return 3;
+  } catch (const std::exception& e) {
+    std::cerr << "fulgor_checkpoint_writer: unexpected " << e.what() << std::endl;
+    return 4;
+  }
+  return 0;
+}
