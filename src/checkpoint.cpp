@@ -15,6 +15,7 @@
 
 #include "fulgor/error.h"
 #include "fulgor/module.h"
+#include "json_input.h"
 
 namespace fulgor {
 namespace {
@@ -261,10 +262,11 @@ nlohmann::json meta_of(torch::serialize::InputArchive& archive, const std::strin
   c10::IValue meta;
   if (!archive.try_read("meta", meta) || !meta.isString())
     throw CheckpointError(fmt::format("checkpoint '{}' has no metadata entry", path));
-  nlohmann::json json = nlohmann::json::parse(meta.toStringRef(), nullptr, /*allow_exceptions=*/false);
-  if (json.is_discarded() || !json.is_object())
-    throw CheckpointError(fmt::format("checkpoint '{}' has malformed metadata", path));
-  return json;
+  detail::JsonInput json = detail::read_json(meta.toStringRef());
+  if (!json.error.empty())
+    throw CheckpointError(fmt::format("checkpoint '{}' has malformed metadata: {}", path, json.error));
+  if (!json.value.is_object()) throw CheckpointError(fmt::format("checkpoint '{}' has malformed metadata", path));
+  return std::move(json.value);
 }
 }  // namespace
 

@@ -23,6 +23,7 @@
 #include "fulgor/registry.h"
 #include "fulgor/strategy.h"
 #include "fulgor/version.h"
+#include "json_input.h"
 #include "metric_table.h"
 #include "signals.h"
 
@@ -76,6 +77,49 @@ namespace {
 constexpr const char* kFormat = "fulgor-checkpoint";
 constexpr int kFormatVersion = 1;
 
+// Note [Checkpoint metadata]
+// A checkpoint's metadata comes from a file, which may be damaged or not
+// ours: before the restore trusts it, check_metadata checks the keys the
+// restore reads for the types and ranges the writer gives them, so that a
+// bad file is a CheckpointError naming the key, not a JSON library's error
+// or a loop resumed at epoch -10^12 that never ends. The states of the
+// module, the callbacks and the schedulers are theirs to read; a JSON
+// library error from them becomes a CheckpointError naming the state
+// (TrainerState::restoring).
+
+// The largest loop counter a checkpoint may give: room for the loops'
+// arithmetic on it (an epoch or a step more) without overflow.
+constexpr int64_t kMaxCounter = int64_t{1} << 62;
+
+void check_metadata(const nlohmann::json& meta, const std::string& path) {
+  using Fits = bool (*)(const nlohmann::json&);
+  auto require = [&](const nlohmann::json& parent, const char* parent_name, const char* key, Fits fits,
+                     const char* expected) {
+    const auto it = parent.find(key);
+    if (it != parent.end() && fits(*it)) return;
+    throw CheckpointError(fmt::format("checkpoint '{}' has malformed metadata: {}{} {}, expected {}", path, parent_name,
+                                      key, it == parent.end() ? "is missing" : "is " + detail::json_for_message(*it),
+                                      expected));
+  };
+  const Fits counter = [](const nlohmann::json& v) { return v.is_number_integer() && v >= 0 && v <= kMaxCounter; };
+  const Fits boolean = [](const nlohmann::json& v) { return v.is_boolean(); };
+  const Fits string = [](const nlohmann::json& v) { return v.is_string(); };
+  const Fits array = [](const nlohmann::json& v) { return v.is_array(); };
+  const Fits object = [](const nlohmann::json& v) { return v.is_object(); };
+  const Fits anything = [](const nlohmann::json&) { return true; };
+  const char* counter_range = "an integer from 0 to 2^62";
+  require(meta, "", "loop", object, "an object");
+  const auto& loop = meta.at("loop");
+  for (const char* key : {"epoch", "global_step", "batches_in_epoch", "total_train_batches"})
+    require(loop, "loop.", key, counter, counter_range);
+  require(loop, "loop.", "epoch_finished", boolean, "true or false");
+  require(meta, "", "optimizers", counter, counter_range);
+  require(meta, "", "schedulers", array, "an array");
+  require(meta, "", "callbacks", object, "an object");
+  require(meta, "", "module", anything, "the module's state");
+  require(meta, "", "accelerator", string, "a string");
+}
+
 // Which defaults log() applies, by the hook that calls it: the training
 // step and batch hooks, an evaluation step and its batch hooks, or an
 // epoch-end hook of training or evaluation (whose values join the epoch's).
@@ -127,43 +171,6 @@ void move_optimizer_state(torch::optim::Optimizer& optimizer, const Accelerator&
       s->sum(mv(s->sum()));
     }
   }
-}
-
-void check_limit(const Limit& limit, const char* name) {
-  if (limit.is_count() ? limit.count() < 0 : (limit.fraction() < 0 || limit.fraction() > 1))
-    throw ConfigError(fmt::format("{}={}: expected a batch count >= 0 or a fraction in [0.0, 1.0]", name, limit.str()));
-}
-
-void check_options(const TrainerOptions& o) {
-  check_strategy(o.strategy);
-  auto at_least = [](int64_t value, int64_t min, const char* name) {
-    if (value < min) throw ConfigError(fmt::format("{}={}: expected an integer >= {}", name, value, min));
-  };
-  if (o.max_epochs) at_least(*o.max_epochs, -1, "max_epochs");
-  if (o.min_epochs) at_least(*o.min_epochs, 0, "min_epochs");
-  if (o.min_steps) at_least(*o.min_steps, 0, "min_steps");
-  at_least(o.max_steps, -1, "max_steps");
-  at_least(o.fast_dev_run, 0, "fast_dev_run");
-  at_least(o.num_sanity_val_steps, -1, "num_sanity_val_steps");
-  at_least(o.log_every_n_steps, 1, "log_every_n_steps");
-  at_least(o.accumulate_grad_batches, 1, "accumulate_grad_batches");
-  if (o.check_val_every_n_epoch) at_least(*o.check_val_every_n_epoch, 1, "check_val_every_n_epoch");
-  check_limit(o.limit_train_batches, "limit_train_batches");
-  check_limit(o.limit_val_batches, "limit_val_batches");
-  check_limit(o.limit_test_batches, "limit_test_batches");
-  check_limit(o.limit_predict_batches, "limit_predict_batches");
-  check_limit(o.overfit_batches, "overfit_batches");
-  check_limit(o.val_check_interval, "val_check_interval");
-  if (o.val_check_interval.is_count() ? o.val_check_interval.count() < 1 : o.val_check_interval.fraction() <= 0)
-    throw ConfigError(fmt::format("val_check_interval={}: expected a batch count >= 1 or a fraction in (0.0, 1.0]",
-                                  o.val_check_interval.str()));
-  if (o.gradient_clip_algorithm != "norm" && o.gradient_clip_algorithm != "value")
-    throw ConfigError(
-        fmt::format("unknown gradient_clip_algorithm '{}'; known: norm, value", o.gradient_clip_algorithm));
-  if (o.gradient_clip_val && !(*o.gradient_clip_val >= 0))
-    throw ConfigError(fmt::format("gradient_clip_val={}: expected a number >= 0", *o.gradient_clip_val));
-  if (o.ddp_timeout && !(*o.ddp_timeout > 0))
-    throw ConfigError(fmt::format("ddp_timeout={}: expected a number of seconds > 0", *o.ddp_timeout));
 }
 
 // Note [The hooks' loss]
@@ -564,14 +571,19 @@ struct TrainerState final : MetricSink {
     c10::IValue meta;
     if (!archive.try_read("meta", meta) || !meta.isString())
       throw CheckpointError(fmt::format("checkpoint '{}' has no metadata entry", path));
-    auto json = nlohmann::json::parse(meta.toStringRef(), nullptr, /*allow_exceptions=*/false);
-    if (json.is_discarded() || !json.is_object() || json.value("format", "") != kFormat)
+    detail::JsonInput input = detail::read_json(meta.toStringRef());
+    if (!input.error.empty())
+      throw CheckpointError(fmt::format("checkpoint '{}' has malformed metadata: {}", path, input.error));
+    nlohmann::json& json = input.value;
+    if (!json.is_object() || !json.contains("format") || json["format"] != kFormat)
       throw CheckpointError(
           fmt::format("'{}' is not a fulgor training checkpoint (its metadata has no format \"{}\")", path, kFormat));
-    if (json.value("format_version", 0) != kFormatVersion)
+    if (!json.contains("format_version") || json["format_version"] != kFormatVersion)
       throw CheckpointError(fmt::format("checkpoint '{}' has format version {}; this fulgor reads version {}", path,
-                                        json.value("format_version", 0), kFormatVersion));
-    return json;
+                                        detail::json_for_message(json.value("format_version", nlohmann::json())),
+                                        kFormatVersion));
+    check_metadata(json, path);
+    return std::move(json);
   }
 
   void load_weights(LoadedCheckpoint& ckpt) {
@@ -586,12 +598,27 @@ struct TrainerState final : MetricSink {
   // on_load_checkpoint and every callback's load_state_dict.
   void restore_module_and_callbacks(LoadedCheckpoint& ckpt) {
     const auto& meta = ckpt.meta;
-    module->on_load_checkpoint(meta.at("module"));
+    restoring(ckpt, "the module's state", [&] { module->on_load_checkpoint(meta.at("module")); });
     load_weights(ckpt);
-    for (auto& cb : callbacks) cb->on_load_checkpoint(trainer, *module, meta);
+    for (auto& cb : callbacks)
+      restoring(ckpt, fmt::format("what {} reads of it", cb->state_key()),
+                [&] { cb->on_load_checkpoint(trainer, *module, meta); });
     const auto& states = meta.at("callbacks");
     for (auto& cb : callbacks)
-      if (auto it = states.find(cb->state_key()); it != states.end()) cb->load_state_dict(*it);
+      if (auto it = states.find(cb->state_key()); it != states.end())
+        restoring(ckpt, fmt::format("the state of {}", cb->state_key()), [&] { cb->load_state_dict(*it); });
+  }
+
+  // Runs `restore`, which reads `what` from the checkpoint's metadata: an
+  // error of the JSON library (a key missing, a value of another type)
+  // becomes a CheckpointError naming the file (Note [Checkpoint metadata]).
+  template <typename Restore>
+  static void restoring(const LoadedCheckpoint& ckpt, const std::string& what, Restore&& restore) {
+    try {
+      restore();
+    } catch (const nlohmann::json::exception& e) {
+      throw CheckpointError(fmt::format("checkpoint '{}': {} does not fit: {}", ckpt.path, what, e.what()));
+    }
   }
 
   // Lightning's restore_training_state, after on_fit_start: the precision's
@@ -625,7 +652,9 @@ struct TrainerState final : MetricSink {
     if (schedulers.size() != optim.schedulers.size())
       throw CheckpointError(fmt::format("checkpoint '{}' holds {} scheduler states; configure_optimizers returned {}",
                                         ckpt.path, schedulers.size(), optim.schedulers.size()));
-    for (size_t i = 0; i < schedulers.size(); ++i) optim.schedulers[i].scheduler->load_state_dict(schedulers[i]);
+    for (size_t i = 0; i < schedulers.size(); ++i)
+      restoring(ckpt, fmt::format("the state of scheduler {}", i),
+                [&] { optim.schedulers[i].scheduler->load_state_dict(schedulers[i]); });
   }
 
   void restore_rng(LoadedCheckpoint& ckpt, const char* cpu_key) {
@@ -1162,7 +1191,8 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
       train.set_epoch(s.epoch);  // Note [Loader epochs] in trainer.h
       train.start_epoch();
       bool exhausted = false;
-      for (int64_t i = 0; i < skip; ++i)
+      // A checkpoint may count more batches than this loader has.
+      for (int64_t i = 0; i < skip && !exhausted; ++i)
         if (!train.next(false)) exhausted = true;
       if (first_after_resume && resuming_mid_epoch) s.restore_rng(*ckpt, "rng_cpu");
       first_after_resume = resuming_mid_epoch = false;
