@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <iostream>
 #include <memory>
@@ -115,14 +116,16 @@ void ModelSummary::on_fit_start(Trainer&, ModuleBase& module) {
 // ---- Timer --------------------------------------------------------------------
 
 Timer::Timer(Duration duration, Interval interval) : duration_(duration), interval_(interval) {
-  if (duration.count() < 0) throw ConfigError(fmt::format("Timer: duration must be >= 0, got {} s", duration.count()));
+  if (!(std::isfinite(duration.count()) && duration.count() >= 0))
+    throw ConfigError(fmt::format("Timer: duration must be a finite number of seconds >= 0, got {}", duration.count()));
 }
 
 namespace {
 Timer::Duration parse_duration(const std::string& text) {
-  static const std::regex shape(R"((\d+):(\d\d):(\d\d):(\d\d))");
+  static const std::regex shape(R"((\d{1,9}):(\d\d):(\d\d):(\d\d))");
   std::smatch m;
-  if (!std::regex_match(text, m, shape))
+  // libstdc++'s regex recurses once per character: a long text is refused before it is matched.
+  if (text.size() > 20 || !std::regex_match(text, m, shape))
     throw ConfigError(fmt::format("Timer: duration \"{}\" is not of the form DD:HH:MM:SS", text));
   const double seconds = std::stod(m[1]) * 86400 + std::stod(m[2]) * 3600 + std::stod(m[3]) * 60 + std::stod(m[4]);
   return Timer::Duration(seconds);

@@ -102,10 +102,15 @@ std::vector<int64_t> parse_device_indices(const Devices& devices, int64_t availa
   if (is_count) {
     if (count == -1) {
       if (available == 0) reject(devices, accelerator, "no devices are available");
+      if (available > kMaxDevices)
+        reject(devices, accelerator,
+               fmt::format("the accelerator counts {} devices, more than the limit of {}", available, kMaxDevices));
       return first_n(available);
     }
     if (count == 0) reject(devices, accelerator, "0 devices selects nothing");
     if (count < 0) reject(devices, accelerator, fmt::format("the count {} is negative", count));
+    if (count > kMaxDevices)
+      reject(devices, accelerator, fmt::format("{} devices is more than the limit of {}", count, kMaxDevices));
     if (count > available)
       reject(devices, accelerator, fmt::format("{} devices requested but only {} available", count, available));
     return first_n(count);
@@ -137,6 +142,10 @@ int64_t parse_process_count(const Devices& devices, const std::string& accelerat
         fmt::format("devices={} is not valid for accelerator '{}': it takes a number of processes, "
                     "an integer >= 1 or \"auto\" (one process)",
                     devices.str(), accelerator));
+  if (count > kMaxDevices)
+    throw ConfigError(
+        fmt::format("devices={} is not valid for accelerator '{}': {} processes is more than the limit of {}",
+                    devices.str(), accelerator, count, kMaxDevices));
   return count;
 }
 

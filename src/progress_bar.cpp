@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <iostream>
 #include <limits>
 #include <optional>
@@ -32,7 +33,11 @@ ProgressBar::ProgressBar(std::ostream* out, int64_t refresh_lines, std::optional
     : out_(out),
       terminal_(terminal ? *terminal : out == nullptr && ::isatty(STDOUT_FILENO) == 1),
       refresh_lines_(refresh_lines),
-      min_line_interval_(min_line_seconds) {}
+      min_line_interval_(min_line_seconds) {
+  if (!(std::isfinite(min_line_seconds) && min_line_seconds >= 0))
+    throw ConfigError(
+        fmt::format("ProgressBar: min_line_seconds must be a finite number >= 0, got {}", min_line_seconds));
+}
 
 std::ostream& ProgressBar::out() const { return out_ ? *out_ : std::cout; }
 

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -10,8 +12,20 @@
 #include <nlohmann/json.hpp>
 
 #include "fulgor/error.h"
+#include "fulgor/strategy.h"
+#include "json_input.h"
 
 namespace fulgor {
+namespace {
+
+// nlohmann reads 2^63 and above as unsigned, which get<int64_t> wraps.
+int64_t int64_of(const nlohmann::json& json) {
+  if (json.is_number_unsigned() && json.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+    throw ConfigError(fmt::format("{} is out of range: expected an integer up to {}", json.get<uint64_t>(), INT64_MAX));
+  return json.get<int64_t>();
+}
+
+}  // namespace
 
 std::optional<int64_t> Limit::of(std::optional<int64_t> total) const {
   if (count_) return total ? std::min(*count_, *total) : *count_;
@@ -24,7 +38,7 @@ std::string Limit::str() const {
   if (count_) return std::to_string(*count_);
   std::string s = fmt::format("{}", fraction_);
   // A fraction keeps a decimal point so that reading it back gives a fraction.
-  if (s.find_first_of(".e") == std::string::npos) s += ".0";
+  if (std::isfinite(fraction_) && s.find_first_of(".e") == std::string::npos) s += ".0";
   return s;
 }
 
@@ -37,12 +51,12 @@ void to_json(nlohmann::json& json, const Limit& limit) {
 
 void from_json(const nlohmann::json& json, Limit& limit) {
   if (json.is_number_integer())
-    limit = Limit(json.get<int64_t>());
+    limit = Limit(int64_of(json));
   else if (json.is_number_float())
     limit = Limit(json.get<double>());
   else
-    throw ConfigError(
-        fmt::format("expected a batch count (integer) or fraction (number with a decimal point), got {}", json.dump()));
+    throw ConfigError(fmt::format("expected a batch count (integer) or fraction (number with a decimal point), got {}",
+                                  detail::json_for_message(json)));
 }
 
 void to_json(nlohmann::json& json, const Devices& devices) {
@@ -51,15 +65,17 @@ void to_json(nlohmann::json& json, const Devices& devices) {
 
 void from_json(const nlohmann::json& json, Devices& devices) {
   if (json.is_number_integer()) {
-    devices = Devices(json.get<int64_t>());
+    devices = Devices(int64_of(json));
   } else if (json.is_string()) {
     devices = Devices(json.get<std::string>());
   } else if (json.is_array() &&
              std::all_of(json.begin(), json.end(), [](const auto& e) { return e.is_number_integer(); })) {
-    devices = Devices(json.get<std::vector<int64_t>>());
+    std::vector<int64_t> indices;
+    for (const auto& index : json) indices.push_back(int64_of(index));
+    devices = Devices(std::move(indices));
   } else {
-    throw ConfigError(
-        fmt::format("expected devices as an integer, a string or a list of integers, got {}", json.dump()));
+    throw ConfigError(fmt::format("expected devices as an integer, a string or a list of integers, got {}",
+                                  detail::json_for_message(json)));
   }
 }
 
@@ -76,7 +92,16 @@ struct Field {
 };
 
 [[noreturn]] void ill_typed(const char* key, const char* type, const json& value) {
-  throw ConfigError(fmt::format("trainer option '{}': expected {}, got {}", key, type, value.dump()));
+  throw ConfigError(
+      fmt::format("trainer option '{}': expected {}, got {}", key, type, detail::json_for_message(value)));
+}
+
+int64_t int64_option(const char* key, const json& value) {
+  try {
+    return int64_of(value);
+  } catch (const ConfigError& e) {
+    throw ConfigError(fmt::format("trainer option '{}': {}", key, e.what()));
+  }
 }
 
 template <typename T>
@@ -100,14 +125,14 @@ Field field(const char* name, const char* type, T TrainerOptions::*member) {
       o.*member = value.get<bool>();
     } else if constexpr (std::is_same_v<T, int64_t>) {
       if (!value.is_number_integer()) ill_typed(name, type, value);
-      o.*member = value.get<int64_t>();
+      o.*member = int64_option(name, value);
     } else if constexpr (std::is_same_v<T, std::optional<int64_t>>) {
       if (value.is_null()) {
         o.*member = std::nullopt;
         return;
       }
       if (!value.is_number_integer()) ill_typed(name, type, value);
-      o.*member = value.get<int64_t>();
+      o.*member = int64_option(name, value);
     } else if constexpr (std::is_same_v<T, std::optional<uint64_t>>) {
       if (value.is_null()) {
         o.*member = std::nullopt;
@@ -125,8 +150,8 @@ Field field(const char* name, const char* type, T TrainerOptions::*member) {
     } else {
       try {
         o.*member = value.get<T>();
-      } catch (const ConfigError&) {
-        ill_typed(name, type, value);
+      } catch (const ConfigError& e) {
+        throw ConfigError(fmt::format("trainer option '{}': {}", name, e.what()));
       }
     }
   };
@@ -146,7 +171,7 @@ const std::vector<Field>& fields() {
                    if (v.is_string())
                      o.precision = v.get<std::string>();
                    else if (v.is_number_integer())
-                     o.precision = std::to_string(v.get<int64_t>());
+                     o.precision = std::to_string(int64_option("precision", v));
                    else
                      ill_typed("precision", "a string (or the integer 32)", v);
                  }});
@@ -158,7 +183,7 @@ const std::vector<Field>& fields() {
                    if (v.is_boolean())
                      o.fast_dev_run = v.get<bool>() ? 1 : 0;
                    else if (v.is_number_integer())
-                     o.fast_dev_run = v.get<int64_t>();
+                     o.fast_dev_run = int64_option("fast_dev_run", v);
                    else
                      ill_typed("fast_dev_run", "a boolean or an integer", v);
                  }});
@@ -212,14 +237,38 @@ bool parse_integer(const std::string& text, int64_t& out) {
   return true;
 }
 
+bool parse_unsigned(const std::string& text, uint64_t& out) {
+  if (text.empty() || text.front() == '-') return false;
+  errno = 0;
+  char* end = nullptr;
+  unsigned long long v = std::strtoull(text.c_str(), &end, 10);
+  if (errno != 0 || *end != '\0') return false;
+  out = v;
+  return true;
+}
+
+// Digits, with a sign or not: an integer however large.
+bool is_integer_text(const std::string& text) {
+  const size_t digits = !text.empty() && (text[0] == '-' || text[0] == '+') ? 1 : 0;
+  return text.size() > digits && std::all_of(text.begin() + static_cast<std::ptrdiff_t>(digits), text.end(),
+                                             [](unsigned char c) { return std::isdigit(c); });
+}
+
 bool parse_number(const std::string& text, double& out) {
   if (text.empty()) return false;
   errno = 0;
   char* end = nullptr;
   double v = std::strtod(text.c_str(), &end);
-  if (errno != 0 || *end != '\0') return false;
+  // Too small a number reads as 0 or a denormal, as in JSON; too large a one is refused.
+  if ((errno == ERANGE && std::isinf(v)) || *end != '\0') return false;
   out = v;
   return true;
+}
+
+void check_limit(const Limit& limit, const char* name) {
+  // Written so that NaN fails too.
+  if (limit.is_count() ? limit.count() < 0 : !(limit.fraction() >= 0 && limit.fraction() <= 1))
+    throw ConfigError(fmt::format("{}={}: expected a batch count >= 0 or a fraction in [0.0, 1.0]", name, limit.str()));
 }
 
 // The JSON value a command-line text stands for, guided by the option's type:
@@ -237,8 +286,10 @@ json text_to_json(const Field& f, const std::string& text) {
   if (type.rfind("devices", 0) == 0) {
     if (parse_integer(text, i)) return i;
     if (!text.empty() && text.front() == '[') {
-      json parsed = json::parse(text, nullptr, /*allow_exceptions=*/false);
-      if (!parsed.is_discarded()) return parsed;
+      detail::JsonInput parsed = detail::read_json(text);
+      if (!parsed.not_json && !parsed.error.empty())
+        throw ConfigError(fmt::format("trainer option '{}': {}", f.name, parsed.error));
+      if (parsed.error.empty()) return std::move(parsed.value);
     }
     return text;
   }
@@ -246,6 +297,9 @@ json text_to_json(const Field& f, const std::string& text) {
     if (type.rfind("a non-negative", 0) == 0 && i >= 0) return static_cast<uint64_t>(i);
     return i;
   }
+  if (uint64_t u = 0; parse_unsigned(text, u)) return u;  // 2^63 to 2^64 - 1: the option says whether it takes it
+  if (type.find("integer") != std::string::npos && is_integer_text(text))
+    throw ConfigError(fmt::format("trainer option '{}': {} is out of range: expected {}", f.name, text, f.type));
   if (parse_number(text, d)) return d;
   if (type.rfind("a string", 0) == 0) return text;
   // Not a number, boolean or null: hand over as a string so the message names it.
@@ -266,12 +320,49 @@ void to_json(nlohmann::json& json, const TrainerOptions& options) {
 }
 
 void from_json(const nlohmann::json& json, TrainerOptions& options) {
-  if (!json.is_object()) throw ConfigError(fmt::format("trainer options must be a JSON object, got {}", json.dump()));
+  if (!json.is_object())
+    throw ConfigError(fmt::format("trainer options must be a JSON object, got {}", detail::json_for_message(json)));
   for (const auto& item : json.items()) find_field(item.key()).set(options, item.value());
+}
+
+void check_options(const TrainerOptions& o) {
+  detail::check_strategy(o.strategy);
+  auto at_least = [](int64_t value, int64_t min, const char* name) {
+    if (value < min) throw ConfigError(fmt::format("{}={}: expected an integer >= {}", name, value, min));
+  };
+  if (o.max_epochs) at_least(*o.max_epochs, -1, "max_epochs");
+  if (o.min_epochs) at_least(*o.min_epochs, 0, "min_epochs");
+  if (o.min_steps) at_least(*o.min_steps, 0, "min_steps");
+  at_least(o.max_steps, -1, "max_steps");
+  at_least(o.fast_dev_run, 0, "fast_dev_run");
+  at_least(o.num_sanity_val_steps, -1, "num_sanity_val_steps");
+  at_least(o.log_every_n_steps, 1, "log_every_n_steps");
+  at_least(o.accumulate_grad_batches, 1, "accumulate_grad_batches");
+  if (o.check_val_every_n_epoch) at_least(*o.check_val_every_n_epoch, 1, "check_val_every_n_epoch");
+  check_limit(o.limit_train_batches, "limit_train_batches");
+  check_limit(o.limit_val_batches, "limit_val_batches");
+  check_limit(o.limit_test_batches, "limit_test_batches");
+  check_limit(o.limit_predict_batches, "limit_predict_batches");
+  check_limit(o.overfit_batches, "overfit_batches");
+  check_limit(o.val_check_interval, "val_check_interval");
+  if (o.val_check_interval.is_count() ? o.val_check_interval.count() < 1 : o.val_check_interval.fraction() <= 0)
+    throw ConfigError(fmt::format("val_check_interval={}: expected a batch count >= 1 or a fraction in (0.0, 1.0]",
+                                  o.val_check_interval.str()));
+  if (o.gradient_clip_algorithm != "norm" && o.gradient_clip_algorithm != "value")
+    throw ConfigError(
+        fmt::format("unknown gradient_clip_algorithm '{}'; known: norm, value", o.gradient_clip_algorithm));
+  if (o.gradient_clip_val && !(std::isfinite(*o.gradient_clip_val) && *o.gradient_clip_val >= 0))
+    throw ConfigError(fmt::format("gradient_clip_val={}: expected a finite number >= 0", *o.gradient_clip_val));
+  if (o.ddp_timeout && !(std::isfinite(*o.ddp_timeout) && *o.ddp_timeout > 0))
+    throw ConfigError(fmt::format("ddp_timeout={}: expected a finite number of seconds > 0", *o.ddp_timeout));
 }
 
 void set_option(TrainerOptions& options, const std::string& key, const std::string& value) {
   const Field& f = find_field(key);
+  // Strings end up in JSON (hyper-parameters, checkpoints), which must be UTF-8.
+  if (!detail::is_valid_utf8(value))
+    throw ConfigError(
+        fmt::format("trainer option '{}': the value {} is not valid UTF-8", key, detail::json_for_message(value)));
   f.set(options, text_to_json(f, value));
 }
 

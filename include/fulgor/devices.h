@@ -44,13 +44,20 @@ class Devices {
   Value value_;
 };
 
+/// The most devices, or processes on the CPU, one `devices` value may select:
+/// more than any machine has, few enough that a typo (devices=100000000000)
+/// is refused before anything is allocated for it.
+inline constexpr int64_t kMaxDevices = 65536;
+
 /// Lightning's GPU semantics: the value as device indices on an accelerator with
 /// `available` devices. Rejects 0, "0", empty lists, duplicates, negative numbers
-/// other than -1 and indices past the count, with a ConfigError naming the value
-/// and the count. `accelerator` names the accelerator in messages.
+/// other than -1, indices past the count and counts above kMaxDevices, with a
+/// ConfigError naming the value and the count. `accelerator` names the
+/// accelerator in messages.
 std::vector<int64_t> parse_device_indices(const Devices& devices, int64_t available, const std::string& accelerator);
 
-/// Lightning's CPU semantics: a number of processes, "auto" meaning 1.
+/// Lightning's CPU semantics: a number of processes, "auto" meaning 1, at most
+/// kMaxDevices (ConfigError naming the value and the limit).
 int64_t parse_process_count(const Devices& devices, const std::string& accelerator);
 
 }  // namespace fulgor

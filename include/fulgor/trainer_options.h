@@ -158,6 +158,11 @@ void from_json(const nlohmann::json& json, Devices& devices);
 /// type when the key is unknown or the text does not parse.
 void set_option(TrainerOptions& options, const std::string& key, const std::string& value);
 
+/// Checks every value as a Trainer does when a loop starts: throws ConfigError
+/// naming the first option whose value is not accepted (a count out of its
+/// range, a fraction outside [0, 1], NaN or an infinity, an unknown name).
+void check_options(const TrainerOptions& options);
+
 /// The names of all options JSON and the command line accept, in declaration order.
 std::vector<std::string> trainer_option_names();
 

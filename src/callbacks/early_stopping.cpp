@@ -24,6 +24,13 @@ EarlyStopping::EarlyStopping(EarlyStoppingOptions options) : options_(std::move(
   if (options_.mode != "min" && options_.mode != "max")
     throw ConfigError(fmt::format("EarlyStopping: mode must be \"min\" or \"max\", got \"{}\"", options_.mode));
   if (options_.monitor.empty()) throw ConfigError("EarlyStopping needs a metric to monitor");
+  auto finite = [](const char* name, std::optional<double> value) {
+    if (value && !std::isfinite(*value))
+      throw ConfigError(fmt::format("EarlyStopping: {} must be a finite number, got {}", name, *value));
+  };
+  finite("min_delta", options_.min_delta);
+  finite("stopping_threshold", options_.stopping_threshold);
+  finite("divergence_threshold", options_.divergence_threshold);
   // As Lightning: the sign is the mode's, the value's own sign is kept (a
   // negative min_delta lets a slightly worse value count as an improvement).
   min_delta_ = options_.mode == "max" ? options_.min_delta : -options_.min_delta;

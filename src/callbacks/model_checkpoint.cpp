@@ -33,6 +33,11 @@ ModelCheckpoint::ModelCheckpoint(ModelCheckpointOptions options) : options_(std:
         "ModelCheckpoint: save_top_k={} ranks checkpoints, which needs a monitor; without one use -1, 0 or 1",
         options_.save_top_k));
   if (options_.filename.empty()) options_.filename = "{epoch}-{step}";
+  if (options_.train_time_interval &&
+      !(std::isfinite(options_.train_time_interval->count()) && options_.train_time_interval->count() >= 0))
+    throw ConfigError(
+        fmt::format("ModelCheckpoint: train_time_interval must be a finite number of seconds >= 0, got {}",
+                    options_.train_time_interval->count()));
   // Lightning's __init_triggers: with no trigger, once per epoch.
   if (!options_.every_n_epochs && !options_.every_n_train_steps && !options_.train_time_interval) {
     every_n_epochs_ = 1;

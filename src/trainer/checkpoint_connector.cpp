@@ -13,6 +13,7 @@
 #include "fulgor/checkpoint.h"
 #include "fulgor/strategy.h"
 #include "fulgor/version.h"
+#include "json_input.h"
 #include "state.h"
 #include "tensor_moves.h"
 
@@ -23,14 +24,40 @@ namespace {
 constexpr const char* kFormat = "fulgor-checkpoint";
 constexpr int kFormatVersion = 1;
 
-// Checks that meta[key] exists and has the JSON type `is` tests for.
-const nlohmann::json& entry(const nlohmann::json& meta, const std::string& path, const char* key,
-                            bool (nlohmann::json::*is)() const noexcept, const char* expected) {
-  auto it = meta.find(key);
-  if (it == meta.end() || !((*it).*is)())
-    throw CheckpointError(fmt::format("checkpoint '{}' has malformed metadata: '{}' is {}, expected {}", path, key,
-                                      it == meta.end() ? "missing" : it->type_name(), expected));
-  return *it;
+// Note [Checkpoint metadata]
+// A checkpoint's metadata comes from a file, which may be damaged or not
+// ours: before the restore trusts it, parse_checkpoint_meta checks the keys
+// the restore reads for the types and ranges the writer gives them, so that a
+// bad file is a CheckpointError naming the key, not a JSON library's error or
+// a loop resumed at epoch -10^12 that never ends. The states of the module,
+// the callbacks and the schedulers are theirs to read; a JSON library error
+// from them becomes a CheckpointError naming the state (restoring below).
+
+// The largest loop counter a checkpoint may give: room for the loops'
+// arithmetic on it (an epoch or a step more) without overflow.
+constexpr int64_t kMaxCounter = int64_t{1} << 62;
+
+using Fits = bool (*)(const nlohmann::json&);
+
+// Checks that parent[key] exists and `fits`; `where` is the parent's path.
+void require(const nlohmann::json& parent, const std::string& path, const char* where, const char* key, Fits fits,
+             const char* expected) {
+  const auto it = parent.find(key);
+  if (it != parent.end() && fits(*it)) return;
+  throw CheckpointError(fmt::format("checkpoint '{}' has malformed metadata: '{}{}' is {}, expected {}", path, where,
+                                    key, it == parent.end() ? "missing" : json_for_message(*it), expected));
+}
+
+// Runs `restore`, which reads `what` from the checkpoint's metadata: an error
+// of the JSON library (a key missing, a value of another type) becomes a
+// CheckpointError naming the file (Note [Checkpoint metadata]).
+template <typename Restore>
+void restoring(const LoadedCheckpoint& ckpt, const std::string& what, Restore&& restore) {
+  try {
+    restore();
+  } catch (const nlohmann::json::exception& e) {
+    throw CheckpointError(fmt::format("checkpoint '{}': {} does not fit: {}", ckpt.path, what, e.what()));
+  }
 }
 
 // Note [Optimizer state on the device]
@@ -63,11 +90,14 @@ void move_archive_tensors(torch::serialize::InputArchive& archive, const Acceler
 }  // namespace
 
 nlohmann::json parse_checkpoint_meta(torch::serialize::InputArchive& archive, const std::string& path) {
-  c10::IValue meta;
-  if (!archive.try_read("meta", meta) || !meta.isString())
+  c10::IValue entry;
+  if (!archive.try_read("meta", entry) || !entry.isString())
     throw CheckpointError(fmt::format("checkpoint '{}' has no metadata entry", path));
-  auto json = nlohmann::json::parse(meta.toStringRef(), nullptr, /*allow_exceptions=*/false);
-  if (json.is_discarded() || !json.is_object())
+  JsonInput input = read_json(entry.toStringRef());
+  if (!input.error.empty())
+    throw CheckpointError(fmt::format("checkpoint '{}' has malformed metadata: {}", path, input.error));
+  nlohmann::json& json = input.value;
+  if (!json.is_object())
     throw CheckpointError(fmt::format("checkpoint '{}' has malformed metadata: not a JSON object", path));
   const auto format = json.find("format");
   if (format == json.end() || !format->is_string() || *format != kFormat)
@@ -76,17 +106,24 @@ nlohmann::json parse_checkpoint_meta(torch::serialize::InputArchive& archive, co
   const auto version = json.find("format_version");
   if (version == json.end() || !version->is_number_integer() || *version != kFormatVersion)
     throw CheckpointError(fmt::format("checkpoint '{}' has format version {}; this fulgor reads version {}", path,
-                                      version == json.end() ? "none" : version->dump(), kFormatVersion));
-  using J = nlohmann::json;
-  const auto& loop = entry(json, path, "loop", &J::is_object, "an object");
+                                      version == json.end() ? "none" : json_for_message(*version), kFormatVersion));
+  const Fits counter = [](const nlohmann::json& v) { return v.is_number_integer() && v >= 0 && v <= kMaxCounter; };
+  const Fits boolean = [](const nlohmann::json& v) { return v.is_boolean(); };
+  const Fits string = [](const nlohmann::json& v) { return v.is_string(); };
+  const Fits array = [](const nlohmann::json& v) { return v.is_array(); };
+  const Fits object = [](const nlohmann::json& v) { return v.is_object(); };
+  const char* counter_range = "an integer from 0 to 2^62";
+  require(json, path, "", "loop", object, "an object");
+  const auto& loop = json.at("loop");
   for (const char* key : {"epoch", "global_step", "batches_in_epoch", "total_train_batches"})
-    entry(loop, path, key, &J::is_number_integer, "an integer");
-  entry(loop, path, "epoch_finished", &J::is_boolean, "a boolean");
-  entry(json, path, "optimizers", &J::is_number_unsigned, "a count");
-  entry(json, path, "schedulers", &J::is_array, "an array");
-  entry(json, path, "callbacks", &J::is_object, "an object");
-  entry(json, path, "module", &J::is_object, "an object");
-  return json;
+    require(loop, path, "loop.", key, counter, counter_range);
+  require(loop, path, "loop.", "epoch_finished", boolean, "true or false");
+  require(json, path, "", "optimizers", counter, counter_range);
+  require(json, path, "", "schedulers", array, "an array");
+  require(json, path, "", "callbacks", object, "an object");
+  require(json, path, "", "module", object, "an object");
+  require(json, path, "", "accelerator", string, "a string");
+  return std::move(json);
 }
 
 torch::Tensor cpu_rng_state() {
@@ -137,15 +174,18 @@ LoadedCheckpoint CheckpointConnector::read(const std::string& requested) const {
 // on_load_checkpoint and every callback's load_state_dict.
 void CheckpointConnector::restore_module_and_callbacks(LoadedCheckpoint& ckpt) {
   const auto& meta = ckpt.meta;
-  s.module->on_load_checkpoint(meta.at("module"));
+  restoring(ckpt, "the module's state", [&] { s.module->on_load_checkpoint(meta.at("module")); });
   torch::serialize::InputArchive model_archive;
   if (!ckpt.archive.try_read("model", model_archive))
     throw CheckpointError(fmt::format("checkpoint '{}' has no model state", ckpt.path));
   load_module_state(*s.module, model_archive, ckpt.path);
-  for (auto& cb : s.callbacks) cb->on_load_checkpoint(s.trainer, *s.module, meta);
+  for (auto& cb : s.callbacks)
+    restoring(ckpt, fmt::format("what {} reads of it", cb->state_key()),
+              [&] { cb->on_load_checkpoint(s.trainer, *s.module, meta); });
   const auto& states = meta.at("callbacks");
   for (auto& cb : s.callbacks)
-    if (auto it = states.find(cb->state_key()); it != states.end()) cb->load_state_dict(*it);
+    if (auto it = states.find(cb->state_key()); it != states.end())
+      restoring(ckpt, fmt::format("the state of {}", cb->state_key()), [&] { cb->load_state_dict(*it); });
 }
 
 // Lightning's restore_training_state, after on_fit_start: the precision's
@@ -179,7 +219,9 @@ void CheckpointConnector::restore_training_state(LoadedCheckpoint& ckpt) {
   if (schedulers.size() != s.optim.schedulers.size())
     throw CheckpointError(fmt::format("checkpoint '{}' holds {} scheduler states; configure_optimizers returned {}",
                                       ckpt.path, schedulers.size(), s.optim.schedulers.size()));
-  for (size_t i = 0; i < schedulers.size(); ++i) s.optim.schedulers[i].scheduler->load_state_dict(schedulers[i]);
+  for (size_t i = 0; i < schedulers.size(); ++i)
+    restoring(ckpt, fmt::format("the state of scheduler {}", i),
+              [&] { s.optim.schedulers[i].scheduler->load_state_dict(schedulers[i]); });
 }
 
 void CheckpointConnector::restore_rng(LoadedCheckpoint& ckpt, const char* cpu_key) {

@@ -259,7 +259,8 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
       train.set_epoch(s.epoch);  // Note [Loader epochs] in trainer.h
       train.start_epoch();
       bool exhausted = false;
-      for (int64_t i = 0; i < skip; ++i)
+      // A checkpoint may count more batches than this loader has.
+      for (int64_t i = 0; i < skip && !exhausted; ++i)
         if (!train.next(false)) exhausted = true;
       if (first_after_resume && resuming_mid_epoch) s.checkpoints.restore_rng(*ckpt, "rng_cpu");
       first_after_resume = resuming_mid_epoch = false;

@@ -23,47 +23,6 @@ struct ModuleAccess {
   }
 };
 
-namespace {
-
-void check_limit(const Limit& limit, const char* name) {
-  if (limit.is_count() ? limit.count() < 0 : (limit.fraction() < 0 || limit.fraction() > 1))
-    throw ConfigError(fmt::format("{}={}: expected a batch count >= 0 or a fraction in [0.0, 1.0]", name, limit.str()));
-}
-
-void check_options(const TrainerOptions& o) {
-  check_strategy(o.strategy);
-  auto at_least = [](int64_t value, int64_t min, const char* name) {
-    if (value < min) throw ConfigError(fmt::format("{}={}: expected an integer >= {}", name, value, min));
-  };
-  if (o.max_epochs) at_least(*o.max_epochs, -1, "max_epochs");
-  if (o.min_epochs) at_least(*o.min_epochs, 0, "min_epochs");
-  if (o.min_steps) at_least(*o.min_steps, 0, "min_steps");
-  at_least(o.max_steps, -1, "max_steps");
-  at_least(o.fast_dev_run, 0, "fast_dev_run");
-  at_least(o.num_sanity_val_steps, -1, "num_sanity_val_steps");
-  at_least(o.log_every_n_steps, 1, "log_every_n_steps");
-  at_least(o.accumulate_grad_batches, 1, "accumulate_grad_batches");
-  if (o.check_val_every_n_epoch) at_least(*o.check_val_every_n_epoch, 1, "check_val_every_n_epoch");
-  check_limit(o.limit_train_batches, "limit_train_batches");
-  check_limit(o.limit_val_batches, "limit_val_batches");
-  check_limit(o.limit_test_batches, "limit_test_batches");
-  check_limit(o.limit_predict_batches, "limit_predict_batches");
-  check_limit(o.overfit_batches, "overfit_batches");
-  check_limit(o.val_check_interval, "val_check_interval");
-  if (o.val_check_interval.is_count() ? o.val_check_interval.count() < 1 : o.val_check_interval.fraction() <= 0)
-    throw ConfigError(fmt::format("val_check_interval={}: expected a batch count >= 1 or a fraction in (0.0, 1.0]",
-                                  o.val_check_interval.str()));
-  if (o.gradient_clip_algorithm != "norm" && o.gradient_clip_algorithm != "value")
-    throw ConfigError(
-        fmt::format("unknown gradient_clip_algorithm '{}'; known: norm, value", o.gradient_clip_algorithm));
-  if (o.gradient_clip_val && !(*o.gradient_clip_val >= 0))
-    throw ConfigError(fmt::format("gradient_clip_val={}: expected a number >= 0", *o.gradient_clip_val));
-  if (o.ddp_timeout && !(*o.ddp_timeout > 0))
-    throw ConfigError(fmt::format("ddp_timeout={}: expected a number of seconds > 0", *o.ddp_timeout));
-}
-
-}  // namespace
-
 TrainerState::TrainerState(Trainer& owner, TrainerOptions opts) : trainer(owner), options(std::move(opts)) {}
 TrainerState::~TrainerState() = default;
 

@@ -32,6 +32,21 @@ TEST(BuiltinAccelerators, CpuIsAlwaysAvailable) {
   cpu->synchronize(torch::Device(torch::kCPU));
 }
 
+// devices=9223372036854775807 once ended in std::length_error from building
+// a vector of that many CPU devices, and 100000000000 in allocating one.
+TEST(BuiltinAccelerators, CpuRefusesHugeProcessCounts) {
+  auto cpu = make_accelerator("cpu");
+  for (Devices devices : {Devices(int64_t{9223372036854775807}), Devices(int64_t{100000000000})}) {
+    try {
+      cpu->parse_devices(devices);
+      ADD_FAILURE() << devices.str() << " accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("devices=" + devices.str()), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("65536"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(BuiltinAccelerators, CpuRngStateRoundTrips) {
   auto cpu = make_accelerator("cpu");
   torch::manual_seed(7);

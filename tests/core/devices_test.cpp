@@ -60,6 +60,34 @@ TEST(Devices, ProcessCountsForTheCpu) {
   EXPECT_THROW(parse_process_count({0, 1}, "cpu"), ConfigError);
 }
 
+// A count is checked against the limit before anything is allocated for it.
+TEST(Devices, RefusesCountsAboveTheLimitNamingIt) {
+  auto process_count_rejection = [](const Devices& d) {
+    try {
+      parse_process_count(d, "cpu");
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  std::string m = process_count_rejection(int64_t{100000000000});
+  EXPECT_NE(m.find("devices=100000000000"), std::string::npos) << m;
+  EXPECT_NE(m.find("65536"), std::string::npos) << m;
+  m = process_count_rejection("9223372036854775807");
+  EXPECT_NE(m.find("devices=\"9223372036854775807\""), std::string::npos) << m;
+  EXPECT_NE(m.find("65536"), std::string::npos) << m;
+  EXPECT_EQ(parse_process_count(65536, "cpu"), 65536);
+
+  m = rejection(65537, 100000);
+  EXPECT_NE(m.find("devices=65537"), std::string::npos) << m;
+  EXPECT_NE(m.find("65536"), std::string::npos) << m;
+  // "auto" on an accelerator that counts more devices than the limit.
+  m = rejection("auto", 65537);
+  EXPECT_NE(m.find("devices=auto"), std::string::npos) << m;
+  EXPECT_NE(m.find("65537"), std::string::npos) << m;
+  EXPECT_NE(m.find("65536"), std::string::npos) << m;
+}
+
 TEST(Devices, PrintsAsTyped) {
   EXPECT_EQ(Devices().str(), "auto");
   EXPECT_EQ(Devices(2).str(), "2");

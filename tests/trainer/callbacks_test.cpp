@@ -4,10 +4,13 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <regex>
 #include <sstream>
 #include <thread>
+
+#include <fmt/format.h>
 
 #include "tiny.h"
 
@@ -250,6 +253,41 @@ TEST(Callbacks, TimerStopsCleanly) {
   EXPECT_NE(result.message.find("Timer"), std::string::npos);
   EXPECT_THROW(Timer("1 hour"), ConfigError);
   EXPECT_DOUBLE_EQ(Timer("00:01:00:00").time_remaining(), 3600.0);
+}
+
+// NaN and infinite settings were once taken, and a Timer's day count too
+// long for a double ended in std::out_of_range.
+TEST(Callbacks, RefuseNanAndInfiniteSettingsNamingThem) {
+  const double nan = std::nan(""), inf = std::numeric_limits<double>::infinity();
+  auto message = [](auto make) {
+    try {
+      make();
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  for (double value : {nan, inf, -inf}) {
+    const std::string shown = fmt::format("{}", value);
+    std::string m = message([&] { EarlyStopping({.monitor = "val_loss", .min_delta = value}); });
+    EXPECT_NE(m.find("min_delta"), std::string::npos) << m;
+    EXPECT_NE(m.find(shown), std::string::npos) << m;
+    m = message([&] { EarlyStopping({.monitor = "val_loss", .stopping_threshold = value}); });
+    EXPECT_NE(m.find("stopping_threshold"), std::string::npos) << m;
+    m = message([&] { EarlyStopping({.monitor = "val_loss", .divergence_threshold = value}); });
+    EXPECT_NE(m.find("divergence_threshold"), std::string::npos) << m;
+    m = message([&] { ModelCheckpoint({.train_time_interval = std::chrono::duration<double>(value)}); });
+    EXPECT_NE(m.find("train_time_interval"), std::string::npos) << m;
+    EXPECT_NE(m.find(shown), std::string::npos) << m;
+    m = message([&] { Timer{Timer::Duration(value)}; });
+    EXPECT_NE(m.find("duration"), std::string::npos) << m;
+    EXPECT_NE(m.find(shown), std::string::npos) << m;
+    m = message([&] { ProgressBar(nullptr, 10, false, value); });
+    EXPECT_NE(m.find("min_line_seconds"), std::string::npos) << m;
+    EXPECT_NE(m.find(shown), std::string::npos) << m;
+  }
+  const std::string days(400, '9');
+  EXPECT_NE(message([&] { Timer(days + ":00:00:00"); }).find(days.substr(0, 20)), std::string::npos);
 }
 
 // Logs the loss for the progress bar; sleeps first when `pause` is set.

@@ -279,8 +279,8 @@ TEST(Checkpoint, MalformedMetadataIsNamedByEveryReader) {
   newer["format_version"] = 99;
   foreign["format"] = "something-else";
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {with_meta("no_step.ckpt", no_step), "'global_step' is missing"},
-      {with_meta("text_epoch.ckpt", text_epoch), "'epoch' is string, expected an integer"},
+      {with_meta("no_step.ckpt", no_step), "'loop.global_step' is missing"},
+      {with_meta("text_epoch.ckpt", text_epoch), "'loop.epoch' is \"one\", expected an integer"},
       {with_meta("newer.ckpt", newer), "format version 99"},
       {with_meta("foreign.ckpt", foreign), "not a fulgor training checkpoint"}};
   auto train = sequential_loader(16, 8);
@@ -673,6 +673,84 @@ TEST(Checkpoint, AWriterKilledAtRandomMomentsLeavesLoadableCheckpoints) {
   ASSERT_TRUE(fulgor::test::exited_with(last.wait(std::max(left, std::chrono::seconds(1))), 0)) << last.log();
   EXPECT_EQ(read_checkpoint_meta((folder / "last.ckpt").string()).at("loop").at("global_step"), reached + 3);
   EXPECT_TRUE(temporaries(folder).empty());
+}
+
+// Metadata nested past the limit of the JSON reader is refused, where it once
+// could overflow the stack.
+TEST(Checkpoint, MetadataNestedTooDeeplyIsRefused) {
+  TempDir dir;
+  const std::string path = (dir.path / "deep.ckpt").string();
+  const int depth = 100000;
+  torch::serialize::OutputArchive archive;
+  archive.write("meta", c10::IValue("{\"format\": \"fulgor-checkpoint\", \"format_version\": 1, \"module\": " +
+                                    std::string(depth, '[') + std::string(depth, ']') + "}"));
+  write_checkpoint_file(path, archive);
+  try {
+    read_checkpoint_meta(path);
+    ADD_FAILURE() << "accepted";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("nested deeper than"), std::string::npos) << e.what();
+  }
+  TinyNet model;
+  Trainer trainer(quiet(dir, 1));
+  auto train = sequential_loader(8, 4);
+  try {
+    trainer.fit(model, train, {.ckpt_path = path});
+    ADD_FAILURE() << "accepted";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("nested deeper than"), std::string::npos) << e.what();
+  }
+}
+
+// Metadata of another shape is a CheckpointError naming what is wrong, where
+// the JSON library's errors escaped and a negative epoch was resumed from.
+TEST(Checkpoint, MalformedMetadataIsRefusedNamingWhatIsWrong) {
+  struct Rewrite : Callback {
+    std::function<void(nlohmann::json&)> change;
+    void on_save_checkpoint(Trainer&, ModuleBase&, nlohmann::json& checkpoint) override { change(checkpoint); }
+  };
+  using Change = std::function<void(nlohmann::json&)>;
+  const std::string early_stopping = "EarlyStopping{monitor=train_loss,mode=min}";
+  const std::vector<std::pair<Change, std::string>> cases = {
+      {[](nlohmann::json& m) { m["loop"]["epoch"] = -3; }, "'loop.epoch' is -3"},
+      {[](nlohmann::json& m) { m["loop"]["global_step"] = "two"; }, "'loop.global_step' is \"two\""},
+      {[](nlohmann::json& m) { m.erase("loop"); }, "'loop' is missing"},
+      {[](nlohmann::json& m) { m["optimizers"] = -1; }, "'optimizers' is -1"},
+      {[](nlohmann::json& m) { m["accelerator"] = 5; }, "'accelerator' is 5"},
+      {[&](nlohmann::json& m) { m["callbacks"][early_stopping]["wait_count"] = "x"; },
+       "the state of " + early_stopping},
+      {[](nlohmann::json& m) {
+         m["schedulers"] = nlohmann::json::array({{{"last_epoch", 1}}});
+       },
+       "scheduler 0"},
+  };
+  TempDir dir;
+  const std::string path = (dir.path / "rewritten.ckpt").string();
+  auto train = sequential_loader(8, 4);
+  auto watch_loss = [] { return std::make_shared<EarlyStopping>(EarlyStoppingOptions{.monitor = "train_loss"}); };
+  for (const auto& [change, what] : cases) {
+    TinyNet model;
+    model.make_optimizers = [](TinyNet& m) {
+      auto sgd = std::make_shared<torch::optim::SGD>(m.parameters(), torch::optim::SGDOptions(0.1));
+      return OptimizerConfig(sgd, {.scheduler = std::make_shared<StepLR>(*sgd, 1, 0.5)});
+    };
+    auto rewrite = std::make_shared<Rewrite>();
+    rewrite->change = change;
+    Trainer writer(quiet(dir, 1, {watch_loss(), rewrite}));
+    writer.fit(model, train);
+    writer.save_checkpoint(path);
+    TinyNet fresh;
+    fresh.make_optimizers = model.make_optimizers;
+    Trainer reader(quiet(dir, 2, {watch_loss()}));
+    try {
+      reader.fit(fresh, train, {.ckpt_path = path});
+      ADD_FAILURE() << what << ": accepted";
+    } catch (const CheckpointError& e) {
+      EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  }
 }
 
 }  // namespace

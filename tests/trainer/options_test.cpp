@@ -138,5 +138,183 @@ TEST(TrainerOptionsCommandLine, RejectsBadInputNamingTheKey) {
   EXPECT_NE(command_line_help("prog").find("--trainer.max_epochs"), std::string::npos);
 }
 
+std::string rejection(std::vector<std::string> args) {
+  try {
+    parse(args);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "accepted";
+}
+
+std::string config_rejection(const std::string& text) {
+  TempDir dir;
+  const std::string config = (dir.path / "run.json").string();
+  std::ofstream(config) << text;
+  return rejection({"--config", config});
+}
+
+// Integers of 2^63 and more once wrapped around: max_epochs=2^64-1 became -1
+// (unlimited). Every option names the value as written instead.
+TEST(TrainerOptionsJson, RefusesIntegersOutOfRangeNamingTheValueAsWritten) {
+  struct Case {
+    const char* config;
+    const char* key;
+    const char* value;
+  };
+  for (const Case& c : std::vector<Case>{
+           {R"({"trainer": {"max_epochs": 18446744073709551615}})", "max_epochs", "18446744073709551615"},
+           {R"({"trainer": {"max_steps": 9223372036854775808}})", "max_steps", "9223372036854775808"},
+           {R"({"trainer": {"max_steps": 100000000000000000000}})", "max_steps", "100000000000000000000"},
+           {R"({"trainer": {"limit_train_batches": 18446744073709551615}})", "limit_train_batches",
+            "18446744073709551615"},
+           {R"({"trainer": {"devices": 18446744073709551615}})", "devices", "18446744073709551615"},
+           {R"({"trainer": {"devices": [0, 18446744073709551615]}})", "devices", "18446744073709551615"},
+           {R"({"trainer": {"precision": 18446744073709551615}})", "precision", "18446744073709551615"},
+           {R"({"trainer": {"fast_dev_run": 18446744073709551615}})", "fast_dev_run", "18446744073709551615"},
+           {R"({"model": {"layers": [1, -100000000000000000000]}})", "model.layers[1]", "-100000000000000000000"},
+       }) {
+    const std::string m = config_rejection(c.config);
+    EXPECT_NE(m.find(c.key), std::string::npos) << c.config << ": " << m;
+    EXPECT_NE(m.find(c.value), std::string::npos) << c.config << ": " << m;
+  }
+  // The largest values that fit are taken as they are.
+  TempDir dir;
+  const std::string config = (dir.path / "run.json").string();
+  std::ofstream(config) << R"({"trainer": {"max_steps": 9223372036854775807, "seed": 18446744073709551615}})";
+  auto cli = parse({"--config", config});
+  EXPECT_EQ(cli.trainer.max_steps, INT64_MAX);
+  EXPECT_EQ(cli.trainer.seed, UINT64_MAX);
+}
+
+TEST(TrainerOptionsCommandLine, RefusesIntegersOutOfRangeNamingTheValueAsWritten) {
+  for (const std::string value :
+       {"18446744073709551615", "9223372036854775808", "-9223372036854775809", "100000000000000000000"}) {
+    std::string m = rejection({"--trainer.max_epochs=" + value});
+    EXPECT_NE(m.find("max_epochs"), std::string::npos) << m;
+    EXPECT_NE(m.find(value), std::string::npos) << m;
+    m = rejection({"--trainer.limit_val_batches=" + value});
+    EXPECT_NE(m.find("limit_val_batches"), std::string::npos) << m;
+    EXPECT_NE(m.find(value), std::string::npos) << m;
+  }
+  std::string m = rejection({"--model.width=100000000000000000000"});
+  EXPECT_NE(m.find("--model.width"), std::string::npos) << m;
+  EXPECT_NE(m.find("100000000000000000000"), std::string::npos) << m;
+  EXPECT_EQ(parse({"--trainer.seed=18446744073709551615"}).trainer.seed, UINT64_MAX);
+}
+
+// A program's own sections are read with the same care: no wrapping into a
+// narrower integer, no raw nlohmann error.
+TEST(TrainerOptionsCommandLine, GetRefusesValuesOfAnotherTypeOrOutOfRange) {
+  auto cli = parse({"--model.hidden=1099511627776", "--model.name=cnn", "--model.rate=0.5", "--model.layers=-3"});
+  auto message = [&](auto read) {
+    try {
+      read();
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  std::string m = message([&] { return cli.get<int>("model", "hidden", 0); });
+  EXPECT_NE(m.find("--model.hidden"), std::string::npos) << m;
+  EXPECT_NE(m.find("1099511627776"), std::string::npos) << m;
+  EXPECT_EQ(cli.get<int64_t>("model", "hidden", 0), 1099511627776);
+  m = message([&] { return cli.get<int>("model", "name", 0); });
+  EXPECT_NE(m.find("--model.name"), std::string::npos) << m;
+  m = message([&] { return cli.get<int>("model", "rate", 0); });
+  EXPECT_NE(m.find("--model.rate"), std::string::npos) << m;
+  m = message([&] { return cli.get<uint32_t>("model", "layers", 0); });
+  EXPECT_NE(m.find("--model.layers"), std::string::npos) << m;
+  m = message([&] { return cli.get<std::string>("model", "hidden", ""); });
+  EXPECT_NE(m.find("--model.hidden"), std::string::npos) << m;
+  EXPECT_DOUBLE_EQ(cli.get<double>("model", "hidden", 0), 1099511627776.0);
+}
+
+// A config nested 100,000 deep once overflowed the stack.
+TEST(TrainerOptionsJson, RefusesDeepNesting) {
+  const int depth = 100000;
+  std::string m = config_rejection("{\"model\": " + std::string(depth, '[') + std::string(depth, ']') + "}");
+  EXPECT_NE(m.find("run.json"), std::string::npos) << m;
+  EXPECT_NE(m.find("nested deeper than"), std::string::npos) << m;
+  std::string nested;
+  for (int i = 0; i < depth; ++i) nested += "{\"a\": ";
+  nested += "1" + std::string(depth, '}');
+  m = config_rejection(nested);
+  EXPECT_NE(m.find("nested deeper than"), std::string::npos) << m;
+  m = rejection({"--model.x=" + std::string(depth, '[') + std::string(depth, ']')});
+  EXPECT_NE(m.find("--model.x"), std::string::npos) << m;
+  EXPECT_NE(m.find("nested deeper than"), std::string::npos) << m;
+  m = rejection({"--trainer.devices=" + std::string(depth, '[') + std::string(depth, ']')});
+  EXPECT_NE(m.find("devices"), std::string::npos) << m;
+  EXPECT_NE(m.find("nested deeper than"), std::string::npos) << m;
+  // Nesting as a config may need is read.
+  std::string ten = std::string(10, '[') + std::string(10, ']');
+  EXPECT_EQ(parse({"--model.x=" + ten}).sections["model"]["x"].dump(), ten);
+}
+
+TEST(TrainerOptionsCommandLine, NamesAFolderGivenAsConfig) {
+  TempDir dir;
+  const std::string m = rejection({"--config", dir.str()});
+  EXPECT_NE(m.find("--config " + dir.str()), std::string::npos) << m;
+  EXPECT_NE(m.find("folder"), std::string::npos) << m;
+}
+
+// Invalid UTF-8 once let nlohmann's type_error.316 escape.
+TEST(TrainerOptionsCommandLine, RefusesInvalidUtf8NamingTheOption) {
+  std::string m = rejection({"--trainer.max_epochs=\xff"});
+  EXPECT_NE(m.find("--trainer.max_epochs"), std::string::npos) << m;
+  EXPECT_NE(m.find("UTF-8"), std::string::npos) << m;
+  m = rejection({"--trainer.accelerator=cp\xc3"});
+  EXPECT_NE(m.find("--trainer.accelerator"), std::string::npos) << m;
+  m = rejection({"--model.name", "\xfe\xff"});
+  EXPECT_NE(m.find("--model.name"), std::string::npos) << m;
+  EXPECT_NE(m.find("UTF-8"), std::string::npos) << m;
+  m = rejection({"--model.\xff=1"});
+  EXPECT_NE(m.find("UTF-8"), std::string::npos) << m;
+  // In a config file it is not JSON.
+  m = config_rejection("{\"model\": {\"name\": \"\xff\"}}");
+  EXPECT_NE(m.find("not valid JSON"), std::string::npos) << m;
+  EXPECT_EQ(parse({"--model.name=caf\xc3\xa9"}).get<std::string>("model", "name", ""), "caf\xc3\xa9");
+}
+
+// limit_train_batches=nan once trained no batch and reported success.
+TEST(TrainerOptions, RefusesNanAndInfinityInEveryFloatingOption) {
+  TempDir dir;
+  auto loader = sequential_loader(8, 4);
+  for (const std::string option :
+       {"limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches", "overfit_batches",
+        "val_check_interval", "gradient_clip_val", "ddp_timeout"}) {
+    for (const std::string value : {"nan", "inf", "-inf"}) {
+      TrainerOptions options = quiet(dir, 1);
+      set_option(options, option, value);
+      TinyNet model;
+      Trainer trainer(options);
+      try {
+        trainer.fit(model, loader);
+        ADD_FAILURE() << option << "=" << value << " accepted";
+      } catch (const ConfigError& e) {
+        const std::string m = e.what();
+        EXPECT_NE(m.find(option + "="), std::string::npos) << m;
+        EXPECT_NE(m.find(value), std::string::npos) << m;
+      }
+    }
+  }
+}
+
+TEST(TrainerOptions, CheckOptionsNamesTheOption) {
+  TrainerOptions options;
+  check_options(options);
+  options.gradient_clip_val = std::numeric_limits<double>::quiet_NaN();
+  try {
+    check_options(options);
+    ADD_FAILURE() << "accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("gradient_clip_val=nan"), std::string::npos) << e.what();
+  }
+  options = {};
+  options.max_epochs = -2;
+  EXPECT_THROW(check_options(options), ConfigError);
+}
+
 }  // namespace
 }  // namespace fulgor::testing

@@ -1,0 +1,47 @@
+// Runs every file of a corpus folder through a fuzz target, in name order,
+// naming each before it runs, so that a failing one is known:
+//
+//   fulgor_fuzz_replay devices|options|checkpoint CORPUS_FOLDER
+//
+// `fulgor_fuzz_replay --write-checkpoint-seed FILE` writes the valid
+// checkpoint of the checkpoint target's corpus.
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "fuzz.h"
+
+int main(int argc, char** argv) {
+  namespace fs = std::filesystem;
+  using Target = void (*)(const uint8_t*, size_t);
+  const std::map<std::string, Target> targets = {
+      {"devices", fulgor::fuzz::devices}, {"options", fulgor::fuzz::options}, {"checkpoint", fulgor::fuzz::checkpoint}};
+  if (argc == 3 && std::string(argv[1]) == "--write-checkpoint-seed") {
+    fulgor::fuzz::write_checkpoint_seed(argv[2]);
+    return 0;
+  }
+  const auto target = argc == 3 ? targets.find(argv[1]) : targets.end();
+  if (target == targets.end() || !fs::is_directory(argv[2])) {
+    std::fprintf(stderr, "usage: %s devices|options|checkpoint CORPUS_FOLDER\n", argv[0]);
+    return 2;
+  }
+  std::vector<fs::path> files;
+  for (const auto& entry : fs::directory_iterator(argv[2]))
+    if (entry.is_regular_file()) files.push_back(entry.path());
+  std::sort(files.begin(), files.end());
+  for (const auto& file : files) {
+    std::printf("%s\n", file.filename().c_str());
+    std::fflush(stdout);
+    std::ifstream in(file, std::ios::binary);
+    const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    target->second(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+  }
+  std::printf("%zu inputs of %s ran\n", files.size(), target->first.c_str());
+  return files.empty() ? 1 : 0;
+}
