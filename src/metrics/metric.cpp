@@ -94,8 +94,17 @@ torch::Tensor Metric::compute(ProcessGroup& group) const {
 torch::Tensor Metric::forward_with(const std::function<void()>& update) {
   std::vector<State> accumulated = states_;
   const int64_t count = update_count_;
+  const torch::Tensor previous_value = batch_value_;
   reset();
-  update();
+  try {
+    update();
+  } catch (...) {
+    // Inputs update() refused leave the metric as it was.
+    states_ = std::move(accumulated);
+    update_count_ = count;
+    batch_value_ = previous_value;
+    throw;
+  }
   {
     torch::NoGradGuard no_grad;
     batch_value_ = compute_from(local_states());

@@ -308,6 +308,11 @@ TEST(Metrics, ForwardGivesTheBatchValueAndAccumulates) {
   EXPECT_TRUE(accuracy.batch_value().equal(second));
   EXPECT_DOUBLE_EQ(value(accuracy), 4.0 / 6.0);
   EXPECT_EQ(accuracy.update_count(), 2);
+  // Refused inputs leave the state, the count and the batch value as they were.
+  EXPECT_THROW(accuracy.forward(torch::tensor({1.0}), torch::tensor({1})), ConfigError);
+  EXPECT_DOUBLE_EQ(value(accuracy), 4.0 / 6.0);
+  EXPECT_EQ(accuracy.update_count(), 2);
+  EXPECT_TRUE(accuracy.batch_value().equal(second));
 
   AUROC auroc;
   auroc(torch::tensor({0.9, 0.1}), torch::tensor({1, 0}));

@@ -37,8 +37,8 @@ class Metric {
  public:
   virtual ~Metric() = default;
 
-  /// The value over every batch since the last reset (a float64 tensor on
-  /// the state's device).
+  /// The value over every batch since the last reset: a float64 tensor
+  /// (ConfusionMatrix's counts: int64) on the state's device.
   torch::Tensor compute() const;
   /// The value over the state of every rank of `group` (a collective).
   torch::Tensor compute(ProcessGroup& group) const;
