@@ -61,6 +61,11 @@ void ModuleBase::log(std::string_view name, double value, const LogOptions& opti
   sink_->log(name, value, options);
 }
 
+void ModuleBase::log(std::string_view name, metrics::Metric& metric, const LogOptions& options) {
+  if (sink_ == nullptr) throw_not_running(name, torch::nn::Module::name());
+  sink_->log_metric(name, metric, options);
+}
+
 void ModuleBase::log_dict(const std::map<std::string, double>& values, const LogOptions& options) {
   for (const auto& [name, value] : values) log(name, value, options);
 }

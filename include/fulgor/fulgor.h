@@ -28,6 +28,7 @@
 #include "fulgor/error.h"
 #include "fulgor/logger.h"
 #include "fulgor/loggers/tensorboard.h"
+#include "fulgor/metrics.h"
 #include "fulgor/module.h"
 #include "fulgor/precision.h"
 #include "fulgor/registry.h"

@@ -21,6 +21,9 @@ namespace fulgor {
 
 class Trainer;
 class Callback;
+namespace metrics {
+class Metric;
+}
 
 /// How log() reduces a metric's values over an epoch.
 enum class Reduce { mean, sum, max, min };
@@ -53,6 +56,9 @@ class MetricSink {
   // A one-element tensor on a device, read when its value is needed rather
   // than now (Note [Deferred reads] in src/trainer/metric_store.h).
   virtual void log_on_device(std::string_view name, const torch::Tensor& value, const LogOptions& options) = 0;
+  // A metrics::Metric, computed when the epoch ends (Note [Logged metric
+  // objects] in src/trainer/metric_store.h).
+  virtual void log_metric(std::string_view name, metrics::Metric& metric, const LogOptions& options) = 0;
 };
 struct ModuleAccess;
 template <typename Batch, typename Loader>
@@ -169,6 +175,15 @@ class ModuleBase : public torch::nn::Module {
   /// callback asks for the metrics, or the epoch ends), not at every call.
   void log(std::string_view name, const torch::Tensor& value, const LogOptions& options = {});
   void log(std::string_view name, double value, const LogOptions& options = {});
+  /// Logs a metrics::Metric as Lightning logs a torchmetrics Metric. on_epoch:
+  /// its compute() at the end of the epoch (over every rank under strategy
+  /// "ddp"), after which it is reset; on_step: the value of the batch the
+  /// last forward() (or call) gave it, so a metric logged on_step is updated
+  /// with forward(), not update(). `reduce`, `batch_size` and `sync_dist` do
+  /// not apply. The metric must outlive the epoch, and under ddp every rank
+  /// logs the same metrics. Throws ConfigError when the value has more than
+  /// one element.
+  void log(std::string_view name, metrics::Metric& metric, const LogOptions& options = {});
   void log_dict(const std::map<std::string, double>& values, const LogOptions& options = {});
 
   // ---- Hyper-parameters -----------------------------------------------------

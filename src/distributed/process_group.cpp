@@ -161,6 +161,17 @@ double ProcessGroup::all_reduce(double value, ReduceOp op) {
   return tensor.item<double>();
 }
 
+std::vector<torch::Tensor> ProcessGroup::all_gather(const torch::Tensor& tensor) {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> input{tensor.contiguous()};
+  std::vector<std::vector<torch::Tensor>> output(1);
+  for (int64_t r = 0; r < state_->size; ++r) output[0].push_back(torch::empty_like(input[0]));
+  c10d::AllgatherOptions options;
+  options.timeout = state_->timeout;
+  state_->run("all_gather", [&] { state_->wait(state_->group->allgather(output, input, options)); });
+  return output[0];
+}
+
 void ProcessGroup::barrier() {
   // An all_reduce of one number: every backend has it, on every device, and it
   // honours the timeout like the other collectives.

@@ -1,15 +1,21 @@
 #include "metric_store.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/torch.h>
 
 #include <algorithm>
 
+#include "fulgor/error.h"
+#include "fulgor/metrics/metric.h"
 #include "fulgor/strategy.h"
 #include "state.h"
 
 namespace fulgor::detail {
 
-void MetricStore::log(std::string_view name, double local_value, const LogOptions& o) {
+void MetricStore::log(std::string_view name, double value, const LogOptions& o) { record(name, value, o, true); }
+
+void MetricStore::record(std::string_view name, double local_value, const LogOptions& o, bool accumulate) {
   // Only a training step logs in a train_step context: the common case
   // needs no string comparison.
   if (context != LogContext::train_step && s.loop == "predict") return;
@@ -39,7 +45,7 @@ void MetricStore::log(std::string_view name, double local_value, const LogOption
       if (step_log_due) pending_step[std::string(step_name)] = value;
     }
   }
-  if (on_epoch) {
+  if (on_epoch && accumulate) {
     auto& acc = (training ? train_accumulators : eval_accumulators)[name];
     const double weight = static_cast<double>(o.batch_size.value_or(current_batch_size > 0 ? current_batch_size : 1));
     switch (o.reduce) {
@@ -64,18 +70,63 @@ void MetricStore::log(std::string_view name, double local_value, const LogOption
 }
 
 void MetricStore::log_on_device(std::string_view name, const torch::Tensor& value, const LogOptions& o) {
+  defer(name, value, o, true);
+}
+
+void MetricStore::defer(std::string_view name, const torch::Tensor& value, const LogOptions& o, bool accumulate) {
   if (context != LogContext::train_step && s.loop == "predict") return;
   // Note [Deferred reads]: these need the number now.
   if (context == LogContext::none || (o.sync_dist && s.ddp)) {
-    log(name, value.item<double>(), o);
+    record(name, value.item<double>(), o, accumulate);
     return;
   }
   const bool step_default = context == LogContext::train_step;
   if (o.logger && step_log_due && o.on_step.value_or(step_default)) deferred_step_logs_ = true;
-  deferred_.push_back({std::string(name), value.detach(), o, context, current_batch_size, step_log_due});
+  deferred_.push_back({std::string(name), value.detach(), o, context, current_batch_size, step_log_due, accumulate});
   // A run whose tables nobody reads for long keeps a bounded backlog.
   constexpr size_t kMaxDeferred = 4096;
   if (deferred_.size() >= kMaxDeferred) read_deferred();
+}
+
+void MetricStore::log_metric(std::string_view name, metrics::Metric& metric, const LogOptions& o) {
+  if (context != LogContext::train_step && s.loop == "predict") return;
+  if (context == LogContext::none) {
+    record_now({{std::string(name), metric_value(name, metric)}}, o.prog_bar, o.logger);
+    return;
+  }
+  const bool training = context == LogContext::train_step || context == LogContext::train_epoch;
+  const bool step_default = context == LogContext::train_step;
+  const bool on_step = o.on_step.value_or(step_default), on_epoch = o.on_epoch.value_or(!step_default);
+  auto& acc = (training ? train_accumulators : eval_accumulators)[name];
+  acc.metric = &metric;
+  acc.options = o;
+  acc.any = on_epoch;
+  acc.both = on_step && on_epoch;
+  if (!on_step) return;
+  const torch::Tensor& value = metric.batch_value();
+  if (!value.defined())
+    throw ConfigError(
+        fmt::format("log('{}', metric) on_step needs the batch's value: update the metric with "
+                    "forward() (or call it) before logging it, not with update()",
+                    name));
+  if (value.numel() != 1)
+    throw ConfigError(fmt::format("log('{}', metric): the metric's value has shape [{}]; log() takes one value", name,
+                                  fmt::join(value.sizes(), ", ")));
+  // The batch's own value, as Lightning logs a Metric's forward cache.
+  LogOptions step_options = o;
+  step_options.sync_dist = false;
+  if (value.device().is_cpu())
+    record(name, value.item<double>(), step_options, false);
+  else
+    defer(name, value, step_options, false);
+}
+
+double MetricStore::metric_value(std::string_view name, metrics::Metric& metric) {
+  const torch::Tensor value = s.ddp ? metric.compute(s.ddp->group()) : metric.compute();
+  if (value.numel() != 1)
+    throw ConfigError(fmt::format("log('{}', metric): the metric's value has shape [{}]; log() takes one value", name,
+                                  fmt::join(value.sizes(), ", ")));
+  return value.item<double>();
 }
 
 void MetricStore::read_deferred() {
@@ -99,7 +150,8 @@ void MetricStore::read_deferred() {
     context = d.context;
     current_batch_size = d.batch_size;
     step_log_due = d.step_log_due;
-    log(d.name, d.value.device() == first.device() ? values[next++] : d.value.item<double>(), d.options);
+    record(d.name, d.value.device() == first.device() ? values[next++] : d.value.item<double>(), d.options,
+           d.accumulate);
   }
   context = saved_context;
   current_batch_size = saved_batch_size;
@@ -138,26 +190,34 @@ std::map<std::string, double> MetricStore::refresh(MetricTable<Accumulator>& acc
   std::map<std::string, double> result;
   for (const auto& [name, acc] : accumulators.map()) {
     if (!acc.any) continue;
-    double value = acc.options.reduce == Reduce::mean  ? (acc.weight > 0 ? acc.sum / acc.weight : 0.0)
-                   : acc.options.reduce == Reduce::sum ? acc.sum
-                                                       : acc.extreme;
-    const std::string epoch_name = acc.both ? name + "_epoch" : name;
-    callback_metrics[epoch_name] = value;
-    if (acc.both) callback_metrics[name] = value;
-    if (acc.options.prog_bar) progress_bar_metrics[epoch_name] = value;
-    if (acc.options.logger) {
-      logged_metrics[epoch_name] = value;
-      if (to_log) (*to_log)[epoch_name] = value;
-    }
-    result[epoch_name] = value;
+    const double value = acc.metric                           ? metric_value(name, *acc.metric)
+                         : acc.options.reduce == Reduce::mean ? (acc.weight > 0 ? acc.sum / acc.weight : 0.0)
+                         : acc.options.reduce == Reduce::sum  ? acc.sum
+                                                              : acc.extreme;
+    publish(name, value, acc.both, acc.options, result, to_log);
   }
   return result;
+}
+
+void MetricStore::publish(const std::string& name, double value, bool both, const LogOptions& options,
+                          std::map<std::string, double>& result, std::map<std::string, double>* to_log) {
+  const std::string epoch_name = both ? name + "_epoch" : name;
+  callback_metrics[epoch_name] = value;
+  if (both) callback_metrics[name] = value;
+  if (options.prog_bar) progress_bar_metrics[epoch_name] = value;
+  if (options.logger) {
+    logged_metrics[epoch_name] = value;
+    if (to_log) (*to_log)[epoch_name] = value;
+  }
+  result[epoch_name] = value;
 }
 
 std::map<std::string, double> MetricStore::aggregate(MetricTable<Accumulator>& accumulators,
                                                      std::optional<int64_t> step) {
   std::map<std::string, double> to_log;
   auto result = refresh(accumulators, &to_log);
+  for (const auto& [name, acc] : accumulators.map())
+    if (acc.metric) acc.metric->reset();
   accumulators.clear();
   send_to_loggers(to_log, step);
   return result;

@@ -21,11 +21,13 @@ struct TrainerState;
 // epoch-end hook of training or evaluation (whose values join the epoch's).
 enum class LogContext { none, train_step, eval_step, train_epoch, eval_epoch };
 
-// One metric's values over an epoch, reduced as its LogOptions say.
+// One metric's values over an epoch, reduced as its LogOptions say; or a
+// logged metrics::Metric (Note [Logged metric objects]).
 struct Accumulator {
   double sum = 0, weight = 0, extreme = 0;
   bool any = false, both = false;
   LogOptions options;
+  metrics::Metric* metric = nullptr;
 };
 
 // Where log() goes while a loop runs, and what the Trainer's metric accessors
@@ -37,6 +39,7 @@ struct MetricStore final : MetricSink {
 
   void log(std::string_view name, double value, const LogOptions& options) override;
   void log_on_device(std::string_view name, const torch::Tensor& value, const LogOptions& options) override;
+  void log_metric(std::string_view name, metrics::Metric& metric, const LogOptions& options) override;
   // Records every value logged on a device since the last read, reading them
   // with one copy to the host. Runs before anything reads the tables.
   void read_deferred();
@@ -84,6 +87,23 @@ struct MetricStore final : MetricSink {
   int64_t log_step = 0, eval_log_step = 0;
 
  private:
+  // Note [Logged metric objects]
+  // A metrics::Metric logged on_epoch is kept in its accumulator's place and
+  // computed whenever the epoch's values are refreshed (over all ranks under
+  // ddp, so every rank refreshes at the same points, as they do), then reset
+  // when the epoch's values are aggregated, as Lightning's _ResultCollection
+  // computes and resets a torchmetrics Metric. Its step value is the last
+  // forward()'s, recorded as a logged tensor's but without joining the epoch
+  // (`accumulate` false below). One logged only on_step is kept too, to be
+  // reset with the epoch.
+  void record(std::string_view name, double value, const LogOptions& options, bool accumulate);
+  void defer(std::string_view name, const torch::Tensor& value, const LogOptions& options, bool accumulate);
+  // A logged metric's value now, over all ranks under ddp.
+  double metric_value(std::string_view name, metrics::Metric& metric);
+  // Writes one epoch value into the tables refresh() fills.
+  void publish(const std::string& name, double value, bool both, const LogOptions& options,
+               std::map<std::string, double>& result, std::map<std::string, double>* to_log);
+
   // Note [Deferred reads]
   // Reading a device tensor on the host (item()) waits for the device to
   // finish the step, which stalls the queue of work a training loop keeps
@@ -102,6 +122,7 @@ struct MetricStore final : MetricSink {
     LogContext context;
     int64_t batch_size;
     bool step_log_due;
+    bool accumulate;
   };
   std::vector<Deferred> deferred_;
   // Whether a deferred value is a step value for the loggers, which

@@ -137,6 +137,8 @@ TEST(DdpTrainer, SyncDistReducesOverTheRanks) {
     EXPECT_DOUBLE_EQ(m["rank_max"], 2.0);
     EXPECT_DOUBLE_EQ(m["rank_min"], 1.0);
     EXPECT_DOUBLE_EQ(m["rank_local"], rank + 1.0);
+    // A logged metric's state summed over the ranks at the epoch's end.
+    EXPECT_DOUBLE_EQ(m["rank_metric"], 1.75);
   }
 }
 

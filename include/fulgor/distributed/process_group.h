@@ -72,6 +72,10 @@ class ProcessGroup {
   /// A number (a logged metric) combined over the ranks.
   double all_reduce(double value, ReduceOp op = ReduceOp::mean);
 
+  /// Every rank's `tensor`, in rank order. The tensors have the same shape
+  /// and dtype on every rank.
+  std::vector<torch::Tensor> all_gather(const torch::Tensor& tensor);
+
   /// Returns once every rank has called barrier.
   void barrier();
 

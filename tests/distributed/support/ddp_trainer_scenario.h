@@ -37,6 +37,10 @@ struct RegressionNet : fulgor::Module {
   /// Logs "disagreeing" without sync_dist: the epoch on rank 0, minus the
   /// epoch on the others, so the ranks disagree on whether it improved.
   bool log_disagreeing = false;
+  /// Rank r adds r + 1 with weight 2r + 1 at every step: over both ranks its
+  /// epoch value is 7/4 (weights summed), where a mean of the ranks' values
+  /// would be 3/2.
+  fulgor::metrics::MeanMetric rank_metric;
 
   explicit RegressionNet(uint64_t seed) { net = register_module("net", make_model(seed)); }
 
@@ -60,6 +64,8 @@ struct RegressionNet : fulgor::Module {
     local.on_step = false;
     local.on_epoch = true;
     log("rank_local", value, local);
+    rank_metric.update(torch::full({1}, value), 2 * value - 1);
+    log("rank_metric", rank_metric, local);
     if (log_disagreeing) {
       const double epoch = static_cast<double>(trainer().current_epoch());
       log("disagreeing", trainer().global_rank() == 0 ? epoch : -epoch, local);

@@ -31,4 +31,24 @@ inline uint64_t init_seed(int64_t rank) { return 100 + static_cast<uint64_t>(ran
 
 constexpr double kLearningRate = 0.1;
 
+/// What the metrics scenario evaluates: kMetricSamples samples of three-class
+/// scores and labels, binary scores and labels, and regression pairs. Rank 0
+/// takes the first kMetricShard0 samples and rank 1 the rest (unequal shards),
+/// each in batches of kMetricBatch with a shorter last one.
+constexpr int64_t kMetricSamples = 11, kMetricShard0 = 7, kMetricBatch = 3;
+struct MetricData {
+  torch::Tensor scores, labels, probs, binary, preds, target;
+};
+inline MetricData make_metric_data() {
+  torch::Generator g = at::detail::createCPUGenerator(11);
+  MetricData d;
+  d.scores = torch::randn({kMetricSamples, 3}, g);
+  d.labels = torch::randint(0, 3, {kMetricSamples}, g);
+  d.probs = torch::rand({kMetricSamples}, g);
+  d.binary = torch::randint(0, 2, {kMetricSamples}, g);
+  d.preds = torch::randn({kMetricSamples}, g);
+  d.target = torch::randn({kMetricSamples}, g);
+  return d;
+}
+
 }  // namespace fulgor::test

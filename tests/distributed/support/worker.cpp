@@ -9,16 +9,19 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <iostream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "fulgor/distributed/environment.h"
 #include "fulgor/distributed/gradient_sync.h"
 #include "fulgor/distributed/process_group.h"
 #include "fulgor/error.h"
+#include "fulgor/metrics.h"
 #include "fulgor/registry.h"
 #include "scenarios.h"
 
@@ -95,6 +98,39 @@ void scenario_collectives(const Context& c) {
                                {"metric", torch::tensor(metric, torch::kFloat64)},
                                {"broadcast", from_one},
                                {"module", flat_parameters(*linear)}});
+}
+
+// Each rank updates the metrics with its unequal shard of the metric data,
+// then computes them alone and over both ranks.
+void scenario_metrics(const Context& c) {
+  fulgor::ProcessGroup group = make_group(c);
+  const fulgor::test::MetricData d = fulgor::test::make_metric_data();
+  const int64_t begin = c.env.rank == 0 ? 0 : fulgor::test::kMetricShard0;
+  const int64_t end = c.env.rank == 0 ? fulgor::test::kMetricShard0 : fulgor::test::kMetricSamples;
+  fulgor::metrics::ClassificationOptions macro;
+  macro.task = "multiclass";
+  macro.num_classes = 3;
+  macro.average = "macro";
+  fulgor::metrics::Accuracy accuracy(macro);
+  fulgor::metrics::F1Score f1(macro);
+  fulgor::metrics::AUROC auroc;
+  fulgor::metrics::MeanSquaredError mse;
+  fulgor::metrics::MeanMetric mean;
+  for (int64_t b = begin; b < end; b += fulgor::test::kMetricBatch) {
+    const int64_t n = std::min(fulgor::test::kMetricBatch, end - b);
+    accuracy.update(d.scores.narrow(0, b, n), d.labels.narrow(0, b, n));
+    f1.update(d.scores.narrow(0, b, n), d.labels.narrow(0, b, n));
+    auroc.update(d.probs.narrow(0, b, n), d.binary.narrow(0, b, n));
+    mse.update(d.preds.narrow(0, b, n), d.target.narrow(0, b, n));
+    mean.update(d.preds.narrow(0, b, n).mean(), static_cast<double>(n));
+  }
+  std::vector<std::pair<std::string, torch::Tensor>> results;
+  for (auto [name, metric] : std::vector<std::pair<std::string, fulgor::metrics::Metric*>>{
+           {"accuracy", &accuracy}, {"f1", &f1}, {"auroc", &auroc}, {"mse", &mse}, {"mean", &mean}}) {
+    results.emplace_back(name, metric->compute(group));
+    results.emplace_back(name + "_local", metric->compute());
+  }
+  save(c.file("metrics"), results);
 }
 
 // Data-parallel SGD: each rank trains on its half of every global batch.
@@ -181,6 +217,8 @@ int main(int argc, char** argv) {
       std::this_thread::sleep_for(std::chrono::seconds(60));
     } else if (scenario == "collectives" && argc == 3) {
       scenario_collectives(c);
+    } else if (scenario == "metrics" && argc == 3) {
+      scenario_metrics(c);
     } else if (scenario == "train" && argc == 4) {
       scenario_train(c, std::stoll(argv[3]));
     } else if (scenario == "nosync" && argc == 3) {
@@ -188,7 +226,8 @@ int main(int argc, char** argv) {
     } else if (scenario == "die" && argc == 5) {
       scenario_die(c, argv[3], std::stoll(argv[4]));
     } else {
-      std::cerr << "usage: fulgor_distributed_worker env|fail|sleep|collectives|train|nosync|die OUTDIR [ARGS...]\n";
+      std::cerr
+          << "usage: fulgor_distributed_worker env|fail|sleep|collectives|metrics|train|nosync|die OUTDIR [ARGS...]\n";
       return 2;
     }
   } catch (const fulgor::Error& e) {
