@@ -187,6 +187,9 @@ const std::vector<Field>& fields() {
     f.push_back(field("gradient_clip_algorithm", "a string", &TrainerOptions::gradient_clip_algorithm));
     f.push_back(field("deterministic", "a boolean", &TrainerOptions::deterministic));
     f.push_back(field("detect_anomaly", "a boolean", &TrainerOptions::detect_anomaly));
+    f.push_back(field("profiler", "a string", &TrainerOptions::profiler));
+    f.push_back(field("profiler_dirpath", "a string", &TrainerOptions::profiler_dirpath));
+    f.push_back(field("profiler_filename", "a string", &TrainerOptions::profiler_filename));
     f.push_back(field("default_root_dir", "a string", &TrainerOptions::default_root_dir));
     f.push_back(field("seed", "a non-negative integer or null", &TrainerOptions::seed));
     f.push_back(field("ddp_timeout", "a number of seconds or null", &TrainerOptions::ddp_timeout));
