@@ -19,11 +19,10 @@ struct Sleepy : TinyNet {
   }
 };
 
-const SimpleProfiler::Action& recorded(const Trainer& trainer, const std::string& name) {
-  static const SimpleProfiler::Action none;
+SimpleProfiler::Action recorded(const Trainer& trainer, const std::string& name) {
   const SimpleProfiler::Action* a = trainer.profiler()->find(name);
   if (!a) ADD_FAILURE() << "no action '" << name << "' in\n" << trainer.profiler()->summary("fit");
-  return a ? *a : none;
+  return a ? *a : SimpleProfiler::Action();
 }
 
 std::string read(const std::filesystem::path& path) {
@@ -46,7 +45,7 @@ TEST(Profiler, TimesTheTrainingStepAndEachHook) {
   ::testing::internal::GetCapturedStdout();
   ASSERT_NE(trainer.profiler(), nullptr);
 
-  const auto& step = recorded(trainer, "[Strategy]SingleDeviceStrategy.training_step");
+  const auto step = recorded(trainer, "[Strategy]SingleDeviceStrategy.training_step");
   EXPECT_EQ(step.calls, 10);
   const double nap = std::chrono::duration<double>(kNap).count();
   EXPECT_GE(step.total_seconds, 10 * nap);
