@@ -40,7 +40,8 @@ constexpr int64_t kShortSteps = 20, kLongSteps = 120;
 
 const std::vector<Variant>& counted_variants() {
   static const std::vector<Variant> variants = {{"barebones", false, 0, false},
-                                                {"progress bar + log()", true, 1, false}};
+                                                {"progress bar + log()", true, 1, false},
+                                                {"profiler \"simple\"", false, 0, false, "32", "simple"}};
   return variants;
 }
 
@@ -140,7 +141,8 @@ void instructions_benchmark(Report& report, const Settings&) {
   report.row({"caches", name + ", hand-written loop", misses(raw), ""});
   for (size_t i = 0; i < counted_variants().size(); ++i) {
     const Counts fulgor = per_step(i + 1);
-    const std::string variant = counted_variants()[i].name, suffix = i == 0 ? "_barebones" : "";
+    const std::string variant = counted_variants()[i].name;
+    const std::string suffix = i == 0 ? "_barebones" : !counted_variants()[i].profiler.empty() ? "_profiler" : "";
     report.row({"instructions", name + ", " + variant, fmt::format("{:.0f} instr/step", fulgor.instructions),
                 fmt::format("{:.3f}x, {:+.0f} instr/step", fulgor.instructions / raw.instructions,
                             fulgor.instructions - raw.instructions)});

@@ -78,6 +78,7 @@ torch::nn::Sequential fulgor_fit(const torch::nn::Sequential& initial, const Wor
   options.enable_progress_bar = variant.progress_bar;
   options.enable_checkpointing = variant.checkpoint;
   options.precision = variant.precision;
+  options.profiler = variant.profiler;
   options.logger = false;
   options.default_root_dir = root_dir;
   QuietStdout quiet;

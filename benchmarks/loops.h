@@ -19,6 +19,7 @@ struct Variant {
   int log_calls = 0;  // 1: log(loss) on the progress bar; 2: also log(batch index)
   bool checkpoint = false;
   std::string precision = "32";
+  std::string profiler;  // TrainerOptions::profiler
 };
 
 /// The data of a run: `epochs` passes over data/targets in order, batch kBatch.

@@ -52,7 +52,9 @@ const std::vector<Variant>& variants() {
   static const std::vector<Variant> all = {{"barebones", false, 0, false},
                                            {"progress bar + log()", true, 1, false},
                                            {"two log() calls", false, 2, false},
-                                           {"checkpoint each epoch", false, 0, true}};
+                                           {"checkpoint each epoch", false, 0, true},
+                                           // Its report is printed (to the quieted stdout) after each fit.
+                                           {"profiler \"simple\"", false, 0, false, "32", "simple"}};
   return all;
 }
 
@@ -177,6 +179,7 @@ void overhead_benchmark(Report& report, const Settings& settings) {
         report.figures["overhead_ratio_" + spec.key] = ratio;
         if (spec.key == "linear") report.figures["overhead_us_tiny_barebones"] = own;
       }
+      if (!variant.profiler.empty() && spec.key == "linear") report.figures["overhead_us_tiny_profiler"] = own;
       if (variant.name == "progress bar + log()") {
         report.figures["overhead_ratio_" + spec.key + "_logging"] = ratio;
         if (spec.key == "linear") report.figures["overhead_us_tiny"] = own;

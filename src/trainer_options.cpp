@@ -14,6 +14,7 @@
 #include "fulgor/error.h"
 #include "fulgor/strategy.h"
 #include "json_input.h"
+#include "trainer/profiling.h"
 
 namespace fulgor {
 namespace {
@@ -212,6 +213,9 @@ const std::vector<Field>& fields() {
     f.push_back(field("gradient_clip_algorithm", "a string", &TrainerOptions::gradient_clip_algorithm));
     f.push_back(field("deterministic", "a boolean", &TrainerOptions::deterministic));
     f.push_back(field("detect_anomaly", "a boolean", &TrainerOptions::detect_anomaly));
+    f.push_back(field("profiler", "a string", &TrainerOptions::profiler));
+    f.push_back(field("profiler_dirpath", "a string", &TrainerOptions::profiler_dirpath));
+    f.push_back(field("profiler_filename", "a string", &TrainerOptions::profiler_filename));
     f.push_back(field("default_root_dir", "a string", &TrainerOptions::default_root_dir));
     f.push_back(field("seed", "a non-negative integer or null", &TrainerOptions::seed));
     f.push_back(field("ddp_timeout", "a number of seconds or null", &TrainerOptions::ddp_timeout));
@@ -353,6 +357,12 @@ void check_options(const TrainerOptions& o) {
         fmt::format("unknown gradient_clip_algorithm '{}'; known: norm, value", o.gradient_clip_algorithm));
   if (o.gradient_clip_val && !(std::isfinite(*o.gradient_clip_val) && *o.gradient_clip_val >= 0))
     throw ConfigError(fmt::format("gradient_clip_val={}: expected a finite number >= 0", *o.gradient_clip_val));
+  // Lightning's "advanced" (cProfile), "pytorch" (torch.profiler) and "xla"
+  // profilers have no counterpart here.
+  if (!o.profiler.empty() && !detail::names_simple_profiler(o.profiler))
+    throw ConfigError(fmt::format(
+        "unknown profiler '{}'; known: \"\" (off), simple (Lightning's advanced, pytorch and xla are not offered)",
+        o.profiler));
   if (o.ddp_timeout && !(std::isfinite(*o.ddp_timeout) && *o.ddp_timeout > 0))
     throw ConfigError(fmt::format("ddp_timeout={}: expected a finite number of seconds > 0", *o.ddp_timeout));
 }

@@ -31,6 +31,7 @@
 #include "fulgor/metrics.h"
 #include "fulgor/module.h"
 #include "fulgor/precision.h"
+#include "fulgor/profiler.h"
 #include "fulgor/registry.h"
 #include "fulgor/runtime_info.h"
 #include "fulgor/scheduler.h"

@@ -16,6 +16,7 @@
 #include "fulgor/error.h"
 #include "fulgor/logger.h"
 #include "fulgor/module.h"
+#include "fulgor/profiler.h"
 #include "fulgor/trainer_options.h"
 
 namespace fulgor {
@@ -204,6 +205,10 @@ class Trainer {
   std::string checkpoint_dir() const;
   /// The first logger's log_dir, else default_root_dir.
   std::string log_dir() const;
+
+  /// The profiler of `profiler = "simple"`, with what the loops recorded so
+  /// far; nullptr when the profiler is off.
+  const SimpleProfiler* profiler() const;
 
   /// Saves the state of the module being (or last) fitted to `path`, atomically.
   /// Under strategy "ddp" every rank calls it: rank 0 writes the file, and

@@ -127,6 +127,16 @@ struct TrainerOptions {
   /// Runs training steps and their backward under autograd's anomaly
   /// detection: a backward that produces NaN throws, naming the operation.
   bool detect_anomaly = false;
+  /// "" (off) or "simple": Lightning's SimpleProfiler records the time spent
+  /// in each hook and loop stage, and its report is printed (or written, see
+  /// profiler_filename) when each loop ends; Trainer::profiler() reads it.
+  /// Off costs nothing (docs/training.md, Profiler).
+  std::string profiler;
+  /// Where the profiler's report file goes ("": the Trainer's log_dir).
+  std::string profiler_dirpath;
+  /// With a name, the report is appended to
+  /// `<profiler_dirpath>/<stage>-<name>.txt` instead of printed.
+  std::string profiler_filename;
   /// Where logs and checkpoints go by default ("" is the working directory).
   std::string default_root_dir;
   /// Seeds the CPU's generator and those of the accelerator's devices

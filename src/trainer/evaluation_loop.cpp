@@ -10,6 +10,7 @@ namespace fulgor::detail {
 
 namespace {
 struct LoopHook {
+  const char* name;
   void (Callback::*callback)(Trainer&, ModuleBase&);
   void (ModuleBase::*module)();
 };
@@ -19,21 +20,21 @@ struct LoopHook {
 // ends and it ends; by stage (validate, test, predict).
 void EvaluationLoop::hook(Stage st, Point point) {
   static const LoopHook hooks[3][4] = {
-      {{&Callback::on_validation_start, &ModuleBase::on_validation_start},
-       {&Callback::on_validation_epoch_start, &ModuleBase::on_validation_epoch_start},
-       {&Callback::on_validation_epoch_end, &ModuleBase::on_validation_epoch_end},
-       {&Callback::on_validation_end, &ModuleBase::on_validation_end}},
-      {{&Callback::on_test_start, &ModuleBase::on_test_start},
-       {&Callback::on_test_epoch_start, &ModuleBase::on_test_epoch_start},
-       {&Callback::on_test_epoch_end, &ModuleBase::on_test_epoch_end},
-       {&Callback::on_test_end, &ModuleBase::on_test_end}},
-      {{&Callback::on_predict_start, &ModuleBase::on_predict_start},
-       {&Callback::on_predict_epoch_start, &ModuleBase::on_predict_epoch_start},
-       {&Callback::on_predict_epoch_end, &ModuleBase::on_predict_epoch_end},
-       {&Callback::on_predict_end, &ModuleBase::on_predict_end}}};
+      {{"on_validation_start", &Callback::on_validation_start, &ModuleBase::on_validation_start},
+       {"on_validation_epoch_start", &Callback::on_validation_epoch_start, &ModuleBase::on_validation_epoch_start},
+       {"on_validation_epoch_end", &Callback::on_validation_epoch_end, &ModuleBase::on_validation_epoch_end},
+       {"on_validation_end", &Callback::on_validation_end, &ModuleBase::on_validation_end}},
+      {{"on_test_start", &Callback::on_test_start, &ModuleBase::on_test_start},
+       {"on_test_epoch_start", &Callback::on_test_epoch_start, &ModuleBase::on_test_epoch_start},
+       {"on_test_epoch_end", &Callback::on_test_epoch_end, &ModuleBase::on_test_epoch_end},
+       {"on_test_end", &Callback::on_test_end, &ModuleBase::on_test_end}},
+      {{"on_predict_start", &Callback::on_predict_start, &ModuleBase::on_predict_start},
+       {"on_predict_epoch_start", &Callback::on_predict_epoch_start, &ModuleBase::on_predict_epoch_start},
+       {"on_predict_epoch_end", &Callback::on_predict_epoch_end, &ModuleBase::on_predict_epoch_end},
+       {"on_predict_end", &Callback::on_predict_end, &ModuleBase::on_predict_end}}};
   const LoopHook& h = hooks[static_cast<int>(st) - 1][point];
-  s.each_callback([&](Callback& cb) { (cb.*h.callback)(s.trainer, *s.module); });
-  ((*s.module).*h.module)();
+  s.each_callback(h.name, [&](Callback& cb) { (cb.*h.callback)(s.trainer, *s.module); });
+  s.call_module(h.name, [&] { ((*s.module).*h.module)(); });
 }
 
 void EvaluationLoop::batch_hook(Stage st, bool start, int64_t i, const torch::Tensor& out) {
@@ -41,29 +42,30 @@ void EvaluationLoop::batch_hook(Stage st, bool start, int64_t i, const torch::Te
   switch (st) {
     case Stage::validate:
       if (start) {
-        s.each_callback([&](Callback& cb) { cb.on_validation_batch_start(s.trainer, m, i); });
-        m.on_validation_batch_start(i);
+        s.each_callback("on_validation_batch_start",
+                        [&](Callback& cb) { cb.on_validation_batch_start(s.trainer, m, i); });
+        s.call_module("on_validation_batch_start", [&] { m.on_validation_batch_start(i); });
       } else {
-        s.each_callback([&](Callback& cb) { cb.on_validation_batch_end(s.trainer, m, i); });
-        m.on_validation_batch_end(i);
+        s.each_callback("on_validation_batch_end", [&](Callback& cb) { cb.on_validation_batch_end(s.trainer, m, i); });
+        s.call_module("on_validation_batch_end", [&] { m.on_validation_batch_end(i); });
       }
       break;
     case Stage::test:
       if (start) {
-        s.each_callback([&](Callback& cb) { cb.on_test_batch_start(s.trainer, m, i); });
-        m.on_test_batch_start(i);
+        s.each_callback("on_test_batch_start", [&](Callback& cb) { cb.on_test_batch_start(s.trainer, m, i); });
+        s.call_module("on_test_batch_start", [&] { m.on_test_batch_start(i); });
       } else {
-        s.each_callback([&](Callback& cb) { cb.on_test_batch_end(s.trainer, m, i); });
-        m.on_test_batch_end(i);
+        s.each_callback("on_test_batch_end", [&](Callback& cb) { cb.on_test_batch_end(s.trainer, m, i); });
+        s.call_module("on_test_batch_end", [&] { m.on_test_batch_end(i); });
       }
       break;
     case Stage::predict:
       if (start) {
-        s.each_callback([&](Callback& cb) { cb.on_predict_batch_start(s.trainer, m, i); });
-        m.on_predict_batch_start(i);
+        s.each_callback("on_predict_batch_start", [&](Callback& cb) { cb.on_predict_batch_start(s.trainer, m, i); });
+        s.call_module("on_predict_batch_start", [&] { m.on_predict_batch_start(i); });
       } else {
-        s.each_callback([&](Callback& cb) { cb.on_predict_batch_end(s.trainer, m, i); });
-        m.on_predict_batch_end(out, i);
+        s.each_callback("on_predict_batch_end", [&](Callback& cb) { cb.on_predict_batch_end(s.trainer, m, i); });
+        s.call_module("on_predict_batch_end", [&] { m.on_predict_batch_end(out, i); });
       }
       break;
     case Stage::train:
@@ -73,16 +75,35 @@ void EvaluationLoop::batch_hook(Stage st, bool start, int64_t i, const torch::Te
 
 void EvaluationLoop::run_batches(StepRunner& runner, Stage st, std::optional<int64_t> limit,
                                  std::vector<torch::Tensor>* outputs) {
+  // Lightning's names: its _EvaluationLoop runs validate and test, its
+  // _PredictionLoop predict; the strategy calls the step.
+  const char* next_action = st == Stage::validate ? "[_EvaluationLoop].val_next"
+                            : st == Stage::test   ? "[_EvaluationLoop].test_next"
+                                                  : "[_PredictionLoop].predict_next";
+  const char* step_action = st == Stage::validate ? "validation_step"
+                            : st == Stage::test   ? "test_step"
+                                                  : "predict_step";
   runner.start_epoch();
   for (int64_t i = 0; !limit || i < *limit; ++i) {
-    if (!runner.next(true)) break;
+    bool fetched;
+    {
+      ProfileScope timed(s.profile(next_action));
+      fetched = runner.next(true);
+    }
+    if (!fetched) break;
     s.metrics.current_batch_size = runner.batch_size();
     s.metrics.context = LogContext::eval_step;
     batch_hook(st, true, i, {});
-    torch::Tensor out = runner.step(st, i);
+    torch::Tensor out = [&] {
+      ProfileScope timed(s.profile_strategy(step_action));
+      return runner.step(st, i);
+    }();
     batch_hook(st, false, i, out);
     if (outputs) outputs->push_back(std::move(out));
-    s.metrics.flush_step_logs();
+    {
+      ProfileScope timed(s.profile("[_LoggerConnector].update_eval_step_metrics"));
+      s.metrics.flush_step_logs();
+    }
     s.metrics.context = LogContext::none;
   }
 }
@@ -108,7 +129,10 @@ std::map<std::string, double> EvaluationLoop::run(StepRunner& runner, Stage st, 
     s.metrics.context = LogContext::eval_epoch;
     hook(st, kEpochEnd);
     s.metrics.context = LogContext::none;
-    result = s.metrics.aggregate(s.metrics.eval_accumulators);
+    {
+      ProfileScope timed(s.profile("[_LoggerConnector].update_eval_epoch_metrics"));
+      result = s.metrics.aggregate(s.metrics.eval_accumulators);
+    }
     hook(st, kEnd);
   }
   s.module->train(was_training);
@@ -125,10 +149,10 @@ void EvaluationLoop::sanity_check(StepRunner& runner, std::optional<int64_t> lim
   torch::Tensor cpu_state = cpu_rng_state(), device_state = s.accelerator->get_rng_state(*s.device);
   s.metrics.clear();
   s.sanity = true;
-  s.each_callback([&](Callback& cb) { cb.on_sanity_check_start(s.trainer, *s.module); });
+  s.each_callback("on_sanity_check_start", [&](Callback& cb) { cb.on_sanity_check_start(s.trainer, *s.module); });
   if (steps > 0) limit = limit ? std::min(*limit, steps) : steps;
   run(runner, Stage::validate, limit);
-  s.each_callback([&](Callback& cb) { cb.on_sanity_check_end(s.trainer, *s.module); });
+  s.each_callback("on_sanity_check_end", [&](Callback& cb) { cb.on_sanity_check_end(s.trainer, *s.module); });
   s.sanity = false;
   s.metrics.clear();
   set_cpu_rng_state(cpu_state);
@@ -165,6 +189,7 @@ std::map<std::string, double> Trainer::run_eval(Stage stage, ModuleBase& model, 
     result = s.evaluation.run(runner, stage, limit, outputs);
     s.teardown_hooks(model, name);
     for (auto& logger : s.loggers) logger->finalize("success");
+    s.describe_profile(name);
   } catch (const std::exception& e) {
     s.on_exception(model, e);
     throw;

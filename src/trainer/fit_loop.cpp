@@ -119,16 +119,17 @@ void train_epoch_end(TrainerState& s, TrainingBatch& batch, ModuleBase& model, b
     return dynamic_cast<const ModelCheckpoint*>(&cb) != nullptr || dynamic_cast<const EarlyStopping*>(&cb) != nullptr;
   };
   s.metrics.context = LogContext::train_epoch;
-  s.each_callback([&](Callback& cb) {
+  s.each_callback("on_train_epoch_end", [&](Callback& cb) {
     if (!monitoring(cb)) cb.on_train_epoch_end(s.trainer, model);
   });
-  model.on_train_epoch_end();
+  s.call_module("on_train_epoch_end", [&] { model.on_train_epoch_end(); });
   s.metrics.context = LogContext::none;
   s.metrics.refresh(s.metrics.train_accumulators);
   if (complete) batch.step_schedulers(Interval::epoch, s.epoch + 1);
-  s.each_callback([&](Callback& cb) {
+  s.each_callback("on_train_epoch_end", [&](Callback& cb) {
     if (monitoring(cb)) cb.on_train_epoch_end(s.trainer, model);
   });
+  ProfileScope timed(s.profile("[_LoggerConnector].update_train_epoch_metrics"));
   s.metrics.aggregate(s.metrics.train_accumulators, s.metrics.log_step - 1);  // Note [Logged steps]
 }
 
@@ -175,8 +176,8 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
     s.checkpoints.rng_epoch_start = torch::Tensor();
     if (s.ddp) s.ddp->attach(model);
     detail::SignalTrap trap;
-    s.each_callback([&](Callback& cb) { cb.on_fit_start(*this, model); });
-    model.on_fit_start();
+    s.each_callback("on_fit_start", [&](Callback& cb) { cb.on_fit_start(*this, model); });
+    s.call_module("on_fit_start", [&] { model.on_fit_start(); });
     for (auto& logger : s.loggers) logger->log_hyperparams(model.hparams());
     if (ckpt) s.checkpoints.restore_training_state(*ckpt);
     train.bind(*s.accelerator, *s.device, s.precision.precision());
@@ -209,8 +210,8 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
     if (validating && !restarting) s.evaluation.sanity_check(*val_runner, val_limit);
 
     model.train();
-    s.each_callback([&](Callback& cb) { cb.on_train_start(*this, model); });
-    model.on_train_start();
+    s.each_callback("on_train_start", [&](Callback& cb) { cb.on_train_start(*this, model); });
+    s.call_module("on_train_start", [&] { model.on_train_start(); });
 
     const int64_t accumulate = o.accumulate_grad_batches;
     bool first_after_resume = ckpt.has_value();
@@ -241,8 +242,8 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
       model.train();
       // Lightning does not start again an epoch resumed in its middle.
       if (!resuming_mid_epoch) {
-        s.each_callback([&](Callback& cb) { cb.on_train_epoch_start(*this, model); });
-        model.on_train_epoch_start();
+        s.each_callback("on_train_epoch_start", [&](Callback& cb) { cb.on_train_epoch_start(*this, model); });
+        s.call_module("on_train_epoch_start", [&] { model.on_train_epoch_start(); });
       }
 
       // Note [Resuming mid-epoch]
@@ -266,9 +267,18 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
       first_after_resume = resuming_mid_epoch = false;
 
       bool broke_early = false, skipped_rest = false;
+      // Lightning's run_training_epoch: the batches and the validation they
+      // lead to, not the epoch's start and end hooks.
+      std::optional<detail::ProfileScope> timed_epoch;
+      timed_epoch.emplace(s.profile("run_training_epoch"));
       while (!exhausted) {
         if (s.train_batches && s.batches_in_epoch >= *s.train_batches) break;
-        if (!train.next(true)) {
+        bool fetched;
+        {
+          detail::ProfileScope timed(s.profile("[_TrainingEpochLoop].train_dataloader_next"));
+          fetched = train.next(true);
+        }
+        if (!fetched) {
           exhausted = true;
           break;
         }
@@ -279,16 +289,20 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
         s.metrics.context = LogContext::train_step;
         const bool steps_optimizer = (batch_idx + 1) % accumulate == 0 || last;
         s.metrics.step_log_due = steps_optimizer && ((s.global_step + 1) % o.log_every_n_steps == 0 || s.should_stop);
-        s.each_callback([&](Callback& cb) { cb.on_train_batch_start(*this, model, batch_idx); });
-        if (FULGOR_UNLIKELY(model.on_train_batch_start(batch_idx) == -1)) {
+        s.each_callback("on_train_batch_start",
+                        [&](Callback& cb) { cb.on_train_batch_start(*this, model, batch_idx); });
+        if (FULGOR_UNLIKELY(
+                s.call_module("on_train_batch_start", [&] { return model.on_train_batch_start(batch_idx); }) == -1)) {
           s.metrics.context = LogContext::none;
           s.metrics.step_log_due = true;
           skipped_rest = true;
           break;
         }
         // Note [The optimizer closure]
-        const torch::Tensor loss =
-            steps_optimizer ? batch.optimizer_step(&train, batch_idx) : batch.run_closure(train, batch_idx, false);
+        const torch::Tensor loss = [&] {
+          detail::ProfileScope timed(s.profile("run_training_batch"));
+          return steps_optimizer ? batch.optimizer_step(&train, batch_idx) : batch.run_closure(train, batch_idx, false);
+        }();
         s.batches_in_epoch = batch_idx + 1;
         ++s.total_train_batches;
         // Note [The hooks' loss]
@@ -296,9 +310,13 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
           detail::refill_graph_free(hook_loss, loss);
         else
           hook_loss.reset();
-        s.each_callback([&](Callback& cb) { cb.on_train_batch_end(*this, model, hook_loss, batch_idx); });
-        model.on_train_batch_end(hook_loss, batch_idx);
-        s.metrics.flush_step_logs();
+        s.each_callback("on_train_batch_end",
+                        [&](Callback& cb) { cb.on_train_batch_end(*this, model, hook_loss, batch_idx); });
+        s.call_module("on_train_batch_end", [&] { model.on_train_batch_end(hook_loss, batch_idx); });
+        {
+          detail::ProfileScope timed(s.profile("[_LoggerConnector].update_train_step_metrics"));
+          s.metrics.flush_step_logs();
+        }
         s.metrics.context = LogContext::none;
         s.metrics.step_log_due = true;
 
@@ -309,6 +327,7 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
           result.reason = StopReason::signal;
           result.message = fmt::format("stopped by signal {} ({})", sig, sig == SIGINT ? "SIGINT" : "SIGTERM");
           result.checkpoint_path = (std::filesystem::path(checkpoint_dir()) / "last.ckpt").string();
+          detail::ProfileScope timed(s.profile("save_checkpoint"));
           s.checkpoints.save(result.checkpoint_path);
           stopped = true;
           break;
@@ -336,6 +355,7 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
       const bool complete = !broke_early;
       if (complete && !skipped_rest && schedule.due(s.epoch, s.batches_in_epoch, s.total_train_batches, true))
         s.evaluation.run(*val_runner, Stage::validate, val_limit);
+      timed_epoch.reset();
       detail::train_epoch_end(s, batch, model, complete);
       s.agree_on_stop(0);
       // Between epochs the state is "at the start of the next one"; an epoch
@@ -361,12 +381,13 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
       }
     }
     s.loop.clear();
-    s.each_callback([&](Callback& cb) { cb.on_train_end(*this, model); });
-    model.on_train_end();
-    s.each_callback([&](Callback& cb) { cb.on_fit_end(*this, model); });
-    model.on_fit_end();
+    s.each_callback("on_train_end", [&](Callback& cb) { cb.on_train_end(*this, model); });
+    s.call_module("on_train_end", [&] { model.on_train_end(); });
+    s.each_callback("on_fit_end", [&](Callback& cb) { cb.on_fit_end(*this, model); });
+    s.call_module("on_fit_end", [&] { model.on_fit_end(); });
     s.teardown_hooks(model, "fit");
     for (auto& logger : s.loggers) logger->finalize(result.reason == StopReason::signal ? "interrupted" : "success");
+    s.describe_profile("fit");
   } catch (const std::exception& e) {
     s.on_exception(model, e);
     throw;

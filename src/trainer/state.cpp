@@ -23,7 +23,13 @@ struct ModuleAccess {
   }
 };
 
-TrainerState::TrainerState(Trainer& owner, TrainerOptions opts) : trainer(owner), options(std::move(opts)) {}
+TrainerState::TrainerState(Trainer& owner, TrainerOptions opts) : trainer(owner), options(std::move(opts)) {
+  // Made with the Trainer, as Lightning's, so that its report's Total is the
+  // time since then; an unknown name is reported when a loop begins.
+  if (names_simple_profiler(options.profiler))
+    profiling = std::make_unique<Profiling>(
+        std::make_unique<SimpleProfiler>(options.profiler_dirpath, options.profiler_filename));
+}
 TrainerState::~TrainerState() = default;
 
 int64_t TrainerState::resolved_max_epochs() const {
@@ -49,6 +55,7 @@ void TrainerState::begin(const std::string& name) {
   precision.setup(options.precision, *accelerator);
   device = devices.front();
   stage = name;
+  if (profiling) profiling->forget_owners();
   metrics.eval_log_step = 0;
   should_stop = false;
   stop_reason.clear();
@@ -85,7 +92,7 @@ void TrainerState::end() {
 // Lightning's _attach_model_callbacks: the module's callbacks replace the
 // Trainer's of the same type, and checkpointing callbacks go last.
 void TrainerState::attach_model_callbacks(ModuleBase& model) {
-  auto from_model = model.configure_callbacks();
+  auto from_model = call_module("configure_callbacks", [&] { return model.configure_callbacks(); });
   if (from_model.empty()) return;
   auto replaced = [&](const Callback& cb) {
     return std::any_of(from_model.begin(), from_model.end(), [&](const auto& m) { return typeid(*m) == typeid(cb); });
@@ -101,19 +108,19 @@ void TrainerState::attach_model_callbacks(ModuleBase& model) {
 
 // Lightning's _call_setup_hook and _call_teardown_hook.
 void TrainerState::setup_hooks(ModuleBase& model, const std::string& name) {
-  each_callback([&](Callback& cb) { cb.setup(trainer, model, name); });
-  model.setup(name);
+  each_callback("setup", [&](Callback& cb) { cb.setup(trainer, model, name); });
+  call_module("setup", [&] { model.setup(name); });
 }
 
 void TrainerState::teardown_hooks(ModuleBase& model, const std::string& name) {
-  each_callback([&](Callback& cb) { cb.teardown(trainer, model, name); });
-  model.teardown(name);
+  each_callback("teardown", [&](Callback& cb) { cb.teardown(trainer, model, name); });
+  call_module("teardown", [&] { model.teardown(name); });
 }
 
 // Lightning's _interrupt: the callbacks hear of the exception, and the
 // loggers are finalized as failed.
 void TrainerState::on_exception(ModuleBase& model, const std::exception& e) {
-  each_callback([&](Callback& cb) { cb.on_exception(trainer, model, e); });
+  each_callback("on_exception", [&](Callback& cb) { cb.on_exception(trainer, model, e); });
   for (auto& logger : loggers) logger->finalize("failed");
 }
 
@@ -169,8 +176,16 @@ std::optional<int64_t> TrainerState::resolve_limit(const Limit& limit, const Ste
   return n;
 }
 
+void TrainerState::describe_profile(const std::string& name) {
+  if (!profiling) return;
+  const bool distributed = trainer.world_size() > 1;
+  profiling->profiler().describe(name, trainer.log_dir(),
+                                 distributed ? std::optional<int64_t>(ddp->environment().local_rank) : std::nullopt,
+                                 trainer.is_global_zero());
+}
+
 void TrainerState::configure_optimizers(ModuleBase& model) {
-  optim = model.configure_optimizers();
+  optim = call_module("configure_optimizers", [&] { return model.configure_optimizers(); });
   if (optim.optimizers.empty() || !optim.optimizers.front())
     throw ConfigError(fmt::format("{}::configure_optimizers returned no optimizer", model.name()));
   // Note [One optimizer]

@@ -10,6 +10,7 @@
 //                             sanity check
 //   metric_store.cpp          log(), epoch aggregation, the loggers
 //   checkpoint_connector.cpp  saving and restoring, "last" and "best", RNG
+//   profiling.cpp             profiler = "simple": the actions' names
 //   trainer.cpp               the Trainer's own members
 
 #include <torch/types.h>
@@ -27,6 +28,7 @@
 #include "fulgor/trainer.h"
 #include "metric_store.h"
 #include "precision_plugin.h"
+#include "profiling.h"
 
 // Branches the per-step path rarely takes (Note [The per-step path] in fit_loop.cpp).
 #if defined(__GNUC__)
@@ -75,10 +77,41 @@ struct TrainerState {
   CheckpointConnector checkpoints{*this};
   EvaluationLoop evaluation{*this};
 
+  // profiler = "simple"; null when off.
+  std::unique_ptr<Profiling> profiling;
+
+  // Note [Profiling at no cost]
+  // Every hook goes through each_callback and call_module, and every loop
+  // stage opens a ProfileScope on profile(name): with the profiler off that
+  // is a null check, with no clock read, allocation or name built; hook
+  // names are string literals, whose names are built once per loop.
   template <typename F>
-  void each_callback(F&& f) {
+  void each_callback(const char* hook, F&& f) {
+    if (FULGOR_UNLIKELY(profiling != nullptr)) {
+      for (auto& cb : callbacks) {
+        ProfileScope timed(&profiling->callback_hook(*cb, hook));
+        f(*cb);
+      }
+      return;
+    }
     for (auto& cb : callbacks) f(*cb);
   }
+  template <typename F>
+  decltype(auto) call_module(const char* hook, F&& f) {
+    ProfileScope timed(FULGOR_UNLIKELY(profiling != nullptr) ? &profiling->module_hook(*module, hook) : nullptr);
+    return f();
+  }
+  // The action of a loop stage, a strategy call ("training_step",
+  // "backward"), or nullptr when the profiler is off.
+  SimpleProfiler::Action* profile(const char* stage_name) {
+    return FULGOR_UNLIKELY(profiling != nullptr) ? &profiling->stage(stage_name) : nullptr;
+  }
+  SimpleProfiler::Action* profile_strategy(const char* hook) {
+    return FULGOR_UNLIKELY(profiling != nullptr) ? &profiling->strategy_hook(ddp != nullptr, hook) : nullptr;
+  }
+  // Writes the profiler's report at the end of a loop that succeeded, as
+  // Lightning's _call_teardown_hook does.
+  void describe_profile(const std::string& name);
 
   // Lightning's _run, up to the loop: options, accelerator, devices and
   // strategy for the loop `name` ("fit", "validate", ...).

@@ -140,6 +140,11 @@ std::string Trainer::log_dir() const {
   return default_root_dir();
 }
 
-void Trainer::save_checkpoint(const std::string& path) { state_->checkpoints.save(path); }
+void Trainer::save_checkpoint(const std::string& path) {
+  detail::ProfileScope timed(state_->profile("save_checkpoint"));
+  state_->checkpoints.save(path);
+}
+
+const SimpleProfiler* Trainer::profiler() const { return state_->profiling ? &state_->profiling->profiler() : nullptr; }
 
 }  // namespace fulgor

@@ -48,12 +48,12 @@ struct TrainingBatch {
     for (auto& config : s.optim.schedulers) {
       if (config.interval != interval || count % config.frequency != 0) continue;
       if (config.monitor.empty()) {
-        s.module->lr_scheduler_step(*config.scheduler, std::nullopt);
+        s.call_module("lr_scheduler_step", [&] { s.module->lr_scheduler_step(*config.scheduler, std::nullopt); });
         continue;
       }
       bool found = false;
       double value = monitored(config, found);
-      if (found) s.module->lr_scheduler_step(*config.scheduler, value);
+      if (found) s.call_module("lr_scheduler_step", [&] { s.module->lr_scheduler_step(*config.scheduler, value); });
     }
   }
 
@@ -68,13 +68,17 @@ struct TrainingBatch {
     if (FULGOR_UNLIKELY(s.options.detect_anomaly)) anomaly.emplace();
     // Gradients travel only on the batches that step the optimizer.
     if (FULGOR_UNLIKELY(s.ddp != nullptr)) s.ddp->before_forward(steps_optimizer);
-    torch::Tensor loss = train.step(Stage::train, batch_idx);
+    torch::Tensor loss = [&] {
+      ProfileScope timed(s.profile_strategy("training_step"));
+      return train.step(Stage::train, batch_idx);
+    }();
     if (loss.defined() && FULGOR_UNLIKELY(loss.numel() != 1 || !loss.requires_grad())) throw_bad_loss(loss);
     if (batch_idx % s.options.accumulate_grad_batches == 0) {
       auto& optimizer = *s.optim.optimizers.front();
-      s.each_callback([&](Callback& cb) { cb.on_before_zero_grad(s.trainer, *s.module, optimizer); });
-      s.module->on_before_zero_grad(optimizer);
-      s.module->optimizer_zero_grad(s.epoch, batch_idx, optimizer);
+      s.each_callback("on_before_zero_grad",
+                      [&](Callback& cb) { cb.on_before_zero_grad(s.trainer, *s.module, optimizer); });
+      s.call_module("on_before_zero_grad", [&] { s.module->on_before_zero_grad(optimizer); });
+      s.call_module("optimizer_zero_grad", [&] { s.module->optimizer_zero_grad(s.epoch, batch_idx, optimizer); });
     }
     if (!loss.defined()) return loss;
     const int64_t accumulate = s.options.accumulate_grad_batches;
@@ -82,14 +86,17 @@ struct TrainingBatch {
     const torch::Tensor divided =
         FULGOR_UNLIKELY(accumulate > 1) ? loss / static_cast<double>(accumulate) : torch::Tensor();
     const torch::Tensor& scaled = divided.defined() ? divided : loss;
-    s.each_callback([&](Callback& cb) { cb.on_before_backward(s.trainer, *s.module, scaled); });
-    s.module->on_before_backward(scaled);
-    if (FULGOR_UNLIKELY(s.ddp != nullptr))
-      s.ddp->backward(s.precision.scale_loss(scaled));
-    else
-      s.precision.backward(scaled);
-    s.each_callback([&](Callback& cb) { cb.on_after_backward(s.trainer, *s.module); });
-    s.module->on_after_backward();
+    s.each_callback("on_before_backward", [&](Callback& cb) { cb.on_before_backward(s.trainer, *s.module, scaled); });
+    s.call_module("on_before_backward", [&] { s.module->on_before_backward(scaled); });
+    {
+      ProfileScope timed(s.profile_strategy("backward"));
+      if (FULGOR_UNLIKELY(s.ddp != nullptr))
+        s.ddp->backward(s.precision.scale_loss(scaled));
+      else
+        s.precision.backward(scaled);
+    }
+    s.each_callback("on_after_backward", [&](Callback& cb) { cb.on_after_backward(s.trainer, *s.module); });
+    s.call_module("on_after_backward", [&] { s.module->on_after_backward(); });
     ++window;
     return loss;
   }
@@ -99,11 +106,17 @@ struct TrainingBatch {
     if (window == 0) return false;
     auto& optimizer = *s.optim.optimizers.front();
     s.precision.unscale(optimizer);  // clipping and the hooks see true gradients
-    s.each_callback([&](Callback& cb) { cb.on_before_optimizer_step(s.trainer, *s.module, optimizer); });
-    s.module->on_before_optimizer_step(optimizer);
-    s.module->configure_gradient_clipping(optimizer, s.options.gradient_clip_val, s.options.gradient_clip_algorithm);
-    s.precision.step(optimizer);
-    s.precision.update();
+    s.each_callback("on_before_optimizer_step",
+                    [&](Callback& cb) { cb.on_before_optimizer_step(s.trainer, *s.module, optimizer); });
+    s.call_module("on_before_optimizer_step", [&] { s.module->on_before_optimizer_step(optimizer); });
+    s.call_module("configure_gradient_clipping", [&] {
+      s.module->configure_gradient_clipping(optimizer, s.options.gradient_clip_val, s.options.gradient_clip_algorithm);
+    });
+    {
+      ProfileScope timed(s.profile_strategy("optimizer_step"));
+      s.precision.step(optimizer);
+      s.precision.update();
+    }
     window = 0;
     return true;
   }
@@ -129,7 +142,8 @@ struct TrainingBatch {
   // whose optimizer_step never called the closure).
   torch::Tensor optimizer_step(StepRunner* train, int64_t batch_idx) {
     StepClosure closure(*this, train, batch_idx);
-    s.module->optimizer_step(s.epoch, batch_idx, *s.optim.optimizers.front(), closure);
+    s.call_module("optimizer_step",
+                  [&] { s.module->optimizer_step(s.epoch, batch_idx, *s.optim.optimizers.front(), closure); });
     if (closure.stepped || !closure.called) {
       ++s.global_step;
       step_schedulers(Interval::step, s.global_step);

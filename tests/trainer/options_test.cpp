@@ -34,6 +34,9 @@ TrainerOptions unusual() {
   o.gradient_clip_algorithm = "value";
   o.deterministic = true;
   o.detect_anomaly = true;
+  o.profiler = "simple";
+  o.profiler_dirpath = "/tmp/profiles";
+  o.profiler_filename = "perf";
   o.default_root_dir = "/tmp/runs";
   o.seed = 42;
   o.ddp_timeout = 90.5;
