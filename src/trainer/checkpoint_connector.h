@@ -12,7 +12,16 @@ namespace fulgor::detail {
 struct TrainerState;
 
 // A checkpoint read for a loop: its file, archive and checked metadata.
+// Move-only, as its archive. The copy is deleted with a const parameter:
+// the implicit one would take a non-const reference, as the archive's does,
+// which std::optional's defaulted copy rejects under clang.
 struct LoadedCheckpoint {
+  LoadedCheckpoint() = default;
+  LoadedCheckpoint(const LoadedCheckpoint&) = delete;
+  LoadedCheckpoint& operator=(const LoadedCheckpoint&) = delete;
+  LoadedCheckpoint(LoadedCheckpoint&&) = default;
+  LoadedCheckpoint& operator=(LoadedCheckpoint&&) = default;
+
   std::string path;
   torch::serialize::InputArchive archive;
   nlohmann::json meta;
