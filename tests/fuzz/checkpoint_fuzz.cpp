@@ -6,6 +6,7 @@
 // the Trainer writes one with its metadata replaced by the input, so that
 // what reads the metadata is fuzzed behind the checksum.
 
+#include <torch/torch.h>
 #include <unistd.h>
 
 #include <filesystem>
