@@ -36,6 +36,34 @@ run_suite() {
   fi
 }
 
+# The sanitizer stage (Note [Sanitizers] in CMakeLists.txt), on the host's
+# LibTorch: the core and Trainer tests and the fuzz corpora's replay (the
+# registry, devices, plugins, options and config files, the loops,
+# checkpoints, callbacks, loggers) under ASan, LeakSanitizer and UBSan, built
+# at -O1 in a folder of its own. Each test executable runs as one process,
+# which loads LibTorch under ASan once. Prints one summary line.
+run_sanitized_suite() {
+  local dir=$1 log
+  log=$(mktemp)
+  cd "$dir"
+  local b=build-sanitize
+  if { cmake -S . -B $b -DFULGOR_SANITIZE=address,undefined -DCMAKE_CXX_FLAGS_RELEASE="-O1 -DNDEBUG" \
+         -DFULGOR_BUILD_EXAMPLES=OFF -DFULGOR_BUILD_CONFORMANCE=OFF &&
+       cmake --build $b -j"$(nproc)" --target fulgor_core_tests fulgor_trainer_tests fulgor_fuzz_replay &&
+       export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 &&
+       $b/tests/fulgor_core_tests && $b/tests/fulgor_trainer_tests &&
+       $b/tests/fuzz/fulgor_fuzz_replay devices tests/fuzz/corpus/devices &&
+       $b/tests/fuzz/fulgor_fuzz_replay options tests/fuzz/corpus/options &&
+       $b/tests/fuzz/fulgor_fuzz_replay checkpoint tests/fuzz/corpus/checkpoint; } >"$log" 2>&1; then
+    tail -n 20 "$log" >&2
+    echo "ASan+UBSan: $(grep -cE '^\[       OK \]' "$log") core and Trainer tests passed, fuzz corpora replayed"
+  else
+    cat "$log" >&2
+    echo "ASan+UBSan: FAILED" >&2
+    return 1
+  fi
+}
+
 make_trixie_root() {
   local root=$1
   if [ ! -x "$root/usr/bin/apt-get" ]; then
