@@ -118,10 +118,21 @@ void LRScheduler::apply(const std::vector<double>& lrs) {
   for (size_t i = 0; i < groups.size() && i < lrs.size(); ++i) groups[i].options().set_lr(lrs[i]);
 }
 
+namespace {
+// A counter of a scheduler's state, as a checkpoint gives it: within the
+// range its steps can add to without overflow.
+int64_t counter_in(const nlohmann::json& state, const char* key) {
+  const auto value = state.at(key).get<int64_t>();
+  if (value < 0 || value > (int64_t{1} << 62))
+    throw ConfigError(fmt::format("scheduler state '{}' is {}: expected an integer from 0 to 2^62", key, value));
+  return value;
+}
+}  // namespace
+
 nlohmann::json LRScheduler::state_dict() const { return {{"last_epoch", last_epoch_}, {"base_lrs", base_lrs_}}; }
 
 void LRScheduler::load_state_dict(const nlohmann::json& state) {
-  last_epoch_ = state.at("last_epoch").get<int64_t>();
+  last_epoch_ = counter_in(state, "last_epoch");
   base_lrs_ = state.at("base_lrs").get<std::vector<double>>();
   apply(compute_lrs(last_epoch_));
 }
@@ -195,11 +206,11 @@ nlohmann::json ReduceLROnPlateau::state_dict() const {
 }
 
 void ReduceLROnPlateau::load_state_dict(const nlohmann::json& state) {
-  last_epoch_ = state.at("last_epoch").get<int64_t>();
+  last_epoch_ = counter_in(state, "last_epoch");
   base_lrs_ = state.at("base_lrs").get<std::vector<double>>();
   if (!state.at("best").is_null()) best_ = state.at("best").get<double>();
-  num_bad_ = state.at("num_bad").get<int64_t>();
-  cooldown_left_ = state.at("cooldown_left").get<int64_t>();
+  num_bad_ = counter_in(state, "num_bad");
+  cooldown_left_ = counter_in(state, "cooldown_left");
   apply(state.at("lrs").get<std::vector<double>>());
 }
 

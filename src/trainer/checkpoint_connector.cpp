@@ -57,6 +57,8 @@ void restoring(const LoadedCheckpoint& ckpt, const std::string& what, Restore&& 
     restore();
   } catch (const nlohmann::json::exception& e) {
     throw CheckpointError(fmt::format("checkpoint '{}': {} does not fit: {}", ckpt.path, what, e.what()));
+  } catch (const ConfigError& e) {
+    throw CheckpointError(fmt::format("checkpoint '{}': {} does not fit: {}", ckpt.path, what, e.what()));
   }
 }
 

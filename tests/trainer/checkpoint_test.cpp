@@ -724,6 +724,9 @@ TEST(Checkpoint, MalformedMetadataIsRefusedNamingWhatIsWrong) {
          m["schedulers"] = nlohmann::json::array({{{"last_epoch", 1}}});
        },
        "scheduler 0"},
+      // A step more would overflow.
+      {[](nlohmann::json& m) { m["schedulers"][0]["last_epoch"] = INT64_MAX; },
+       "scheduler state 'last_epoch' is 9223372036854775807"},
   };
   TempDir dir;
   const std::string path = (dir.path / "rewritten.ckpt").string();
