@@ -41,7 +41,9 @@ run_suite() {
 # registry, devices, plugins, options and config files, the loops,
 # checkpoints, callbacks, loggers) under ASan, LeakSanitizer and UBSan, built
 # at -O1 in a folder of its own. Each test executable runs as one process,
-# which loads LibTorch under ASan once. Prints one summary line.
+# which loads LibTorch under ASan once. The SIGKILL test is left out: it
+# restarts a writer 30 times within a minute, which a writer starting under
+# ASan cannot keep to, and it checks files, not memory. Prints one summary line.
 run_sanitized_suite() {
   local dir=$1 log
   log=$(mktemp)
@@ -51,7 +53,7 @@ run_sanitized_suite() {
          -DFULGOR_BUILD_EXAMPLES=OFF -DFULGOR_BUILD_CONFORMANCE=OFF &&
        cmake --build $b -j"$(nproc)" --target fulgor_core_tests fulgor_trainer_tests fulgor_fuzz_replay &&
        export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 &&
-       $b/tests/fulgor_core_tests && $b/tests/fulgor_trainer_tests &&
+       $b/tests/fulgor_core_tests && $b/tests/fulgor_trainer_tests --gtest_filter=-Checkpoint.AWriterKilledAtRandomMomentsLeavesLoadableCheckpoints &&
        $b/tests/fuzz/fulgor_fuzz_replay devices tests/fuzz/corpus/devices &&
        $b/tests/fuzz/fulgor_fuzz_replay options tests/fuzz/corpus/options &&
        $b/tests/fuzz/fulgor_fuzz_replay checkpoint tests/fuzz/corpus/checkpoint; } >"$log" 2>&1; then
