@@ -5,6 +5,7 @@
 
 #include <torch/nn/utils/clip_grad.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "fulgor/error.h"
@@ -69,6 +70,71 @@ void ModuleBase::log(std::string_view name, metrics::Metric& metric, const LogOp
 void ModuleBase::log_dict(const std::map<std::string, double>& values, const LogOptions& options) {
   for (const auto& [name, value] : values) log(name, value, options);
 }
+
+std::vector<ManualOptimizer>& ModuleBase::optimizers() {
+  if (manual_steps_ == nullptr)
+    throw Error(fmt::format("{}.optimizers(): no fit is running the module; its optimizers exist while one does",
+                            torch::nn::Module::name()));
+  return manual_optimizers_;
+}
+
+std::vector<std::shared_ptr<LRScheduler>> ModuleBase::lr_schedulers() const {
+  std::vector<std::shared_ptr<LRScheduler>> schedulers;
+  for (const auto& config : trainer().lr_schedulers()) schedulers.push_back(config.scheduler);
+  return schedulers;
+}
+
+void ModuleBase::manual_backward(const torch::Tensor& loss) {
+  if (automatic_optimization_)
+    throw ConfigError(fmt::format(
+        "{}: to use manual_backward, turn automatic optimization off: call set_automatic_optimization(false)",
+        torch::nn::Module::name()));
+  if (manual_steps_ == nullptr)
+    throw Error(fmt::format("{}.manual_backward(): no fit is running the module", torch::nn::Module::name()));
+  manual_steps_->backward(loss);
+}
+
+// Lightning's toggle_optimizer and untoggle_optimizer, parameters being told
+// apart by their storage object (a parameter in two optimizers is recorded once).
+void ModuleBase::toggle_optimizer(torch::optim::Optimizer& optimizer) {
+  toggled_.clear();
+  auto recorded = [&](const torch::Tensor& p) {
+    return std::find_if(toggled_.begin(), toggled_.end(), [&](const auto& entry) { return entry.first.is_same(p); });
+  };
+  for (const auto& opt : trainer().optimizers())
+    for (const auto& group : opt->param_groups())
+      for (const auto& p : group.params()) {
+        if (recorded(p) != toggled_.end()) continue;
+        toggled_.emplace_back(p, p.requires_grad());
+        p.set_requires_grad(false);
+      }
+  for (const auto& group : optimizer.param_groups())
+    for (auto p : group.params()) {
+      auto entry = recorded(p);
+      if (entry == toggled_.end())
+        throw ConfigError(fmt::format("{}.toggle_optimizer: the optimizer is not one configure_optimizers returned",
+                                      torch::nn::Module::name()));
+      p.set_requires_grad(entry->second);
+    }
+}
+
+void ModuleBase::untoggle_optimizer(torch::optim::Optimizer& optimizer) {
+  for (const auto& opt : trainer().optimizers()) {
+    if (opt.get() == &optimizer) continue;
+    for (const auto& group : opt->param_groups())
+      for (auto p : group.params())
+        for (const auto& [param, required] : toggled_)
+          if (param.is_same(p)) p.set_requires_grad(required);
+  }
+  toggled_.clear();
+}
+
+ToggledOptimizer::ToggledOptimizer(ModuleBase& module, torch::optim::Optimizer& optimizer)
+    : module_(module), optimizer_(optimizer) {
+  module_.toggle_optimizer(optimizer_);
+}
+
+ToggledOptimizer::~ToggledOptimizer() { module_.untoggle_optimizer(optimizer_); }
 
 Trainer& ModuleBase::trainer() const {
   if (trainer_ == nullptr) throw Error(fmt::format("{} is not attached to a Trainer", torch::nn::Module::name()));

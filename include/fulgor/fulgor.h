@@ -27,6 +27,7 @@
 #include "fulgor/distributed/sampler.h"
 #include "fulgor/error.h"
 #include "fulgor/logger.h"
+#include "fulgor/manual_optimizer.h"
 #include "fulgor/loggers/tensorboard.h"
 #include "fulgor/metrics.h"
 #include "fulgor/module.h"

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "fulgor/batch.h"
+#include "fulgor/manual_optimizer.h"
 #include "fulgor/scheduler.h"
 
 namespace fulgor {
@@ -80,6 +81,23 @@ class OptimizerClosure {
   ~OptimizerClosure() = default;
 };
 
+class ModuleBase;
+
+/// Lightning's toggled_optimizer: while it lives, only `optimizer`'s
+/// parameters require gradients (ModuleBase::toggle_optimizer); it untoggles
+/// when it goes out of scope, also on exceptions.
+class [[nodiscard]] ToggledOptimizer {
+ public:
+  ToggledOptimizer(ModuleBase& module, torch::optim::Optimizer& optimizer);
+  ~ToggledOptimizer();
+  ToggledOptimizer(const ToggledOptimizer&) = delete;
+  ToggledOptimizer& operator=(const ToggledOptimizer&) = delete;
+
+ private:
+  ModuleBase& module_;
+  torch::optim::Optimizer& optimizer_;
+};
+
 /// The part of a module that does not depend on the batch type: hooks,
 /// logging, hyper-parameters, optimizers. Derive from BasicModule<Batch> (or
 /// Module) rather than from this class.
@@ -90,6 +108,13 @@ class OptimizerClosure {
 /// the hooks that do the Trainer's work (optimizer_step, optimizer_zero_grad,
 /// configure_gradient_clipping, lr_scheduler_step) do it by default. log() may
 /// only be called while a Trainer runs the module (it throws Error otherwise).
+///
+/// Optimization is automatic by default: the Trainer steps the one optimizer
+/// with each training_step's loss. A module that calls
+/// set_automatic_optimization(false) (in its constructor) optimizes in
+/// training_step itself, with optimizers(), manual_backward() and
+/// ManualOptimizer::step(), and may configure several optimizers
+/// (docs/training.md, "Manual optimization").
 class ModuleBase : public torch::nn::Module {
  public:
   ModuleBase() = default;
@@ -186,6 +211,35 @@ class ModuleBase : public torch::nn::Module {
   void log(std::string_view name, metrics::Metric& metric, const LogOptions& options = {});
   void log_dict(const std::map<std::string, double>& values, const LogOptions& options = {});
 
+  // ---- Manual optimization --------------------------------------------------
+  /// Whether the Trainer optimizes (true, the default) or training_step does.
+  /// Read when fit begins.
+  bool automatic_optimization() const { return automatic_optimization_; }
+  void set_automatic_optimization(bool automatic) { automatic_optimization_ = automatic; }
+  /// The optimizers configure_optimizers returned, in order. Throws Error
+  /// when no fit is running the module.
+  std::vector<ManualOptimizer>& optimizers();
+  /// The schedulers configure_optimizers returned, in order; under manual
+  /// optimization the Trainer does not step them: call step() on them.
+  std::vector<std::shared_ptr<LRScheduler>> lr_schedulers() const;
+  /// Backward from `loss` as the Trainer does it: the callbacks' and the
+  /// module's on_before_backward and on_after_backward around it, the loss
+  /// scaled under "16-mixed", gradients averaged over the ranks under "ddp".
+  /// Throws ConfigError under automatic optimization.
+  void manual_backward(const torch::Tensor& loss);
+  /// Makes only `optimizer`'s parameters require gradients, recording what
+  /// every optimizer's parameters required (Lightning's toggle_optimizer), so
+  /// that a backward pass for one part of a model (a GAN's generator) leaves
+  /// the others' gradients alone. untoggle_optimizer puts the other
+  /// optimizers' parameters back.
+  void toggle_optimizer(torch::optim::Optimizer& optimizer);
+  void toggle_optimizer(ManualOptimizer& optimizer) { toggle_optimizer(optimizer.optimizer()); }
+  void untoggle_optimizer(torch::optim::Optimizer& optimizer);
+  void untoggle_optimizer(ManualOptimizer& optimizer) { untoggle_optimizer(optimizer.optimizer()); }
+  /// toggle_optimizer until the returned guard goes out of scope:
+  /// `auto toggled = toggled_optimizer(opt);`.
+  ToggledOptimizer toggled_optimizer(ManualOptimizer& optimizer) { return {*this, optimizer.optimizer()}; }
+
   // ---- Hyper-parameters -----------------------------------------------------
   /// Records hyper-parameters: saved in checkpoints and sent to the loggers.
   void save_hyperparameters(nlohmann::json hparams) { hparams_ = std::move(hparams); }
@@ -198,6 +252,12 @@ class ModuleBase : public torch::nn::Module {
   friend struct detail::ModuleAccess;
   detail::MetricSink* sink_ = nullptr;
   Trainer* trainer_ = nullptr;
+  bool automatic_optimization_ = true;
+  // Set while a fit runs it: the ManualOptimizers handed out, and what they step with.
+  detail::ManualSteps* manual_steps_ = nullptr;
+  std::vector<ManualOptimizer> manual_optimizers_;
+  // toggle_optimizer's record: each parameter and whether it required grad.
+  std::vector<std::pair<torch::Tensor, bool>> toggled_;
   nlohmann::json hparams_ = nlohmann::json::object();
 };
 

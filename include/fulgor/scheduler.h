@@ -124,11 +124,11 @@ struct SchedulerConfig {
   std::string name;
 };
 
-/// What Module::configure_optimizers returns: the optimizer and its
-/// schedulers. The Trainer optimizes automatically, stepping one optimizer
-/// with each training_step's loss: fit refuses more than one optimizer with a
-/// ConfigError, as there is no manual optimization (Note [One optimizer] in
-/// src/trainer/state.cpp).
+/// What Module::configure_optimizers returns: the optimizers and their
+/// schedulers (each scheduler knows its optimizer). Automatic optimization
+/// steps one optimizer with each training_step's loss, so fit refuses
+/// several with a ConfigError unless the module optimizes manually (Note
+/// [Several optimizers] in src/trainer/manual_optimization.cpp).
 struct OptimizerConfig {
   std::vector<std::shared_ptr<torch::optim::Optimizer>> optimizers;
   std::vector<SchedulerConfig> schedulers;

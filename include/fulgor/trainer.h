@@ -73,8 +73,9 @@ struct TrainerState;
 ///
 /// Contract:
 ///   - Options are checked when a loop starts; bad values throw ConfigError,
-///     as does a configure_optimizers returning more than one optimizer
-///     (automatic optimization steps one; there is no manual optimization).
+///     as does a configure_optimizers returning more than one optimizer to a
+///     module that optimizes automatically (manual optimization steps several:
+///     ModuleBase::set_automatic_optimization).
 ///   - The module is moved onto the accelerator's device and stays there; a
 ///     "-true" precision other than 32 converts it there (docs/precision.md).
 ///   - Each loop calls Accelerator::teardown when it ends, also on exceptions

@@ -68,8 +68,8 @@ void restoring(const LoadedCheckpoint& ckpt, const std::string& what, Restore&& 
 // makes those states hold the very tensors of the archive they were read
 // from, so walking the archive and moving each of its tensors in place moves
 // the optimizer's state, whatever the optimizer.
-void move_archive_tensors(torch::serialize::InputArchive& archive, const Accelerator& accelerator,
-                          torch::Device device, const std::string& where) {
+void move_archive_tensors(torch::serialize::InputArchive& archive, const Accelerator& accelerator, torch::Device device,
+                          const std::string& where) {
   for (const auto& key : archive.keys()) {
     torch::serialize::InputArchive nested;
     if (archive.try_read(key, nested)) {
@@ -120,6 +120,9 @@ nlohmann::json parse_checkpoint_meta(torch::serialize::InputArchive& archive, co
   for (const char* key : {"epoch", "global_step", "batches_in_epoch", "total_train_batches"})
     require(loop, path, "loop.", key, counter, counter_range);
   require(loop, path, "loop.", "epoch_finished", boolean, "true or false");
+  // Saved by a manual optimization's fit only.
+  if (loop.contains("batches_that_stepped"))
+    require(loop, path, "loop.", "batches_that_stepped", counter, counter_range);
   require(json, path, "", "optimizers", counter, counter_range);
   require(json, path, "", "schedulers", array, "an array");
   require(json, path, "", "callbacks", object, "an object");
@@ -198,7 +201,9 @@ void CheckpointConnector::restore_training_state(LoadedCheckpoint& ckpt) {
   s.precision.load(ckpt.archive, ckpt.path);
   const auto& loop_state = meta.at("loop");
   s.epoch = loop_state.at("epoch").get<int64_t>();
-  s.global_step = s.metrics.log_step = loop_state.at("global_step").get<int64_t>();
+  s.global_step = loop_state.at("global_step").get<int64_t>();
+  s.manual_batches = loop_state.value("batches_that_stepped", int64_t{0});
+  s.metrics.log_step = s.logging_step();
   s.batches_in_epoch = loop_state.at("batches_in_epoch").get<int64_t>();
   s.epoch_finished = loop_state.at("epoch_finished").get<bool>();
   s.total_train_batches = loop_state.at("total_train_batches").get<int64_t>();
@@ -251,6 +256,7 @@ void CheckpointConnector::save(const std::string& path) {
                   {"batches_in_epoch", s.batches_in_epoch},
                   {"epoch_finished", s.epoch_finished},
                   {"total_train_batches", s.total_train_batches}};
+  if (s.manual) meta["loop"]["batches_that_stepped"] = s.manual_batches;
   meta["optimizers"] = s.optim.optimizers.size();
   meta["schedulers"] = nlohmann::json::array();
   for (const auto& config : s.optim.schedulers) meta["schedulers"].push_back(config.scheduler->state_dict());

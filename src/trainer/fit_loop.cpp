@@ -125,7 +125,8 @@ void train_epoch_end(TrainerState& s, TrainingBatch& batch, ModuleBase& model, b
   s.call_module("on_train_epoch_end", [&] { model.on_train_epoch_end(); });
   s.metrics.context = LogContext::none;
   s.metrics.refresh(s.metrics.train_accumulators);
-  if (complete) batch.step_schedulers(Interval::epoch, s.epoch + 1);
+  // Under manual optimization the module steps its schedulers.
+  if (complete && !s.manual) batch.step_schedulers(Interval::epoch, s.epoch + 1);
   s.each_callback("on_train_epoch_end", [&](Callback& cb) {
     if (monitoring(cb)) cb.on_train_epoch_end(s.trainer, model);
   });
@@ -171,7 +172,8 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
     s.setup_hooks(model, "fit");
     if (ckpt) s.checkpoints.restore_module_and_callbacks(*ckpt);
     s.configure_optimizers(model);
-    s.epoch = s.global_step = s.metrics.log_step = s.batches_in_epoch = s.total_train_batches = 0;
+    s.manual_optimization.attach(model, true);
+    s.epoch = s.global_step = s.manual_batches = s.metrics.log_step = s.batches_in_epoch = s.total_train_batches = 0;
     s.epoch_finished = false;
     s.checkpoints.rng_epoch_start = torch::Tensor();
     if (s.ddp) s.ddp->attach(model);
@@ -288,7 +290,8 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
         s.metrics.current_batch_size = train.batch_size();
         s.metrics.context = LogContext::train_step;
         const bool steps_optimizer = (batch_idx + 1) % accumulate == 0 || last;
-        s.metrics.step_log_due = steps_optimizer && ((s.global_step + 1) % o.log_every_n_steps == 0 || s.should_stop);
+        s.metrics.step_log_due =
+            steps_optimizer && ((s.logging_step() + 1) % o.log_every_n_steps == 0 || s.should_stop);
         s.each_callback("on_train_batch_start",
                         [&](Callback& cb) { cb.on_train_batch_start(*this, model, batch_idx); });
         if (FULGOR_UNLIKELY(
@@ -301,6 +304,7 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
         // Note [The optimizer closure]
         const torch::Tensor loss = [&] {
           detail::ProfileScope timed(s.profile("run_training_batch"));
+          if (FULGOR_UNLIKELY(s.manual)) return batch.manual_step(train, batch_idx);
           return steps_optimizer ? batch.optimizer_step(&train, batch_idx) : batch.run_closure(train, batch_idx, false);
         }();
         s.batches_in_epoch = batch_idx + 1;
@@ -322,7 +326,7 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
 
         if (FULGOR_UNLIKELY(schedule.due(s.epoch, s.batches_in_epoch, s.total_train_batches, false)))
           s.evaluation.run(*val_runner, Stage::validate, val_limit);
-        s.metrics.log_step = s.global_step;
+        s.metrics.log_step = s.logging_step();
         if (int sig = s.agree_on_stop(detail::SignalTrap::pending()); FULGOR_UNLIKELY(sig != 0)) {
           result.reason = StopReason::signal;
           result.message = fmt::format("stopped by signal {} ({})", sig, sig == SIGINT ? "SIGINT" : "SIGTERM");
@@ -351,7 +355,7 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
         batch.optimizer_step(nullptr, s.batches_in_epoch - 1);
       }
       batch.window = 0;
-      s.metrics.log_step = s.global_step;
+      s.metrics.log_step = s.logging_step();
       const bool complete = !broke_early;
       if (complete && !skipped_rest && schedule.due(s.epoch, s.batches_in_epoch, s.total_train_batches, true))
         s.evaluation.run(*val_runner, Stage::validate, val_limit);

@@ -12,16 +12,10 @@
 #include "fulgor/registry.h"
 #include "fulgor/seed.h"
 #include "fulgor/strategy.h"
+#include "module_access.h"
 #include "state.h"
 
 namespace fulgor::detail {
-
-struct ModuleAccess {
-  static void attach(ModuleBase& module, MetricSink* sink, Trainer* trainer) {
-    module.sink_ = sink;
-    module.trainer_ = trainer;
-  }
-};
 
 TrainerState::TrainerState(Trainer& owner, TrainerOptions opts) : trainer(owner), options(std::move(opts)) {
   // Made with the Trainer, as Lightning's, so that its report's Total is the
@@ -78,7 +72,10 @@ void TrainerState::attach(ModuleBase& model) {
 }
 
 void TrainerState::end() {
-  if (module) ModuleAccess::attach(*module, nullptr, &trainer);
+  if (module) {
+    ModuleAccess::attach(*module, nullptr, &trainer);
+    manual_optimization.attach(*module, false);
+  }
   if (ddp) ddp->detach();
   loop.clear();
   metrics.context = LogContext::none;
@@ -165,8 +162,7 @@ std::optional<int64_t> TrainerState::eval_limit(Stage s, const StepRunner& runne
                                             : "limit_predict_batches");
 }
 
-std::optional<int64_t> TrainerState::resolve_limit(const Limit& limit, const StepRunner& runner,
-                                                   const char* name) {
+std::optional<int64_t> TrainerState::resolve_limit(const Limit& limit, const StepRunner& runner, const char* name) {
   auto n = limit.of(runner.length());
   if (!n && !limit.is_all())
     throw ConfigError(
@@ -186,24 +182,21 @@ void TrainerState::describe_profile(const std::string& name) {
 
 void TrainerState::configure_optimizers(ModuleBase& model) {
   optim = call_module("configure_optimizers", [&] { return model.configure_optimizers(); });
-  if (optim.optimizers.empty() || !optim.optimizers.front())
-    throw ConfigError(fmt::format("{}::configure_optimizers returned no optimizer", model.name()));
-  // Note [One optimizer]
-  // Automatic optimization steps the optimizer with each training_step's
-  // loss. Several optimizers are there for parts of a model with objectives
-  // of their own (a GAN's generator and discriminator), which one loss
-  // stepping them all would ignore; Lightning 2 allows them only under
-  // manual optimization, which fulgor does not have yet.
-  if (optim.optimizers.size() > 1)
-    throw ConfigError(fmt::format(
-        "{}::configure_optimizers returned {} optimizers; the Trainer's automatic optimization steps exactly one "
-        "with each training_step's loss, and fulgor has no manual optimization: return one optimizer (parameter "
-        "groups give parts of the model their own options)",
-        model.name(), optim.optimizers.size()));
+  if (optim.optimizers.empty() ||
+      std::any_of(optim.optimizers.begin(), optim.optimizers.end(), [](const auto& o) { return o == nullptr; }))
+    throw ConfigError(fmt::format("{}::configure_optimizers returned {}", model.name(),
+                                  optim.optimizers.empty() ? "no optimizer" : "a null optimizer"));
+  manual = !model.automatic_optimization();
+  manual_optimization.check(model);
   for (const auto& sc : optim.schedulers) {
     if (!sc.scheduler) throw ConfigError("configure_optimizers returned a SchedulerConfig without a scheduler");
     if (sc.frequency < 1) throw ConfigError(fmt::format("scheduler frequency={}: expected >= 1", sc.frequency));
-    if (sc.scheduler->needs_metric() && sc.monitor.empty())
+    if (std::none_of(optim.optimizers.begin(), optim.optimizers.end(),
+                     [&](const auto& o) { return o.get() == &sc.scheduler->optimizer(); }))
+      throw ConfigError(fmt::format(
+          "{}::configure_optimizers returned a scheduler attached to an optimizer it did not return", model.name()));
+    // Under manual optimization the module steps its schedulers, with any metric.
+    if (!manual && sc.scheduler->needs_metric() && sc.monitor.empty())
       throw ConfigError("configure_optimizers returned a scheduler that needs a metric, without `monitor`");
   }
 }

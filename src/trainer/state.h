@@ -26,6 +26,7 @@
 #include "checkpoint_connector.h"
 #include "evaluation_loop.h"
 #include "fulgor/trainer.h"
+#include "manual_optimization.h"
 #include "metric_store.h"
 #include "precision_plugin.h"
 #include "profiling.h"
@@ -59,9 +60,18 @@ struct TrainerState {
   ModuleBase* module = nullptr;
   OptimizerConfig optim;
   PrecisionPlugin precision;
+  // Whether the fit running optimizes manually (the module's
+  // automatic_optimization() when it began), and what the module steps with.
+  bool manual = false;
+  ManualOptimization manual_optimization{*this};
 
   // Progress.
   int64_t epoch = 0, global_step = 0, batches_in_epoch = 0, total_train_batches = 0;
+  // Lightning's _batches_that_stepped under manual optimization, where a
+  // batch may step several optimizers (global_step counts their steps):
+  // the loggers' step label and log_every_n_steps count batches.
+  int64_t manual_batches = 0;
+  int64_t logging_step() const { return manual ? manual_batches : global_step; }
   bool epoch_finished = false;
   std::optional<int64_t> train_batches;
   int64_t max_epochs = -1;

@@ -151,6 +151,21 @@ struct TrainingBatch {
     return std::move(closure.loss);
   }
 
+  // Lightning's _ManualOptimization.advance: training_step alone, which
+  // does its own backward passes and steps (ManualOptimization); every batch
+  // counts as one that stepped. Gradients travel with each backward pass.
+  torch::Tensor manual_step(StepRunner& train, int64_t batch_idx) {
+    std::optional<torch::autograd::DetectAnomalyGuard> anomaly;
+    if (s.options.detect_anomaly) anomaly.emplace();
+    if (s.ddp != nullptr) s.ddp->before_forward(true);
+    torch::Tensor loss = [&] {
+      ProfileScope timed(s.profile_strategy("training_step"));
+      return train.step(Stage::train, batch_idx);
+    }();
+    ++s.manual_batches;
+    return loss;
+  }
+
   TrainerState& s;
   int64_t window = 0;
 };

@@ -1,0 +1,24 @@
+#pragma once
+
+// The Trainer's access to a module's private links to it.
+
+#include <utility>
+#include <vector>
+
+#include "fulgor/module.h"
+
+namespace fulgor::detail {
+
+struct ModuleAccess {
+  static void attach(ModuleBase& module, MetricSink* sink, Trainer* trainer) {
+    module.sink_ = sink;
+    module.trainer_ = trainer;
+  }
+  static void set_manual(ModuleBase& module, ManualSteps* steps, std::vector<ManualOptimizer> optimizers) {
+    module.manual_steps_ = steps;
+    module.manual_optimizers_ = std::move(optimizers);
+    module.toggled_.clear();
+  }
+};
+
+}  // namespace fulgor::detail
