@@ -31,10 +31,10 @@
 //                                 reads only that shard of its data set from
 //                                 the next epoch on (num_replicas 1: all of it
 //                                 again); returns false when it cannot (its
-//                                 sampler is the user's own). Under ddp the
-//                                 Trainer calls it as each loop starts, unless
-//                                 use_distributed_sampler is false
-//                                 (Note [Distributed sampling] in
+//                                 sampler is the user's own). The Trainer
+//                                 calls it as each loop starts (one replica
+//                                 outside ddp), unless use_distributed_sampler
+//                                 is false (Note [Distributed sampling] in
 //                                 src/trainer/state.cpp). size() reports the
 //                                 shard's batches afterwards.
 //
