@@ -2,6 +2,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -17,9 +18,20 @@ void seed_cpu_generator(uint64_t seed) {
   generator.set_current_seed(seed);
 }
 
+// The seed seed_everything last set, once global_seed_set_.
+std::atomic<uint64_t> global_seed_{0};
+std::atomic<bool> global_seed_set_{false};
+
 }  // namespace
 
+std::optional<uint64_t> global_seed() {
+  if (!global_seed_set_.load()) return std::nullopt;
+  return global_seed_.load();
+}
+
 uint64_t seed_everything(uint64_t seed) {
+  global_seed_.store(seed);
+  global_seed_set_.store(true);
   seed_cpu_generator(seed);
   auto& registry = AcceleratorRegistry::instance();
   for (const std::string& name : registry.names()) {

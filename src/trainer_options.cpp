@@ -219,6 +219,7 @@ const std::vector<Field>& fields() {
     f.push_back(field("default_root_dir", "a string", &TrainerOptions::default_root_dir));
     f.push_back(field("seed", "a non-negative integer or null", &TrainerOptions::seed));
     f.push_back(field("ddp_timeout", "a number of seconds or null", &TrainerOptions::ddp_timeout));
+    f.push_back(field("use_distributed_sampler", "a boolean", &TrainerOptions::use_distributed_sampler));
     return f;
   }();
   return all;

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include "fulgor/accelerator.h"
 
@@ -15,6 +16,11 @@ namespace fulgor {
 /// Requires: nothing. It asks each registered accelerator whether it is
 /// available, which may load its runtime (docs/accelerators.md).
 uint64_t seed_everything(uint64_t seed);
+
+/// The seed seed_everything last set in this process (Lightning's
+/// PL_GLOBAL_SEED), or nullopt before the first call. The shards the Trainer
+/// gives a fulgor::make_data_loader loader shuffle from it.
+std::optional<uint64_t> global_seed();
 
 /// Seeds LibTorch's CPU generator, from which loaders shuffle and devices
 /// without a generator of their own draw, and every device of `accelerator`:

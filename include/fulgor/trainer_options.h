@@ -149,6 +149,13 @@ struct TrainerOptions {
   /// for the other ranks before failing (unset: 30 minutes, Lightning's
   /// default). The first Trainer of a process sets it for the process.
   std::optional<double> ddp_timeout;
+  /// Under strategy "ddp", gives each rank its shard of every loader that can
+  /// be sharded (fulgor::TensorLoader and fulgor::make_data_loader's, whose
+  /// sampler is fulgor's) as each loop starts: training shards are evenly
+  /// padded, evaluation and prediction shards count every sample once.
+  /// Lightning's use_distributed_sampler; false leaves the loaders as they are
+  /// (docs/training.md, Distributed sampling).
+  bool use_distributed_sampler = true;
 };
 
 /// Converts options to JSON. Callbacks and loggers are left out.

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "fulgor/data/epoch_sampler.h"
+#include "fulgor/distributed/sampler.h"
 #include "fulgor/error.h"
 
 namespace fulgor {
@@ -46,7 +47,11 @@ TensorLoader::TensorLoader(torch::Tensor data, torch::Tensor targets, TensorLoad
 
 TensorLoader::TensorLoader(torch::Tensor data, torch::Tensor targets,
                            std::unique_ptr<torch::data::samplers::Sampler<>> sampler, TensorLoaderOptions options)
-    : data_(std::move(data)), targets_(std::move(targets)), sampler_(std::move(sampler)), options_(options) {
+    : data_(std::move(data)),
+      targets_(std::move(targets)),
+      sampler_(std::move(sampler)),
+      user_sampler_(sampler_ != nullptr),
+      options_(options) {
   if (!data_.defined() || data_.dim() == 0)
     throw ConfigError("TensorLoader needs data with a first (sample) dimension");
   if (!targets_.defined() || targets_.dim() == 0 || targets_.size(0) != data_.size(0))
@@ -54,15 +59,41 @@ TensorLoader::TensorLoader(torch::Tensor data, torch::Tensor targets,
                                   data_.size(0), targets_.defined() && targets_.dim() > 0 ? targets_.size(0) : 0));
   if (options_.batch_size < 1)
     throw ConfigError(fmt::format("TensorLoader batch_size={} is not valid: it must be >= 1", options_.batch_size));
-  if (sampler_ && options_.shuffle)
+  if (user_sampler_ && options_.shuffle)
     throw ConfigError("TensorLoader takes either shuffle=true or a sampler, not both: the sampler decides the order");
   if (options_.pin_memory) require_pinning();
+}
+
+bool TensorLoader::disable_shuffle() {
+  const bool was = std::exchange(options_.shuffle, false);
+  // A shard keeps its split with the order 0..n-1.
+  if (was && shard_) distribute(*shard_);
+  return was;
+}
+
+bool TensorLoader::distribute(const DistributedShard& shard) {
+  if (user_sampler_) return false;
+  if (shard.num_replicas == 1) {
+    sampler_.reset();
+    shard_.reset();
+    return true;
+  }
+  DistributedSamplerOptions sharding;
+  sharding.shuffle = options_.shuffle;
+  sharding.seed = options_.seed;
+  sharding.even = shard.even;
+  sampler_ = std::make_unique<DistributedSampler>(static_cast<size_t>(dataset_size()), shard.num_replicas, shard.rank,
+                                                  sharding);
+  shard_ = shard;
+  return true;
 }
 
 int64_t TensorLoader::size() const {
   // A sampler may hand out fewer indices than the data set holds (a shard).
   int64_t samples = dataset_size();
-  if (sampler_) {
+  if (shard_) {
+    samples = static_cast<int64_t>(static_cast<const DistributedSampler&>(*sampler_).local_size());
+  } else if (sampler_) {
     samples = 0;
     // Counting consumes the sampler, so count on a copy of its state.
     torch::serialize::OutputArchive saved;

@@ -21,21 +21,49 @@ void write_int(torch::serialize::OutputArchive& archive, const char* key, int64_
   archive.write(key, torch::tensor(value, torch::kInt64));
 }
 
-}  // namespace
-
-DistributedSampler::DistributedSampler(size_t dataset_size, int64_t num_replicas, int64_t rank,
-                                       DistributedSamplerOptions options)
-    : dataset_size_(dataset_size), num_replicas_(num_replicas), rank_(rank), options_(options) {
+void check_shard(int64_t num_replicas, int64_t rank) {
   if (num_replicas < 1)
     throw ConfigError(fmt::format("num_replicas {} is not accepted: expected at least 1", num_replicas));
   if (rank < 0 || rank >= num_replicas)
     throw ConfigError(fmt::format("rank {} is not accepted: expected 0 to {}", rank, num_replicas - 1));
+}
+
+}  // namespace
+
+size_t shard_size(size_t dataset_size, int64_t num_replicas, int64_t rank, bool even, bool drop_last) {
+  check_shard(num_replicas, rank);
+  const size_t replicas = static_cast<size_t>(num_replicas), r = static_cast<size_t>(rank);
+  if (!even) return dataset_size > r ? (dataset_size - r + replicas - 1) / replicas : 0;
+  return drop_last ? dataset_size / replicas : (dataset_size + replicas - 1) / replicas;
+}
+
+std::vector<size_t> shard_of(std::vector<size_t> order, int64_t num_replicas, int64_t rank, bool even, bool drop_last) {
+  const size_t n = order.size();
+  const size_t total = even ? shard_size(n, num_replicas, rank, true, drop_last) * static_cast<size_t>(num_replicas)
+                            : (check_shard(num_replicas, rank), n);
+  // Pad by repeating the order from its start, as many times as needed.
+  for (size_t i = 0; order.size() < total && n > 0; ++i) order.push_back(order[i]);
+  order.resize(total);
+  std::vector<size_t> mine;
+  mine.reserve(total / static_cast<size_t>(num_replicas) + 1);
+  for (size_t i = static_cast<size_t>(rank); i < total; i += static_cast<size_t>(num_replicas))
+    mine.push_back(order[i]);
+  return mine;
+}
+
+DistributedSampler::DistributedSampler(size_t dataset_size, int64_t num_replicas, int64_t rank,
+                                       DistributedSamplerOptions options)
+    : dataset_size_(dataset_size), num_replicas_(num_replicas), rank_(rank), options_(options) {
+  check_shard(num_replicas, rank);
+  if (options.drop_last && !options.even)
+    throw ConfigError(
+        "DistributedSampler drop_last=true with even=false is not accepted: an uneven split drops nothing; "
+        "drop_last applies only with even=true");
   build();
 }
 
 size_t DistributedSampler::local_size() const {
-  const size_t replicas = static_cast<size_t>(num_replicas_);
-  return options_.drop_last ? dataset_size_ / replicas : (dataset_size_ + replicas - 1) / replicas;
+  return shard_size(dataset_size_, num_replicas_, rank_, options_.even, options_.drop_last);
 }
 
 void DistributedSampler::set_epoch(uint64_t epoch) {
@@ -55,14 +83,7 @@ void DistributedSampler::build() {
   } else {
     for (size_t i = 0; i < dataset_size_; ++i) order[i] = i;
   }
-  const size_t total = local_size() * static_cast<size_t>(num_replicas_);
-  // Pad by repeating the order from its start, as many times as needed.
-  for (size_t i = 0; order.size() < total && dataset_size_ > 0; ++i) order.push_back(order[i]);
-  order.resize(total);
-
-  indices_.clear();
-  for (size_t i = static_cast<size_t>(rank_); i < total; i += static_cast<size_t>(num_replicas_))
-    indices_.push_back(order[i]);
+  indices_ = shard_of(std::move(order), num_replicas_, rank_, options_.even, options_.drop_last);
   position_ = 0;
 }
 
@@ -90,6 +111,7 @@ void DistributedSampler::save(torch::serialize::OutputArchive& archive) const {
   write_int(archive, "shuffle", options_.shuffle ? 1 : 0);
   write_int(archive, "seed", static_cast<int64_t>(options_.seed));
   write_int(archive, "drop_last", options_.drop_last ? 1 : 0);
+  write_int(archive, "even", options_.even ? 1 : 0);
   write_int(archive, "epoch", static_cast<int64_t>(epoch_));
   write_int(archive, "position", static_cast<int64_t>(position_));
 }
@@ -107,6 +129,12 @@ void DistributedSampler::load(torch::serialize::InputArchive& archive) {
   expect("shuffle", options_.shuffle ? 1 : 0);
   expect("seed", static_cast<int64_t>(options_.seed));
   expect("drop_last", options_.drop_last ? 1 : 0);
+  // States saved before the uneven split existed were even.
+  torch::Tensor even;
+  const int64_t saved_even = archive.try_read("even", even) ? even.item<int64_t>() : 1;
+  if (saved_even != (options_.even ? 1 : 0))
+    throw ConfigError(fmt::format("DistributedSampler state with even {} is not accepted: this sampler has even {}",
+                                  saved_even, options_.even ? 1 : 0));
   epoch_ = static_cast<uint64_t>(read_int(archive, "epoch"));
   const size_t position = static_cast<size_t>(read_int(archive, "position"));
   build();

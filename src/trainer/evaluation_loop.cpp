@@ -187,6 +187,7 @@ std::map<std::string, double> Trainer::run_eval(Stage stage, ModuleBase& model, 
     if (ckpt) s.checkpoints.restore_module_and_callbacks(*ckpt);
     if (datamodule) s.open_loader(runner, stage);
     runner.bind(*s.accelerator, *s.device, s.precision.precision());
+    s.distribute(runner, /*even=*/false);
     const auto limit = s.eval_limit(stage, runner);
     model.zero_grad();
     result = s.evaluation.run(runner, stage, limit, outputs);

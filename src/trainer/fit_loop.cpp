@@ -201,6 +201,8 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
     }
     train.bind(*s.accelerator, *s.device, s.precision.precision());
     if (val) val->bind(*s.accelerator, *s.device, s.precision.precision());
+    s.distribute(train, /*even=*/true);
+    if (val) s.distribute(*val, /*even=*/false);
     // Batches per epoch.
     if (o.fast_dev_run > 0) {
       s.train_batches = train.length() ? std::min(o.fast_dev_run, *train.length()) : o.fast_dev_run;

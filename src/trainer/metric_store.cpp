@@ -15,34 +15,138 @@ namespace fulgor::detail {
 
 void MetricStore::log(std::string_view name, double value, const LogOptions& o) { record(name, value, o, true); }
 
+// Note [Epoch values over the ranks]
+// Lightning 2.6's rule for sync_dist (_ResultMetric.update and compute): a
+// value logged on_step is reduced over the ranks as it is logged, since the
+// step's value is what is shown; what joins the epoch is the rank's own
+// value, accumulated locally (weighted sum and weight for a mean, sum,
+// running max or min), and the ranks' accumulators are combined once, when
+// the epoch's values are computed: mean = the ranks' weighted sums over their
+// weights summed, sum = the sums summed, max and min over the ranks. An epoch
+// value is then the value over every sample the ranks saw together, and no
+// collective happens per batch for it, which uneven evaluation shards need
+// (Note [Distributed sampling] in state.cpp).
+// The combination is a collective at every refresh() (the points where the
+// ranks compute logged metrics, the same on every rank), in a fixed order:
+// one all_reduce checks that every rank logged the same sync_dist names (with
+// the same reductions), then one sums the means' and sums' parts and one
+// takes the maxima (minima negated). A rank that logged other names fails
+// with DistributedError rather than mixing up the ranks' values.
+std::map<std::string, double> MetricStore::synced_epoch_values(const MetricTable<Accumulator>& accumulators) {
+  std::map<std::string, double> values;
+  if (!s.ddp) return values;
+  // The names in MetricTable's order (sorted), with their reductions.
+  std::vector<std::pair<std::string, const Accumulator*>> synced;
+  uint64_t hash = 1469598103934665603ull;  // FNV-1a over "name:reduce;"...
+  for (const auto& [name, acc] : accumulators.map()) {
+    if (!acc.any || !acc.sync || acc.metric) continue;
+    synced.emplace_back(name, &acc);
+    const std::string key = fmt::format("{}:{};", name, static_cast<int>(acc.options.reduce));
+    for (unsigned char c : key) hash = (hash ^ c) * 1099511628211ull;
+  }
+  // Two 26-bit halves are exact in a double; max and min (negated max) at once.
+  const double count = static_cast<double>(synced.size()), low = static_cast<double>(hash & ((1u << 26) - 1)),
+               high = static_cast<double>((hash >> 26) & ((1u << 26) - 1));
+  ProcessGroup& group = s.ddp->group();
+  torch::Tensor header = torch::tensor({count, low, high, -count, -low, -high}, torch::kDouble).to(group.device());
+  group.all_reduce(header, ReduceOp::max);
+  const torch::Tensor agreed = header.cpu();
+  const double* h = agreed.data_ptr<double>();
+  if (h[0] != -h[3] || h[1] != -h[4] || h[2] != -h[5]) {
+    std::vector<std::string> names;
+    for (const auto& entry : synced) names.push_back(entry.first);
+    throw DistributedError(fmt::format(
+        "rank {} logged the values [{}] with sync_dist this epoch, and another rank other ones (between {} and {} "
+        "names): under ddp every rank must log the same names with sync_dist and the same reduce in an epoch, "
+        "since their epoch values are reduced together",
+        s.ddp->environment().rank, fmt::join(names, ", "), -h[3], h[0]));
+  }
+  if (synced.empty()) return values;
+  std::vector<double> sums, extremes;
+  for (const auto& [name, acc] : synced) {
+    switch (acc->options.reduce) {
+      case Reduce::mean:
+        sums.push_back(acc->sum);
+        sums.push_back(acc->weight);
+        break;
+      case Reduce::sum:
+        sums.push_back(acc->sum);
+        break;
+      case Reduce::max:
+        extremes.push_back(acc->extreme);
+        break;
+      case Reduce::min:
+        extremes.push_back(-acc->extreme);
+        break;
+    }
+  }
+  torch::Tensor summed, largest;
+  if (!sums.empty()) {
+    summed = torch::tensor(sums, torch::kDouble).to(group.device());
+    group.all_reduce(summed, ReduceOp::sum);
+    summed = summed.cpu();
+  }
+  if (!extremes.empty()) {
+    largest = torch::tensor(extremes, torch::kDouble).to(group.device());
+    group.all_reduce(largest, ReduceOp::max);
+    largest = largest.cpu();
+  }
+  size_t next_sum = 0, next_extreme = 0;
+  for (const auto& [name, acc] : synced) {
+    switch (acc->options.reduce) {
+      case Reduce::mean: {
+        const double sum = summed[static_cast<int64_t>(next_sum)].item<double>();
+        const double weight = summed[static_cast<int64_t>(next_sum + 1)].item<double>();
+        next_sum += 2;
+        values[name] = weight > 0 ? sum / weight : 0.0;
+        break;
+      }
+      case Reduce::sum:
+        values[name] = summed[static_cast<int64_t>(next_sum++)].item<double>();
+        break;
+      case Reduce::max:
+        values[name] = largest[static_cast<int64_t>(next_extreme++)].item<double>();
+        break;
+      case Reduce::min:
+        values[name] = -largest[static_cast<int64_t>(next_extreme++)].item<double>();
+        break;
+    }
+  }
+  return values;
+}
+
 void MetricStore::record(std::string_view name, double local_value, const LogOptions& o, bool accumulate) {
   // Only a training step logs in a train_step context: the common case
   // needs no string comparison.
   if (context != LogContext::train_step && s.loop == "predict") return;
-  const double value = o.sync_dist && s.ddp ? s.ddp->reduce(local_value, o.reduce) : local_value;
+  const bool sync = o.sync_dist && s.ddp;
   if (context == LogContext::none) {
-    record_now({{std::string(name), value}}, o.prog_bar, o.logger);
+    record_now({{std::string(name), sync ? s.ddp->reduce(local_value, o.reduce) : local_value}}, o.prog_bar, o.logger);
     return;
   }
   const bool training = context == LogContext::train_step || context == LogContext::train_epoch;
   const bool step_default = context == LogContext::train_step;
   const bool on_step = o.on_step.value_or(step_default), on_epoch = o.on_epoch.value_or(!step_default);
+  // Note [Epoch values over the ranks]: the step's value is reduced now, the
+  // epoch accumulates the rank's own.
+  const double value = local_value;
   if (on_step) {
+    const double step_value = sync ? s.ddp->reduce(local_value, o.reduce) : local_value;
     // name_step beside an epoch value; else the name itself, not a copy.
     const std::string suffixed = on_epoch ? std::string(name) + "_step" : std::string();
     const std::string_view step_name = on_epoch ? std::string_view(suffixed) : name;
     // Lightning's callback metrics take an evaluation loop's values only
     // once its epoch ends (_ResultCollection.metrics).
     if (training) {
-      callback_metrics[step_name] = value;
-      if (on_epoch) callback_metrics[name] = value;
+      callback_metrics[step_name] = step_value;
+      if (on_epoch) callback_metrics[name] = step_value;
     }
-    if (o.prog_bar) progress_bar_metrics[step_name] = value;
+    if (o.prog_bar) progress_bar_metrics[step_name] = step_value;
     // logged_metrics follows every batch, as Lightning's on_batch_end
     // updates it; the loggers get only the due batches' values.
     if (o.logger) {
-      logged_metrics[step_name] = value;
-      if (step_log_due) pending_step[std::string(step_name)] = value;
+      logged_metrics[step_name] = step_value;
+      if (step_log_due) pending_step[std::string(step_name)] = step_value;
     }
   }
   if (on_epoch && accumulate) {
@@ -65,6 +169,7 @@ void MetricStore::record(std::string_view name, double local_value, const LogOpt
     }
     acc.any = true;
     acc.both = on_step;
+    acc.sync = sync;
     acc.options = o;
   }
 }
@@ -75,12 +180,13 @@ void MetricStore::log_on_device(std::string_view name, const torch::Tensor& valu
 
 void MetricStore::defer(std::string_view name, const torch::Tensor& value, const LogOptions& o, bool accumulate) {
   if (context != LogContext::train_step && s.loop == "predict") return;
-  // Note [Deferred reads]: these need the number now.
-  if (context == LogContext::none || (o.sync_dist && s.ddp)) {
+  const bool step_default = context == LogContext::train_step;
+  // Note [Deferred reads]: these need the number now (a step value with
+  // sync_dist is reduced over the ranks as it is logged).
+  if (context == LogContext::none || (o.sync_dist && s.ddp && o.on_step.value_or(step_default))) {
     record(name, value.item<double>(), o, accumulate);
     return;
   }
-  const bool step_default = context == LogContext::train_step;
   if (o.logger && step_log_due && o.on_step.value_or(step_default)) deferred_step_logs_ = true;
   deferred_.push_back({std::string(name), value.detach(), o, context, current_batch_size, step_log_due, accumulate});
   // A run whose tables nobody reads for long keeps a bounded backlog.
@@ -167,8 +273,7 @@ void MetricStore::flush_step_logs() {
   pending_step.clear();
 }
 
-void MetricStore::send_to_loggers(std::map<std::string, double> metrics, std::optional<int64_t> step,
-                                  bool with_epoch) {
+void MetricStore::send_to_loggers(std::map<std::string, double> metrics, std::optional<int64_t> step, bool with_epoch) {
   // The sanity check's values reach no logger, and are forgotten after it.
   if (metrics.empty() || s.sanity) return;
   for (const auto& [k, v] : metrics) logged_metrics[k] = v;
@@ -187,10 +292,13 @@ void MetricStore::record_now(const std::map<std::string, double>& metrics, bool 
 std::map<std::string, double> MetricStore::refresh(MetricTable<Accumulator>& accumulators,
                                                    std::map<std::string, double>* to_log) {
   read_deferred();
+  const std::map<std::string, double> synced = synced_epoch_values(accumulators);
   std::map<std::string, double> result;
   for (const auto& [name, acc] : accumulators.map()) {
     if (!acc.any) continue;
-    const double value = acc.metric                           ? metric_value(name, *acc.metric)
+    const auto over_ranks = synced.find(name);
+    const double value = over_ranks != synced.end()           ? over_ranks->second
+                         : acc.metric                         ? metric_value(name, *acc.metric)
                          : acc.options.reduce == Reduce::mean ? (acc.weight > 0 ? acc.sum / acc.weight : 0.0)
                          : acc.options.reduce == Reduce::sum  ? acc.sum
                                                               : acc.extreme;

@@ -26,6 +26,9 @@ enum class LogContext { none, train_step, eval_step, train_epoch, eval_epoch };
 struct Accumulator {
   double sum = 0, weight = 0, extreme = 0;
   bool any = false, both = false;
+  // Logged with sync_dist under ddp: the epoch value is reduced over the
+  // ranks when computed (Note [Epoch values over the ranks]).
+  bool sync = false;
   LogOptions options;
   metrics::Metric* metric = nullptr;
 };
@@ -100,6 +103,9 @@ struct MetricStore final : MetricSink {
   void defer(std::string_view name, const torch::Tensor& value, const LogOptions& options, bool accumulate);
   // A logged metric's value now, over all ranks under ddp.
   double metric_value(std::string_view name, metrics::Metric& metric);
+  // The epoch values of the accumulators logged with sync_dist, reduced over
+  // the ranks (Note [Epoch values over the ranks]); empty outside ddp.
+  std::map<std::string, double> synced_epoch_values(const MetricTable<Accumulator>& accumulators);
   // Writes one epoch value into the tables refresh() fills.
   void publish(const std::string& name, double value, bool both, const LogOptions& options,
                std::map<std::string, double>& result, std::map<std::string, double>* to_log);
@@ -113,7 +119,8 @@ struct MetricStore final : MetricSink {
   // the end of an epoch, a callback asking for the metrics, a scheduler's
   // monitor. All values waiting then are read with one copy to the host, so
   // a run that reads nothing between due steps waits for the device once per
-  // due step, as Lightning's does. Values logged with sync_dist under ddp, or
+  // due step, as Lightning's does. Step values logged with sync_dist under
+  // ddp (reduced over the ranks as they are logged), and values logged
   // outside any loop hook, are read at once.
   struct Deferred {
     std::string name;

@@ -163,6 +163,32 @@ int TrainerState::agree_on_stop(int signal) {
   return static_cast<int>(agreed / 2);
 }
 
+// Note [Distributed sampling]
+// Lightning's use_distributed_sampler: under ddp each rank reads its own shard
+// of a loader, so that the job reads the data set once per epoch rather than
+// once per rank. The Trainer asks every loader as each loop starts
+// (distribute, Note [The loader protocol]): the training loader evenly, padded
+// by repeating samples, since every training step is a collective that all
+// ranks must reach; the evaluation and prediction loaders without repeating
+// any sample, so that each sample counts once in the epoch's values (the ranks
+// then run up to one batch apart, which is why nothing in evaluation is a
+// per-batch collective: sync_dist reduces epoch values once, at the epoch's
+// end, Note [Epoch values over the ranks] in metric_store.cpp). Lightning pads
+// evaluation shards too, counting some samples twice. A loader that cannot be
+// sharded (no distribute member, or its sampler is the user's) is read as it
+// is. Outside ddp the loaders are asked to read everything again, which undoes
+// the shard of an earlier ddp loop at the cost of a no-op otherwise.
+void TrainerState::distribute(StepRunner& runner, bool even) {
+  if (!options.use_distributed_sampler) return;
+  DistributedShard shard;
+  if (ddp) {
+    shard.num_replicas = ddp->environment().world_size;
+    shard.rank = ddp->environment().rank;
+  }
+  shard.even = even;
+  runner.distribute(shard);
+}
+
 std::optional<int64_t> TrainerState::eval_limit(Stage s, const StepRunner& runner) const {
   if (options.fast_dev_run > 0) return options.fast_dev_run;
   const Limit& limit =

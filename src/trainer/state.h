@@ -150,6 +150,9 @@ struct TrainerState {
   void open_loader(StepRunner& runner, Stage stage);
   // Under ddp, the stop every rank acts on (agree_on_stop in state.cpp).
   int agree_on_stop(int signal);
+  // Gives the loader of `runner` this rank's shard, `even` or not, as a loop
+  // starts (Note [Distributed sampling] in state.cpp).
+  void distribute(StepRunner& runner, bool even);
 
   // Batches an evaluation loop runs for stage `s` (nullopt: all).
   std::optional<int64_t> eval_limit(Stage s, const StepRunner& runner) const;

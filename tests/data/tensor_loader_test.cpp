@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <optional>
 #include <set>
 
@@ -100,6 +101,93 @@ TEST(TensorLoader, TakesASamplerForShards) {
     EXPECT_EQ(epoch_targets(loader), targets) << "size() disturbed the sampler";
   }
   EXPECT_EQ(seen.size(), 10u);
+}
+
+// The Trainer's distribute under ddp: a shuffled loader's epochs, split
+// disjointly over two ranks, the same order on both as in one process.
+TEST(TensorLoader, DistributeReadsOneRanksShardOfEachEpochsOrder) {
+  TensorLoaderOptions options;
+  options.batch_size = 4;
+  options.shuffle = true;
+  options.seed = 7;
+  auto whole = make_loader(10, options);
+  EXPECT_TRUE(whole.distribute({1, 0, true})) << "one replica: nothing to do, but done";
+  EXPECT_EQ(whole.size(), 3);
+  std::vector<std::vector<int64_t>> unsharded;
+  for (int epoch = 0; epoch < 2; ++epoch) unsharded.push_back(epoch_targets(whole));
+  std::vector<TensorLoader> ranks;
+  for (int64_t rank = 0; rank < 2; ++rank) {
+    ranks.push_back(make_loader(10, options));
+    EXPECT_TRUE(ranks.back().distribute({2, rank, true}));
+    EXPECT_EQ(ranks.back().size(), 2) << "5 samples per rank";
+  }
+  for (int64_t epoch = 0; epoch < 2; ++epoch) {
+    std::vector<int64_t> together;
+    for (auto& loader : ranks) {
+      std::vector<int64_t> sizes;
+      const auto mine = epoch_targets(loader, &sizes);
+      EXPECT_EQ(sizes, (std::vector<int64_t>{4, 1}));
+      together.insert(together.end(), mine.begin(), mine.end());
+    }
+    // Rank r takes positions r, r + 2, ... of the one process's order.
+    std::vector<int64_t> expected;
+    for (int64_t rank = 0; rank < 2; ++rank)
+      for (size_t i = static_cast<size_t>(rank); i < 10; i += 2) expected.push_back(unsharded[epoch][i]);
+    EXPECT_EQ(together, expected) << "epoch " << epoch;
+  }
+  // set_epoch picks the epoch's order on every rank alike.
+  for (auto& loader : ranks) loader.set_epoch(1);
+  auto again0 = epoch_targets(ranks[0]);
+  ranks[0].set_epoch(1);
+  EXPECT_EQ(epoch_targets(ranks[0]), again0);
+  std::vector<int64_t> expected1;
+  for (size_t i = 1; i < 10; i += 2) expected1.push_back(unsharded[1][i]);
+  EXPECT_EQ(epoch_targets(ranks[1]), expected1);
+}
+
+TEST(TensorLoader, DistributeUnevenlyRepeatsNoSampleAndUndoes) {
+  TensorLoaderOptions options;
+  options.batch_size = 2;
+  std::vector<int64_t> seen;
+  std::vector<int64_t> sizes;
+  for (int64_t rank = 0; rank < 2; ++rank) {
+    auto loader = make_loader(7, options);
+    ASSERT_TRUE(loader.distribute({2, rank, /*even=*/false}));
+    EXPECT_EQ(loader.size(), 2) << "4 or 3 samples in batches of 2";
+    const auto mine = epoch_targets(loader);
+    sizes.push_back(static_cast<int64_t>(mine.size()));
+    seen.insert(seen.end(), mine.begin(), mine.end());
+    // One replica: the whole data set again, in order.
+    ASSERT_TRUE(loader.distribute({1, 0}));
+    EXPECT_EQ(loader.size(), 4);
+    EXPECT_EQ(epoch_targets(loader), (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6}));
+  }
+  EXPECT_EQ(sizes, (std::vector<int64_t>{4, 3}));
+  std::sort(seen.begin(), seen.end());
+  EXPECT_EQ(seen, (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6}));
+  // Evenly: 4 samples each, one repeated.
+  auto even = make_loader(7, options);
+  ASSERT_TRUE(even.distribute({2, 1, true}));
+  EXPECT_EQ(epoch_targets(even), (std::vector<int64_t>{1, 3, 5, 0}));
+}
+
+TEST(TensorLoader, DistributeLeavesAUsersSamplerAlone) {
+  auto ids = torch::arange(10, torch::kLong);
+  TensorLoader loader(ids.unsqueeze(1).to(torch::kFloat), ids,
+                      std::make_unique<torch::data::samplers::SequentialSampler>(10), TensorLoaderOptions{});
+  EXPECT_FALSE(loader.distribute({2, 1, true}));
+  EXPECT_EQ(loader.size(), 1);
+  EXPECT_EQ(epoch_targets(loader).size(), 10u);
+}
+
+TEST(TensorLoader, DisableShuffleKeepsTheShard) {
+  TensorLoaderOptions options;
+  options.batch_size = 10;
+  options.shuffle = true;
+  auto loader = make_loader(6, options);
+  ASSERT_TRUE(loader.distribute({2, 1, true}));
+  EXPECT_TRUE(loader.disable_shuffle());
+  EXPECT_EQ(epoch_targets(loader), (std::vector<int64_t>{1, 3, 5}));
 }
 
 // Hands out 0..n-1 in order and keeps the epochs it is given.
@@ -328,6 +416,12 @@ TEST(DevicePrefetcher, UnboundItRefusesToIterateAndPassesLengthAndEpochOn) {
     for (int64_t i = 0; i < batch.target.size(0); ++i) through_prefetcher.push_back(batch.target[i].item<int64_t>());
   loader.set_epoch(5);
   EXPECT_EQ(through_prefetcher, epoch_targets(loader));  // epoch 5's order
+
+  EXPECT_TRUE(prefetcher.distribute({2, 0, true}));
+  EXPECT_EQ(prefetcher.size(), 2);  // 5 samples of rank 0
+  EXPECT_EQ(loader.size(), 2);
+  static_assert(detail::has_distribute<DevicePrefetcher<TensorLoader>>::value);
+  static_assert(!detail::has_distribute<DevicePrefetcher<std::vector<int>>>::value);
 }
 
 }  // namespace

@@ -4,11 +4,14 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <array>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
+#include <sstream>
+#include <vector>
 
 #include "support/ddp_trainer_scenario.h"
 #include "support/spawn.h"
@@ -147,6 +150,106 @@ TEST(DdpTrainer, SyncDistReducesOverTheRanks) {
     EXPECT_DOUBLE_EQ(m["rank_local"], rank + 1.0);
     // A logged metric's state summed over the ranks at the epoch's end.
     EXPECT_DOUBLE_EQ(m["rank_metric"], 1.75);
+  }
+}
+
+// What a "shard" worker wrote: each epoch's training samples, and numbers.
+struct ShardRun {
+  std::map<int64_t, std::vector<int64_t>> trained_on;
+  std::map<std::string, double> values;
+};
+
+ShardRun read_shard_run(const std::string& path) {
+  ShardRun run;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream words(line);
+    std::string name;
+    words >> name;
+    if (name.rfind("train", 0) == 0 && name != "train_batches") {
+      auto& ids = run.trained_on[std::stoll(name.substr(5))];
+      for (int64_t id; words >> id;) ids.push_back(id);
+    } else {
+      words >> run.values[name];
+    }
+  }
+  return run;
+}
+
+std::array<ShardRun, 2> run_shard(bool use_distributed_sampler) {
+  TempDir dir;
+  auto [status, log] = run_with_fulgor_run({"shard", dir.str(), use_distributed_sampler ? "on" : "off"}, dir / "log");
+  EXPECT_TRUE(exited_with(status, 0)) << log;
+  return {read_shard_run(dir / "shard_rank0.txt"), read_shard_run(dir / "shard_rank1.txt")};
+}
+
+std::vector<int64_t> sorted(std::vector<int64_t> ids) {
+  std::sort(ids.begin(), ids.end());
+  return ids;
+}
+
+std::vector<int64_t> range(int64_t n) {
+  std::vector<int64_t> ids;
+  for (int64_t i = 0; i < n; ++i) ids.push_back(i);
+  return ids;
+}
+
+// The values over exactly the 7 validation samples i = 0..6 (ShardNet).
+struct SevenSamples {
+  double mean_square = 0, accuracy = 0;
+  SevenSamples() {
+    int64_t hits = 0;
+    for (int64_t i = 0; i < 7; ++i) {
+      mean_square += static_cast<double>(i * i) / 7;
+      hits += ((i % 3 == 0) ? 1 : 0) == i % 2 ? 1 : 0;
+    }
+    accuracy = static_cast<double>(hits) / 7;
+  }
+};
+
+// Plain TensorLoaders, sharded by the Trainer: each rank trains on half of
+// each epoch's samples, the halves disjoint and new every epoch; validation
+// (7 samples, 4 on rank 0 in batches of 3 and 1, 3 on rank 1 in one batch)
+// counts every sample once in its sync_dist values and logged metrics.
+TEST(DdpTrainer, ShardsPlainLoadersAndCountsEachValidationSampleOnce) {
+  const auto ranks = run_shard(true);
+  for (int64_t epoch = 0; epoch < 2; ++epoch) {
+    const auto& mine0 = ranks[0].trained_on.at(epoch);
+    const auto& mine1 = ranks[1].trained_on.at(epoch);
+    EXPECT_EQ(mine0.size(), 8u) << "epoch " << epoch;
+    EXPECT_EQ(mine1.size(), 8u) << "epoch " << epoch;
+    std::vector<int64_t> together = mine0;
+    together.insert(together.end(), mine1.begin(), mine1.end());
+    EXPECT_EQ(sorted(together), range(16)) << "the ranks' samples of epoch " << epoch << " overlap";
+  }
+  EXPECT_NE(sorted(ranks[0].trained_on.at(0)), sorted(ranks[0].trained_on.at(1))) << "the same half every epoch";
+  const SevenSamples expected;
+  for (int rank = 0; rank < 2; ++rank) {
+    const auto& v = ranks[rank].values;
+    EXPECT_EQ(v.at("train_batches"), 2) << "rank " << rank;
+    EXPECT_EQ(v.at("val_batches"), rank == 0 ? 2 : 1) << "rank " << rank;
+    for (const char* when : {"fit_", "validate_"}) {
+      const std::string at = std::string(when) + " on rank " + std::to_string(rank);
+      EXPECT_NEAR(v.at(std::string(when) + "val_square"), expected.mean_square, 1e-12) << at;
+      EXPECT_DOUBLE_EQ(v.at(std::string(when) + "val_count"), 7) << at;
+      EXPECT_DOUBLE_EQ(v.at(std::string(when) + "val_max"), 6) << at;
+      EXPECT_DOUBLE_EQ(v.at(std::string(when) + "val_local_count"), rank == 0 ? 4 : 3) << at;
+      EXPECT_NEAR(v.at(std::string(when) + "val_acc"), expected.accuracy, 1e-6) << at;
+    }
+  }
+}
+
+TEST(DdpTrainer, UseDistributedSamplerFalseLeavesLoadersWhole) {
+  const auto ranks = run_shard(false);
+  for (int rank = 0; rank < 2; ++rank) {
+    for (int64_t epoch = 0; epoch < 2; ++epoch)
+      EXPECT_EQ(sorted(ranks[rank].trained_on.at(epoch)), range(16)) << "rank " << rank << ", epoch " << epoch;
+    const auto& v = ranks[rank].values;
+    EXPECT_EQ(v.at("train_batches"), 4);
+    EXPECT_EQ(v.at("val_batches"), 3);
+    EXPECT_DOUBLE_EQ(v.at("fit_val_count"), 14) << "both ranks validate on all 7 samples";
+    EXPECT_DOUBLE_EQ(v.at("fit_val_local_count"), 7);
   }
 }
 

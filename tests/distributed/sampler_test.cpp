@@ -75,10 +75,62 @@ TEST(DistributedSampler, OrderDependsOnSeedAndEpochOnly) {
   EXPECT_EQ(shards(6, 2, {false, 0, false}, 5)[1], (std::vector<size_t>{1, 3, 5}));
 }
 
+// The evaluation split: every sample once, no padding, shards one sample apart.
+TEST(DistributedSampler, UnevenShardsCoverTheDataSetExactlyOnce) {
+  for (bool shuffle : {false, true})
+    for (size_t size : {0u, 1u, 7u, 10u, 12u})
+      for (int64_t replicas : {1, 2, 3, 4}) {
+        fulgor::DistributedSamplerOptions options;
+        options.shuffle = shuffle;
+        options.seed = 9;
+        options.even = false;
+        const auto parts = shards(size, replicas, options, 2);
+        std::multiset<size_t> seen;
+        size_t smallest = size, largest = 0;
+        for (int64_t rank = 0; rank < replicas; ++rank) {
+          const auto& part = parts[static_cast<size_t>(rank)];
+          seen.insert(part.begin(), part.end());
+          smallest = std::min(smallest, part.size());
+          largest = std::max(largest, part.size());
+          EXPECT_EQ(part.size(), fulgor::shard_size(size, replicas, rank, /*even=*/false));
+          EXPECT_EQ(fulgor::DistributedSampler(size, replicas, rank, options).local_size(), part.size());
+        }
+        std::multiset<size_t> all;
+        for (size_t i = 0; i < size; ++i) all.insert(i);
+        EXPECT_EQ(seen, all) << size << " samples over " << replicas << " ranks, shuffle " << shuffle;
+        EXPECT_LE(largest - std::min(smallest, largest), 1u) << size << " samples over " << replicas << " ranks";
+      }
+}
+
+TEST(DistributedSampler, UnevenShardsTakeEveryNthOfTheEpochsOrder) {
+  fulgor::DistributedSamplerOptions options;
+  options.even = false;
+  options.shuffle = false;
+  EXPECT_EQ(shards(7, 3, options)[0], (std::vector<size_t>{0, 3, 6}));
+  EXPECT_EQ(shards(7, 3, options)[2], (std::vector<size_t>{2, 5}));
+  // Shuffled: the even split's order, unpadded (the same randperm of seed + epoch).
+  options.shuffle = true;
+  options.seed = 4;
+  fulgor::DistributedSamplerOptions padded = options;
+  padded.even = true;
+  const auto uneven = shards(7, 2, options, 1), even = shards(7, 2, padded, 1);
+  EXPECT_EQ(uneven[0], even[0]);
+  EXPECT_EQ(uneven[1], std::vector<size_t>(even[1].begin(), even[1].end() - 1));
+}
+
 TEST(DistributedSampler, RejectsBadRankAndReplicas) {
   EXPECT_THROW(fulgor::DistributedSampler(10, 0, 0), fulgor::ConfigError);
   EXPECT_THROW(fulgor::DistributedSampler(10, 2, 2), fulgor::ConfigError);
   EXPECT_THROW(fulgor::DistributedSampler(10, 2, -1), fulgor::ConfigError);
+  fulgor::DistributedSamplerOptions both;
+  both.drop_last = true;
+  both.even = false;
+  try {
+    fulgor::DistributedSampler(10, 2, 0, both);
+    FAIL() << "drop_last with even=false was accepted";
+  } catch (const fulgor::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("drop_last=true with even=false"), std::string::npos) << e.what();
+  }
 }
 
 // A data set whose examples are their own index.

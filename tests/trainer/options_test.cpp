@@ -40,6 +40,7 @@ TrainerOptions unusual() {
   o.default_root_dir = "/tmp/runs";
   o.seed = 42;
   o.ddp_timeout = 90.5;
+  o.use_distributed_sampler = false;
   return o;
 }
 
@@ -85,6 +86,23 @@ CommandLine parse(std::vector<std::string> args, TrainerOptions defaults = {}) {
   std::vector<const char*> argv = {"prog"};
   for (const auto& a : args) argv.push_back(a.c_str());
   return parse_command_line(static_cast<int>(argv.size()), argv.data(), defaults);
+}
+
+TEST(TrainerOptionsCommandLine, UseDistributedSamplerIsOnByDefault) {
+  EXPECT_TRUE(TrainerOptions{}.use_distributed_sampler);
+  EXPECT_EQ(json(TrainerOptions{})["use_distributed_sampler"], true);
+  const json off = {{"use_distributed_sampler", false}};
+  EXPECT_FALSE(off.get<TrainerOptions>().use_distributed_sampler);
+  EXPECT_FALSE(parse({"--trainer.use_distributed_sampler=false"}).trainer.use_distributed_sampler);
+  EXPECT_TRUE(parse({"--trainer.use_distributed_sampler=true"}, unusual()).trainer.use_distributed_sampler);
+  try {
+    parse({"--trainer.use_distributed_sampler=sometimes"});
+    FAIL() << "a non-boolean was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("use_distributed_sampler"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("expected a boolean"), std::string::npos) << e.what();
+  }
+  EXPECT_NE(command_line_help("prog", {}).find("use_distributed_sampler"), std::string::npos);
 }
 
 TEST(TrainerOptionsCommandLine, FillsOptionsAndSections) {

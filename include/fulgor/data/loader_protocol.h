@@ -27,9 +27,20 @@
 //   void pin_memory()             makes its batches in pinned host memory; a
 //                                 DevicePrefetcher asks for it where the
 //                                 accelerator supports pinned memory.
+//   bool distribute(const DistributedShard&)
+//                                 reads only that shard of its data set from
+//                                 the next epoch on (num_replicas 1: all of it
+//                                 again); returns false when it cannot (its
+//                                 sampler is the user's own). The Trainer
+//                                 calls it as each loop starts (one replica
+//                                 outside ddp), unless use_distributed_sampler
+//                                 is false (Note [Distributed sampling] in
+//                                 src/trainer/state.cpp). size() reports the
+//                                 shard's batches afterwards.
 //
 // fulgor::TensorLoader offers all but bind_device; fulgor::make_data_loader's
-// loaders offer size(). docs/training.md ("Loaders") says the same for users.
+// loaders offer size(), set_epoch and distribute; a DevicePrefetcher forwards
+// what its loader offers. docs/training.md ("Loaders") says the same for users.
 
 #include <torch/types.h>
 
@@ -41,6 +52,17 @@
 namespace fulgor {
 
 class Accelerator;
+
+/// The part of a data set one rank of a data-parallel job reads.
+struct DistributedShard {
+  int64_t num_replicas = 1;  ///< 1: the whole data set
+  int64_t rank = 0;
+  /// true (training): every rank gets the same number of samples (padded by
+  /// repeating samples from the start, as PyTorch's DistributedSampler with
+  /// drop_last=false); false (evaluation, prediction): no sample repeated,
+  /// shards differ by at most one sample.
+  bool even = true;
+};
 
 namespace detail {
 
@@ -76,6 +98,13 @@ template <typename L, typename = void>
 struct has_pin_memory : std::false_type {};
 template <typename L>
 struct has_pin_memory<L, std::void_t<decltype(std::declval<L&>().pin_memory())>> : std::true_type {};
+
+template <typename L, typename = void>
+struct has_distribute : std::false_type {};
+template <typename L>
+struct has_distribute<
+    L, std::void_t<decltype(bool{std::declval<L&>().distribute(std::declval<const DistributedShard&>())})>>
+    : std::true_type {};
 
 }  // namespace detail
 

@@ -7,8 +7,11 @@
 #include <cstdint>
 #include <iterator>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
+
+#include "fulgor/data/loader_protocol.h"
 
 namespace fulgor {
 
@@ -39,6 +42,11 @@ struct TensorLoaderOptions {
 /// Each iteration is one epoch; the next one uses the following epoch's order
 /// unless set_epoch() chose another.
 ///
+/// distribute() makes it read one rank's shard (the Trainer does this under
+/// ddp): a fulgor::DistributedSampler with the loader's shuffle and seed, so
+/// that epoch e's order is still drawn from seed + e, the same on every rank,
+/// and the ranks' shards of it are disjoint.
+///
 /// Requires: data and targets share their first dimension; batch_size >= 1.
 /// Not thread-safe: one iteration at a time.
 class TensorLoader {
@@ -61,7 +69,14 @@ class TensorLoader {
   const TensorLoaderOptions& options() const { return options_; }
   /// Turns shuffling off from the next iteration on; returns whether it was
   /// on. The Trainer's overfit_batches does this, as Lightning does.
-  bool disable_shuffle() { return std::exchange(options_.shuffle, false); }
+  bool disable_shuffle();
+
+  /// Reads only `shard` of the data set from the next iteration on (through a
+  /// DistributedSampler with options.shuffle and options.seed, split evenly or
+  /// not as `shard` says); num_replicas 1 reads the whole data set again.
+  /// size() then counts the shard's batches. Returns false, changing nothing,
+  /// for a loader built with a sampler of the user's.
+  bool distribute(const DistributedShard& shard);
 
   /// Whether every batch is on `device` as made (the data and targets are
   /// there), so that a Trainer need not move it.
@@ -110,6 +125,9 @@ class TensorLoader {
   torch::Tensor data_;
   torch::Tensor targets_;
   std::unique_ptr<torch::data::samplers::Sampler<>> sampler_;
+  bool user_sampler_ = false;
+  // The shard distribute() chose, which sampler_ reads; unset: no shard.
+  std::optional<DistributedShard> shard_;
   TensorLoaderOptions options_;
   int64_t epoch_ = 0;
   torch::Tensor order_;  // this epoch's permutation when shuffling

@@ -48,6 +48,10 @@ class StepRunner {
   void cache_first(int64_t n) { cache_limit_ = n; }
   // Tells a loader with a set_epoch member which epoch comes next.
   virtual void set_epoch(int64_t epoch) = 0;
+  // Makes a loader with a distribute member read `shard` (Note [Distributed
+  // sampling] in src/trainer/state.cpp), and takes its new length; returns
+  // false where the loader has no such member or declined.
+  virtual bool distribute(const DistributedShard& shard) = 0;
   // Turns off a loader's shuffling where it can (TensorLoader::disable_shuffle):
   // returns whether it was shuffling.
   virtual bool disable_shuffle() = 0;
@@ -67,6 +71,7 @@ class StepRunner {
   const Precision* precision_ = nullptr;
   std::optional<torch::Device> device_;
   int64_t cache_limit_ = 0;
+  void set_length(std::optional<int64_t> length) { length_ = length; }
 
  private:
   std::optional<int64_t> length_;
@@ -90,6 +95,15 @@ class LoaderRunner : public StepRunner {
   // the Trainer's epoch makes its order the uninterrupted run's.
   void set_epoch(int64_t epoch) override {
     if constexpr (has_set_epoch<Loader>::value) loader_.set_epoch(epoch);
+  }
+
+  bool distribute(const DistributedShard& shard) override {
+    if constexpr (has_distribute<Loader>::value) {
+      const bool done = loader_.distribute(shard);
+      set_length(loader_length(loader_));
+      return done;
+    }
+    return false;
   }
 
   bool disable_shuffle() override {

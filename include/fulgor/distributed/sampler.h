@@ -20,9 +20,24 @@ struct DistributedSamplerOptions {
   /// When the data set does not divide evenly over the ranks: true drops the
   /// last samples, false pads by repeating samples from the start, so that
   /// every rank gets the same number of samples (and runs the same number of
-  /// steps, which the collectives of each step need).
+  /// steps, which the collectives of each step need). Only with even.
   bool drop_last = false;
+  /// false: no sample is repeated or dropped, and the shards differ in size
+  /// by at most one sample (Lightning's UnrepeatedDistributedSampler), which
+  /// evaluation needs to count every sample once. Its ranks may run different
+  /// numbers of batches, so no per-batch collective may depend on it.
+  bool even = true;
 };
+
+/// How many samples rank `rank` of `num_replicas` reads of a data set of
+/// `dataset_size` samples, split as DistributedSampler splits it.
+size_t shard_size(size_t dataset_size, int64_t num_replicas, int64_t rank, bool even = true, bool drop_last = false);
+
+/// Rank `rank`'s share of an epoch's `order`: positions rank, rank +
+/// num_replicas, ... of it, padded first by repeating it from its start (even,
+/// not drop_last) or cut (even, drop_last) to a multiple of num_replicas.
+std::vector<size_t> shard_of(std::vector<size_t> order, int64_t num_replicas, int64_t rank, bool even = true,
+                             bool drop_last = false);
 
 /// The indices of one rank's shard of a data set, for LibTorch's data loaders.
 ///
@@ -30,7 +45,9 @@ struct DistributedSamplerOptions {
 /// order (torch::randperm seeded with seed + epoch, or 0..n-1) is padded or
 /// cut to a multiple of num_replicas, and rank r takes positions r,
 /// r + num_replicas, r + 2 num_replicas, ... The shards of one epoch are
-/// disjoint and, padded, cover the data set.
+/// disjoint and, padded, cover the data set. With options.even false the
+/// order is neither padded nor cut: the shards cover the data set exactly
+/// once (the Trainer's evaluation shards, docs/training.md).
 /// (LibTorch's DistributedRandomSampler has no seed of its own and assigns
 /// contiguous ranges, so it is not used.)
 ///
@@ -43,7 +60,8 @@ struct DistributedSamplerOptions {
 ///   - Not thread-safe, like LibTorch's samplers.
 class DistributedSampler : public EpochSampler {
  public:
-  /// Throws ConfigError when num_replicas < 1 or rank is outside 0..num_replicas-1.
+  /// Throws ConfigError when num_replicas < 1, rank is outside
+  /// 0..num_replicas-1, or options asks for drop_last without even.
   DistributedSampler(size_t dataset_size, int64_t num_replicas, int64_t rank, DistributedSamplerOptions options = {});
 
   void set_epoch(uint64_t epoch) override;

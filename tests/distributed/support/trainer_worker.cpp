@@ -6,6 +6,7 @@
 //   fulgor_ddp_trainer_worker resume OUTDIR EPOCHS ACCUMULATE
 //   fulgor_ddp_trainer_worker die OUTDIR kill|stop
 //   fulgor_ddp_trainer_worker disagree OUTDIR
+//   fulgor_ddp_trainer_worker shard OUTDIR on|off
 //
 // "fit" trains the shared model with strategy "ddp" for EPOCHS epochs;
 // "manual" the same with the model optimizing manually.
@@ -15,7 +16,11 @@
 // stops itself at batch 2. "disagree" trains 3 epochs with a ddp_timeout of
 // 10 s, both ranks in OUTDIR, keeping the best checkpoint by a metric the
 // ranks log unsynchronized (RegressionNet::log_disagreeing) in
-// OUTDIR/checkpoints. Otherwise each rank works in OUTDIR/rankR and writes its
+// OUTDIR/checkpoints. "shard" fits ShardNet 2 epochs on plain TensorLoaders
+// (16 shuffled training samples, 7 validation samples in batches of 3) with
+// use_distributed_sampler on or off, then validates once more, and writes the
+// samples each rank trained on per epoch and its metrics to
+// OUTDIR/shard_rankR.txt. Otherwise each rank works in OUTDIR/rankR and writes its
 // final parameters, the gradients it held after each backward pass and its
 // metrics to OUTDIR. Exits 0 on success, 3 with the message on a
 // fulgor::Error, 4 on any other exception.
@@ -25,6 +30,7 @@
 #include <csignal>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <string>
 
 #include "ddp_trainer_scenario.h"
@@ -62,6 +68,76 @@ class SaveAtStep final : public fulgor::Callback {
   std::string path_;
 };
 
+// Sample i of either data set has data [i] and target i. Training records
+// the samples each epoch brings; validation logs, over its samples, the mean
+// of i^2 (sync_dist), their count (sync_dist, summed; and unsynced), the
+// largest i (sync_dist) and a binary Accuracy of the prediction (i % 3 == 0)
+// against the target i % 2.
+struct ShardNet : fulgor::Module {
+  torch::nn::Linear lin{nullptr};
+  std::map<int64_t, std::vector<int64_t>> trained_on;
+  fulgor::metrics::Accuracy accuracy;
+
+  ShardNet() { lin = register_module("lin", torch::nn::Linear(1, 1)); }
+
+  torch::Tensor training_step(torch::data::Example<> batch, int64_t) override {
+    auto& seen = trained_on[trainer().current_epoch()];
+    for (int64_t i = 0; i < batch.target.size(0); ++i) seen.push_back(batch.target[i].item<int64_t>());
+    return torch::mse_loss(lin->forward(batch.data), batch.data * 0.5);
+  }
+  void validation_step(torch::data::Example<> batch, int64_t) override {
+    const torch::Tensor ids = batch.target;
+    fulgor::LogOptions synced;
+    synced.sync_dist = true;
+    log("val_square", ids.to(torch::kDouble).pow(2).mean(), synced);
+    fulgor::LogOptions summed = synced;
+    summed.reduce = fulgor::Reduce::sum;
+    log("val_count", static_cast<double>(ids.size(0)), summed);
+    fulgor::LogOptions largest = synced;
+    largest.reduce = fulgor::Reduce::max;
+    log("val_max", ids.max().to(torch::kDouble), largest);
+    fulgor::LogOptions local;
+    local.reduce = fulgor::Reduce::sum;
+    log("val_local_count", static_cast<double>(ids.size(0)), local);
+    accuracy.update(ids.remainder(3).eq(0).to(torch::kFloat), ids.remainder(2));
+    log("val_acc", accuracy);
+  }
+  fulgor::OptimizerConfig configure_optimizers() override {
+    return std::make_shared<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.01));
+  }
+};
+
+fulgor::TensorLoader id_loader(int64_t n, int64_t batch_size, bool shuffle) {
+  const torch::Tensor ids = torch::arange(n, torch::kLong);
+  fulgor::TensorLoaderOptions options;
+  options.batch_size = batch_size;
+  options.shuffle = shuffle;
+  options.seed = 3;
+  return fulgor::TensorLoader(ids.unsqueeze(1).to(torch::kFloat), ids, options);
+}
+
+void shard(const std::string& out, int64_t rank, bool use_distributed_sampler) {
+  ShardNet model;
+  auto train = id_loader(16, 4, true);
+  auto val = id_loader(7, 3, false);
+  auto options = ddp_options(out + "/rank" + std::to_string(rank), 2, 1);
+  options.logger = false;
+  options.enable_checkpointing = false;
+  options.use_distributed_sampler = use_distributed_sampler;
+  fulgor::Trainer trainer(options);
+  trainer.fit(model, train, val);
+  std::ofstream file(out + "/shard_rank" + std::to_string(rank) + ".txt");
+  file.precision(17);
+  for (const auto& [epoch, ids] : model.trained_on) {
+    file << "train" << epoch;
+    for (int64_t id : ids) file << " " << id;
+    file << "\n";
+  }
+  file << "train_batches " << train.size() << "\nval_batches " << val.size() << "\n";
+  for (const auto& [name, value] : trainer.callback_metrics()) file << "fit_" << name << " " << value << "\n";
+  for (const auto& [name, value] : trainer.validate(model, val)) file << "validate_" << name << " " << value << "\n";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -72,14 +148,19 @@ int main(int argc, char** argv) {
     rank = env.rank;
     const std::string mode = argc > 1 ? argv[1] : "";
     if (!((mode == "fit" || mode == "manual" || mode == "resume") && argc == 5) && !(mode == "die" && argc == 4) &&
-        !(mode == "disagree" && argc == 3)) {
+        !(mode == "disagree" && argc == 3) && !(mode == "shard" && argc == 4)) {
       std::cerr << "usage: fulgor_ddp_trainer_worker fit|manual|resume OUTDIR EPOCHS ACCUMULATE\n"
                    "       fulgor_ddp_trainer_worker die OUTDIR kill|stop\n"
-                   "       fulgor_ddp_trainer_worker disagree OUTDIR\n";
+                   "       fulgor_ddp_trainer_worker disagree OUTDIR\n"
+                   "       fulgor_ddp_trainer_worker shard OUTDIR on|off\n";
       return 2;
     }
     const std::string out = argv[2];
     const std::string root = out + "/rank" + std::to_string(rank);
+    if (mode == "shard") {
+      shard(out, rank, std::string(argv[3]) == "on");
+      return 0;
+    }
     auto loader = make_loader(env.world_size, env.rank);
     if (mode == "die") {
       RegressionNet model(init_seed(env.rank));
