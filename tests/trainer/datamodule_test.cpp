@@ -270,6 +270,9 @@ TEST(AnyLoader, PassesTheLoaderProtocolOn) {
   ASSERT_EQ(ours.size(), theirs.size());
   for (size_t i = 0; i < ours.size(); ++i) EXPECT_TRUE(torch::equal(ours[i], theirs[i]));
   EXPECT_TRUE(loader.disable_shuffle());
+  // The second of two ranks: 5 samples, in batches of 4.
+  EXPECT_TRUE(loader.distribute({.num_replicas = 2, .rank = 1, .even = true}));
+  EXPECT_EQ(loader.length().value_or(-1), 2);
 
   // A LibTorch loader (held by its unique_ptr) tells no length.
   fulgor::AnyLoader<> libtorch = torch::data::make_data_loader(XY(6, 7).map(torch::data::transforms::Stack<>()),
@@ -279,6 +282,7 @@ TEST(AnyLoader, PassesTheLoaderProtocolOn) {
   for (auto& batch : libtorch) samples += batch.data.size(0);
   EXPECT_EQ(samples, 6);
   EXPECT_FALSE(libtorch.disable_shuffle());
+  EXPECT_FALSE(libtorch.distribute({.num_replicas = 2, .rank = 1, .even = true}));
   EXPECT_TRUE(fulgor::AnyLoader<>().empty());
 }
 

@@ -69,6 +69,7 @@ class AnyLoader {
     virtual bool batches_on(torch::Device device) const = 0;
     virtual void bind_device(const Accelerator& accelerator, torch::Device device) = 0;
     virtual void pin_memory() = 0;
+    virtual bool distribute(const DistributedShard& shard) = 0;
   };
 
   template <typename Holder>
@@ -110,6 +111,10 @@ class AnyLoader {
     }
     void pin_memory() override {
       if constexpr (detail::has_pin_memory<Loader>::value) detail::held_loader(holder_).pin_memory();
+    }
+    bool distribute(const DistributedShard& shard) override {
+      if constexpr (detail::has_distribute<Loader>::value) return detail::held_loader(holder_).distribute(shard);
+      return false;
     }
 
    private:
@@ -172,6 +177,7 @@ class AnyLoader {
   bool batches_on(torch::Device device) const { return loader_->batches_on(device); }
   void bind_device(const Accelerator& accelerator, torch::Device device) { loader_->bind_device(accelerator, device); }
   void pin_memory() { loader_->pin_memory(); }
+  bool distribute(const DistributedShard& shard) { return loader_->distribute(shard); }
 
  private:
   std::unique_ptr<Concept> loader_;

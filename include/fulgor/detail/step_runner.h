@@ -71,7 +71,6 @@ class StepRunner {
   const Precision* precision_ = nullptr;
   std::optional<torch::Device> device_;
   int64_t cache_limit_ = 0;
-  void set_length(std::optional<int64_t> length) { length_ = length; }
 
  private:
   std::optional<int64_t> length_;
