@@ -1,6 +1,6 @@
 #pragma once
 
-#include <torch/types.h>
+#include <torch/data/example.h>
 
 #include <cstdint>
 #include <functional>
