@@ -1,7 +1,6 @@
 // The small built-in callbacks (ModelCheckpoint and EarlyStopping are in
 // src/callbacks/, the progress bar in progress_bar.cpp).
 
-#include <cxxabi.h>
 #include <fmt/format.h>
 #include <torch/torch.h>
 
@@ -12,21 +11,14 @@
 #include <regex>
 #include <sstream>
 
+#include "demangle.h"
 #include "fulgor/callbacks/learning_rate_monitor.h"
 #include "fulgor/callbacks/model_summary.h"
 #include "fulgor/callbacks/timer.h"
 #include "fulgor/trainer.h"
 
 namespace fulgor {
-namespace {
-
-std::string demangle(const char* name) {
-  int status = 0;
-  std::unique_ptr<char, void (*)(void*)> out(abi::__cxa_demangle(name, nullptr, nullptr, &status), std::free);
-  return status == 0 && out ? out.get() : name;
-}
-
-}  // namespace
+using detail::demangle;
 
 std::string Callback::state_key() const { return demangle(typeid(*this).name()); }
 

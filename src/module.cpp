@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "fulgor/error.h"
+#include "fulgor/trainer.h"
 
 namespace fulgor {
 

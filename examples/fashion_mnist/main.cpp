@@ -2,25 +2,74 @@
 // --model.arch=mlp) trained on whatever accelerator "auto" picks, with a
 // progress bar, checkpoints and metrics (TensorBoard event files, and a
 // metrics.csv that fulgor-plot draws), then tested on the best checkpoint.
+// The data is a DataModule: it reads the files once per node, splits them,
+// and makes each loop's loader.
 //
 //   fashion_mnist [--trainer.max_epochs=4] [--trainer.accelerator=cpu] [--model.arch=mlp]
 //                 [--model.lr=0.001] [--data.batch_size=128] [--data.dir=/usr/share/datasets/fashion-mnist]
 //
 // The last line of standard output is a JSON summary (printed by rank 0 alone).
 // Data-parallel on two processes (strategy "auto" becomes "ddp" under a
-// launcher; each rank reads its shard of every split through a
-// DistributedSampler, with half of --data.batch_size per batch):
+// launcher; the Trainer gives each rank its shard of every split, and each
+// takes half of --data.batch_size per batch):
 //
 //   fulgor-run --nproc-per-node 2 -- fashion_mnist --trainer.accelerator=cpu
 
 #include <fulgor/fulgor.h>
 
 #include <chrono>
+#include <functional>
 #include <iostream>
+#include <optional>
 
 #include "fashion_mnist_data.h"
 
 namespace {
+
+// Fashion-MNIST's 60,000 training images (the last 5,000 validate, as in
+// Lightning's MNIST examples) and 10,000 test images, in memory.
+struct FashionMNIST : fulgor::DataModule {
+  std::string dir;
+  int64_t batch_size;
+  uint64_t seed;
+  std::optional<fulgor::TensorLoader> train, val, test;
+
+  FashionMNIST(std::string data_dir, int64_t global_batch_size, uint64_t shuffle_seed)
+      : dir(std::move(data_dir)), batch_size(global_batch_size), seed(shuffle_seed) {
+    save_hyperparameters({{"batch_size", batch_size}});
+  }
+
+  // Fails early, on one process per node, when the files are missing.
+  void prepare_data() override { fashion_mnist::load(dir, /*train=*/false); }
+
+  void setup(const std::string& stage) override {
+    // --data.batch_size is the global batch: each of N processes takes 1/N
+    // of it, so N processes train as one does.
+    const int64_t processes = trainer().world_size();
+    if (batch_size % processes != 0)
+      throw fulgor::ConfigError("--data.batch_size=" + std::to_string(batch_size) + " does not divide over " +
+                                std::to_string(processes) + " processes: give a multiple of " +
+                                std::to_string(processes));
+    const fulgor::TensorLoaderOptions options{.batch_size = batch_size / processes, .seed = seed};
+    if (stage == "fit" || stage == "validate") {
+      auto [x, y] = fashion_mnist::load(dir, /*train=*/true);
+      const int64_t n_train = x.size(0) - 5000;
+      auto shuffled = options;
+      shuffled.shuffle = true;
+      train.emplace(x.slice(0, 0, n_train), y.slice(0, 0, n_train), shuffled);
+      val.emplace(x.slice(0, n_train), y.slice(0, n_train), options);
+    }
+    if (stage == "test") {
+      auto [x, y] = fashion_mnist::load(dir, /*train=*/false);
+      test.emplace(x, y, options);
+    }
+  }
+
+  // Training batches are copied onto the device one step ahead.
+  fulgor::AnyLoader<> train_loader() override { return fulgor::DevicePrefetcher(*train); }
+  fulgor::AnyLoader<> val_loader() override { return std::ref(*val); }
+  fulgor::AnyLoader<> test_loader() override { return std::ref(*test); }
+};
 
 struct LitClassifier : fulgor::Module {
   torch::nn::Sequential net;
@@ -85,32 +134,7 @@ int main(int argc, char** argv) {
     const auto batch_size = cli.get<int64_t>("data", "batch_size", 128);
     const auto dir = cli.get<std::string>("data", "dir", fashion_mnist::kDefaultDir);
     fulgor::seed_everything(cli.trainer.seed.value_or(0));
-
-    // The last 5000 training images validate, as in Lightning's MNIST examples.
-    auto [train_x, train_y] = fashion_mnist::load(dir, /*train=*/true);
-    auto [test_x, test_y] = fashion_mnist::load(dir, /*train=*/false);
-    const int64_t n_train = train_x.size(0) - 5000;
-    // Every process reads its own shard (all of it when it runs alone); the
-    // training shards are reshuffled each epoch, the same way on every rank.
-    // --data.batch_size is the global batch: each of N processes takes 1/N of
-    // it, so N processes train as one does.
-    const auto job = fulgor::detect_distributed_environment();
-    if (batch_size % job.world_size != 0)
-      throw fulgor::ConfigError("--data.batch_size=" + std::to_string(batch_size) + " does not divide over " +
-                                std::to_string(job.world_size) + " processes: give a multiple of " +
-                                std::to_string(job.world_size));
-    const int64_t rank_batch_size = batch_size / job.world_size;
-    auto batches = [&](torch::Tensor x, torch::Tensor y, bool shuffle) {
-      fulgor::DistributedSamplerOptions sampler_options;
-      sampler_options.shuffle = shuffle;
-      sampler_options.seed = cli.trainer.seed.value_or(0);
-      auto sampler = std::make_unique<fulgor::DistributedSampler>(static_cast<size_t>(x.size(0)), job.world_size,
-                                                                  job.rank, sampler_options);
-      return fulgor::TensorLoader(x, y, std::move(sampler), {.batch_size = rank_batch_size});
-    };
-    auto train_loader = batches(train_x.slice(0, 0, n_train), train_y.slice(0, 0, n_train), true);
-    auto val_loader = batches(train_x.slice(0, n_train), train_y.slice(0, n_train), false);
-    auto test_loader = batches(test_x, test_y, false);
+    FashionMNIST data(dir, batch_size, cli.trainer.seed.value_or(0));
 
     LitClassifier model(arch, lr);
     auto options = cli.trainer;
@@ -124,11 +148,9 @@ int main(int argc, char** argv) {
         .filename = "{epoch}-{val_acc:.4f}", .monitor = "val_acc", .mode = "max", .save_top_k = 1, .save_last = true});
     if (options.enable_checkpointing) options.callbacks.push_back(checkpoint);
     fulgor::Trainer trainer(options);
-    // Training batches are copied onto the device one step ahead.
-    fulgor::DevicePrefetcher prefetched_train(train_loader);
-    auto fit = trainer.fit(model, prefetched_train, val_loader);
+    auto fit = trainer.fit(model, data);
     const bool have_best = options.enable_checkpointing && !checkpoint->best_model_path().empty();
-    auto test = trainer.test(model, test_loader, {.ckpt_path = have_best ? "best" : ""});
+    auto test = trainer.test(model, data, {.ckpt_path = have_best ? "best" : ""});
 
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     nlohmann::json summary = {{"test_acc", test.at("test_acc")},

@@ -129,6 +129,11 @@ class ModuleBase : public torch::nn::Module {
   virtual std::vector<std::shared_ptr<Callback>> configure_callbacks() { return {}; }
 
   // ---- Hooks, in the order the Trainer calls them ---------------------------
+  /// Work to do once per node before any process's setup (downloading data):
+  /// the Trainer calls it on each node's local rank 0, or on the job's rank 0
+  /// alone when prepare_data_per_node() is false; the other processes wait.
+  virtual void prepare_data() {}
+  virtual bool prepare_data_per_node() const { return true; }
   /// `stage` is "fit", "validate", "test" or "predict".
   virtual void setup(const std::string& /*stage*/) {}
   virtual void teardown(const std::string& /*stage*/) {}

@@ -12,6 +12,7 @@
 #include "fulgor/accelerator.h"
 #include "fulgor/callback.h"
 #include "fulgor/data.h"
+#include "fulgor/data_module.h"
 #include "fulgor/detail/step_runner.h"
 #include "fulgor/error.h"
 #include "fulgor/logger.h"
@@ -107,30 +108,35 @@ class Trainer {
     auto val = detail::make_runner(model, val_loader);
     return run_fit(model, train, &val, options);
   }
-  template <typename Batch, typename TrainLoader>
+  template <typename Batch, typename TrainLoader, typename = detail::NotDataModule<TrainLoader>>
   FitResult fit(BasicModule<Batch>& model, TrainLoader& train_loader, const FitOptions& options = {}) {
     auto train = detail::make_runner(model, train_loader);
     return run_fit(model, train, nullptr, options);
+  }
+  /// Fits with the loaders of `datamodule` (its val_loader, when it has one,
+  /// validates), calling its hooks (fulgor/data_module.h).
+  template <typename Batch>
+  FitResult fit(BasicModule<Batch>& model, BasicDataModule<Batch>& datamodule, const FitOptions& options = {}) {
+    detail::DataModuleRunner<Batch> train(model, datamodule, detail::Stage::train);
+    detail::DataModuleRunner<Batch> val(model, datamodule, detail::Stage::validate);
+    return run_fit(model, train, &val, options, &datamodule);
   }
 
   /// Runs the validation loop; returns the epoch-level metrics it logged.
   template <typename Batch, typename Loader>
   std::map<std::string, double> validate(BasicModule<Batch>& model, Loader& loader, const EvalOptions& options = {}) {
-    auto runner = detail::make_runner(model, loader);
-    return run_eval(detail::Stage::validate, model, runner, options);
+    return evaluate(detail::Stage::validate, model, loader, options);
   }
   /// Runs the test loop; returns the epoch-level metrics it logged.
   template <typename Batch, typename Loader>
   std::map<std::string, double> test(BasicModule<Batch>& model, Loader& loader, const EvalOptions& options = {}) {
-    auto runner = detail::make_runner(model, loader);
-    return run_eval(detail::Stage::test, model, runner, options);
+    return evaluate(detail::Stage::test, model, loader, options);
   }
   /// Runs predict_step over the loader; returns its outputs in order.
   template <typename Batch, typename Loader>
   std::vector<torch::Tensor> predict(BasicModule<Batch>& model, Loader& loader, const EvalOptions& options = {}) {
-    auto runner = detail::make_runner(model, loader);
     std::vector<torch::Tensor> outputs;
-    run_eval(detail::Stage::predict, model, runner, options, &outputs);
+    evaluate(detail::Stage::predict, model, loader, options, &outputs);
     return outputs;
   }
 
@@ -177,6 +183,8 @@ class Trainer {
 
   const std::vector<std::shared_ptr<Callback>>& callbacks() const;
   const std::vector<std::shared_ptr<Logger>>& loggers() const;
+  /// The data module of the current or last loop; nullptr when it had none.
+  DataModuleBase* datamodule() const;
   /// The first ModelCheckpoint among the callbacks, or nullptr.
   ModelCheckpoint* checkpoint_callback() const;
   const std::vector<std::shared_ptr<torch::optim::Optimizer>>& optimizers() const;
@@ -217,10 +225,26 @@ class Trainer {
   void save_checkpoint(const std::string& path);
 
  private:
-  FitResult run_fit(ModuleBase& model, detail::StepRunner& train, detail::StepRunner* val, const FitOptions& options);
-  // Validate, test or predict (predict_step's outputs into `outputs`).
+  // A data module (BasicDataModule<Batch>) or a loader; validate, test or
+  // predict (predict_step's outputs into `outputs`).
+  template <typename Batch, typename Loader>
+  std::map<std::string, double> evaluate(detail::Stage stage, BasicModule<Batch>& model, Loader& loader,
+                                         const EvalOptions& options, std::vector<torch::Tensor>* outputs = nullptr) {
+    if constexpr (std::is_base_of_v<DataModuleBase, Loader>) {
+      static_assert(std::is_base_of_v<BasicDataModule<Batch>, Loader>,
+                    "the data module's batch type is not the module's: derive both from the same Batch");
+      detail::DataModuleRunner<Batch> runner(model, loader, stage);
+      return run_eval(stage, model, runner, options, outputs, &loader);
+    } else {
+      auto runner = detail::make_runner(model, loader);
+      return run_eval(stage, model, runner, options, outputs);
+    }
+  }
+  FitResult run_fit(ModuleBase& model, detail::StepRunner& train, detail::StepRunner* val, const FitOptions& options,
+                    DataModuleBase* datamodule = nullptr);
   std::map<std::string, double> run_eval(detail::Stage stage, ModuleBase& model, detail::StepRunner& runner,
-                                         const EvalOptions& options, std::vector<torch::Tensor>* outputs = nullptr);
+                                         const EvalOptions& options, std::vector<torch::Tensor>* outputs,
+                                         DataModuleBase* datamodule = nullptr);
 
   std::unique_ptr<detail::TrainerState> state_;
 };

@@ -128,6 +128,14 @@ nlohmann::json parse_checkpoint_meta(torch::serialize::InputArchive& archive, co
   require(json, path, "", "callbacks", object, "an object");
   require(json, path, "", "module", object, "an object");
   require(json, path, "", "accelerator", string, "a string");
+  // Saved by a fit with a data module only.
+  if (const auto dm = json.find("datamodule"); dm != json.end()) {
+    require(json, path, "", "datamodule", object, "an object");
+    require(*dm, path, "datamodule.", "name", string, "a string");
+    const Fits any = [](const nlohmann::json&) { return true; };
+    require(*dm, path, "datamodule.", "state", any, "a value");
+    require(*dm, path, "datamodule.", "hparams", any, "a value");
+  }
   return std::move(json);
 }
 
@@ -184,6 +192,11 @@ void CheckpointConnector::restore_module_and_callbacks(LoadedCheckpoint& ckpt) {
   if (!ckpt.archive.try_read("model", model_archive))
     throw CheckpointError(fmt::format("checkpoint '{}' has no model state", ckpt.path));
   load_module_state(*s.module, model_archive, ckpt.path);
+  // Lightning's restore_datamodule: the state saved under its name, if any.
+  if (const auto dm = meta.find("datamodule");
+      s.datamodule && dm != meta.end() && dm->at("name") == s.datamodule->name())
+    restoring(ckpt, fmt::format("the state of {}", s.datamodule->name()),
+              [&] { s.datamodule->load_state_dict(dm->at("state")); });
   for (auto& cb : s.callbacks)
     restoring(ckpt, fmt::format("what {} reads of it", cb->state_key()),
               [&] { cb->on_load_checkpoint(s.trainer, *s.module, meta); });
@@ -261,6 +274,9 @@ void CheckpointConnector::save(const std::string& path) {
   meta["schedulers"] = nlohmann::json::array();
   for (const auto& config : s.optim.schedulers) meta["schedulers"].push_back(config.scheduler->state_dict());
   meta["hparams"] = s.module->hparams();
+  if (s.datamodule)
+    meta["datamodule"] = {
+        {"name", s.datamodule->name()}, {"state", s.datamodule->state_dict()}, {"hparams", s.datamodule->hparams()}};
   meta["module"] = nlohmann::json::object();
   s.module->on_save_checkpoint(meta["module"]);
   meta["callbacks"] = nlohmann::json::object();

@@ -167,10 +167,12 @@ using detail::Stage;
 
 // Lightning's _run for validate, test and predict.
 std::map<std::string, double> Trainer::run_eval(Stage stage, ModuleBase& model, detail::StepRunner& runner,
-                                                const EvalOptions& eval_options, std::vector<torch::Tensor>* outputs) {
+                                                const EvalOptions& eval_options, std::vector<torch::Tensor>* outputs,
+                                                DataModuleBase* datamodule) {
   auto& s = *state_;
   const std::string name = stage == Stage::validate ? "validate" : stage == Stage::test ? "test" : "predict";
   s.begin(name);
+  s.datamodule = datamodule;
   std::optional<detail::LoadedCheckpoint> ckpt;
   if (!eval_options.ckpt_path.empty()) ckpt = s.checkpoints.read(eval_options.ckpt_path);
   struct Scope {
@@ -183,6 +185,7 @@ std::map<std::string, double> Trainer::run_eval(Stage stage, ModuleBase& model, 
     s.attach_model_callbacks(model);
     s.setup_hooks(model, name);
     if (ckpt) s.checkpoints.restore_module_and_callbacks(*ckpt);
+    if (datamodule) s.open_loader(runner, stage);
     runner.bind(*s.accelerator, *s.device, s.precision.precision());
     const auto limit = s.eval_limit(stage, runner);
     model.zero_grad();

@@ -150,10 +150,11 @@ using detail::LogContext;
 using detail::Stage;
 
 FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail::StepRunner* val,
-                           const FitOptions& fit_options) {
+                           const FitOptions& fit_options, DataModuleBase* datamodule) {
   auto& s = *state_;
   const auto& o = s.options;
   s.begin("fit");
+  s.datamodule = datamodule;
   // Read the checkpoint before anything is written, so a bad one changes nothing.
   std::optional<detail::LoadedCheckpoint> ckpt;
   if (!fit_options.ckpt_path.empty()) ckpt = s.checkpoints.read(fit_options.ckpt_path);
@@ -180,8 +181,24 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
     detail::SignalTrap trap;
     s.each_callback("on_fit_start", [&](Callback& cb) { cb.on_fit_start(*this, model); });
     s.call_module("on_fit_start", [&] { model.on_fit_start(); });
-    for (auto& logger : s.loggers) logger->log_hyperparams(model.hparams());
+    const nlohmann::json hparams = s.logged_hparams(model);
+    for (auto& logger : s.loggers) logger->log_hyperparams(hparams);
     if (ckpt) s.checkpoints.restore_training_state(*ckpt);
+    const int64_t max_steps = o.fast_dev_run > 0 ? o.fast_dev_run : o.max_steps;
+    // A checkpoint from the middle of an epoch (or any, when training by
+    // max_steps) resumes a restarting loop, which skips the sanity check
+    // (Lightning's FitLoop.restarting).
+    bool resuming_mid_epoch = ckpt && !s.epoch_finished && s.batches_in_epoch > 0;
+    const bool restarting = resuming_mid_epoch || (ckpt && max_steps != -1);
+    // A data module's loaders are asked for now, validation's first when a
+    // sanity check will run, as Lightning's loops set up their data; without
+    // a val_loader it does not validate.
+    if (datamodule) {
+      const bool sanity_first = o.num_sanity_val_steps != 0 && !restarting;
+      if (sanity_first && val && !val->open()) val = nullptr;
+      s.open_loader(train, Stage::train);
+      if (!sanity_first && val && !val->open()) val = nullptr;
+    }
     train.bind(*s.accelerator, *s.device, s.precision.precision());
     if (val) val->bind(*s.accelerator, *s.device, s.precision.precision());
     // Batches per epoch.
@@ -203,12 +220,6 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
     const detail::ValidationSchedule schedule(o, validating, s.train_batches);
 
     model.zero_grad();
-    const int64_t max_steps = o.fast_dev_run > 0 ? o.fast_dev_run : o.max_steps;
-    // A checkpoint from the middle of an epoch (or any, when training by
-    // max_steps) resumes a restarting loop, which skips the sanity check
-    // (Lightning's FitLoop.restarting).
-    bool resuming_mid_epoch = ckpt && !s.epoch_finished && s.batches_in_epoch > 0;
-    const bool restarting = resuming_mid_epoch || (ckpt && max_steps != -1);
     if (validating && !restarting) s.evaluation.sanity_check(*val_runner, val_limit);
 
     model.train();

@@ -5,9 +5,14 @@
 #include <utility>
 #include <vector>
 
+#include "fulgor/data_module.h"
 #include "fulgor/module.h"
 
 namespace fulgor::detail {
+
+struct DataModuleAccess {
+  static void attach(DataModuleBase& datamodule, Trainer* trainer) { datamodule.trainer_ = trainer; }
+};
 
 struct ModuleAccess {
   static void attach(ModuleBase& module, MetricSink* sink, Trainer* trainer) {

@@ -1,5 +1,6 @@
 #include <ATen/Context.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -105,11 +106,24 @@ void TrainerState::attach_model_callbacks(ModuleBase& model) {
 
 // Lightning's _call_setup_hook and _call_teardown_hook.
 void TrainerState::setup_hooks(ModuleBase& model, const std::string& name) {
+  // One process per node (or per job) prepares the data; the others wait
+  // for it in the barrier before setup.
+  const int64_t local_rank = ddp ? ddp->environment().local_rank : 0;
+  const int64_t node_rank = ddp ? ddp->environment().node_rank : 0;
+  const auto prepares = [&](bool per_node) { return local_rank == 0 && (per_node || node_rank == 0); };
+  if (datamodule) {
+    DataModuleAccess::attach(*datamodule, &trainer);
+    if (prepares(datamodule->prepare_data_per_node())) datamodule->prepare_data();
+  }
+  if (prepares(model.prepare_data_per_node())) call_module("prepare_data", [&] { model.prepare_data(); });
+  if (ddp) ddp->barrier();
+  if (datamodule) datamodule->setup(name);
   each_callback("setup", [&](Callback& cb) { cb.setup(trainer, model, name); });
   call_module("setup", [&] { model.setup(name); });
 }
 
 void TrainerState::teardown_hooks(ModuleBase& model, const std::string& name) {
+  if (datamodule) datamodule->teardown(name);
   each_callback("teardown", [&](Callback& cb) { cb.teardown(trainer, model, name); });
   call_module("teardown", [&] { model.teardown(name); });
 }
@@ -178,6 +192,33 @@ void TrainerState::describe_profile(const std::string& name) {
   profiling->profiler().describe(name, trainer.log_dir(),
                                  distributed ? std::optional<int64_t>(ddp->environment().local_rank) : std::nullopt,
                                  trainer.is_global_zero());
+}
+
+nlohmann::json TrainerState::logged_hparams(const ModuleBase& model) const {
+  nlohmann::json hparams = model.hparams();
+  if (!datamodule || datamodule->hparams().empty()) return hparams;
+  if (!hparams.is_object() || !datamodule->hparams().is_object())
+    return hparams.empty() ? datamodule->hparams() : hparams;
+  std::vector<std::string> inconsistent;
+  for (const auto& [key, value] : datamodule->hparams().items()) {
+    if (auto it = hparams.find(key); it != hparams.end() && *it != value) inconsistent.push_back(key);
+    hparams[key] = value;
+  }
+  if (!inconsistent.empty())
+    throw ConfigError(fmt::format(
+        "the hyper-parameters {} are in both {}'s and {}'s hparams, with different values: give them one value",
+        fmt::join(inconsistent, ", "), model.name(), datamodule->name()));
+  return hparams;
+}
+
+void TrainerState::open_loader(StepRunner& runner, Stage which) {
+  if (runner.open()) return;
+  const char* loader = which == Stage::train      ? "train_loader"
+                       : which == Stage::validate ? "val_loader"
+                       : which == Stage::test     ? "test_loader"
+                                                  : "predict_loader";
+  throw ConfigError(fmt::format("{}::{} returned no loader: a data module given to {} must override it",
+                                datamodule ? datamodule->name() : std::string("the data module"), loader, stage));
 }
 
 void TrainerState::configure_optimizers(ModuleBase& model) {

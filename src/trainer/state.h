@@ -58,6 +58,8 @@ struct TrainerState {
   std::unique_ptr<DdpStrategy> ddp;
   std::optional<torch::Device> device;
   ModuleBase* module = nullptr;
+  // The data module of the loop running or last run (nullptr: it had none).
+  DataModuleBase* datamodule = nullptr;
   OptimizerConfig optim;
   PrecisionPlugin precision;
   // Whether the fit running optimizes manually (the module's
@@ -132,13 +134,20 @@ struct TrainerState {
   void end();
   // Lightning's _attach_model_callbacks.
   void attach_model_callbacks(ModuleBase& model);
-  // Lightning's _call_setup_hook and _call_teardown_hook.
+  // Lightning's _DataConnector.prepare_data, then _call_setup_hook; and
+  // _call_teardown_hook.
   void setup_hooks(ModuleBase& model, const std::string& name);
   void teardown_hooks(ModuleBase& model, const std::string& name);
   // Lightning's _interrupt: the callbacks hear of the exception, and the
   // loggers are finalized as failed.
   void on_exception(ModuleBase& model, const std::exception& e);
   void configure_optimizers(ModuleBase& model);
+  // The hyper-parameters the loggers get: the module's, and the data module's
+  // (Lightning's _log_hyperparams).
+  nlohmann::json logged_hparams(const ModuleBase& model) const;
+  // Takes a loop's loader from the data module: throws ConfigError naming
+  // `stage`'s loader when it has none.
+  void open_loader(StepRunner& runner, Stage stage);
   // Under ddp, the stop every rank acts on (agree_on_stop in state.cpp).
   int agree_on_stop(int signal);
 

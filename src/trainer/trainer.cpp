@@ -93,6 +93,8 @@ void Trainer::log_metrics(const std::map<std::string, double>& metrics) { state_
 
 const std::vector<std::shared_ptr<Callback>>& Trainer::callbacks() const { return state_->callbacks; }
 const std::vector<std::shared_ptr<Logger>>& Trainer::loggers() const { return state_->loggers; }
+DataModuleBase* Trainer::datamodule() const { return state_->datamodule; }
+
 ModelCheckpoint* Trainer::checkpoint_callback() const {
   for (const auto& cb : state_->callbacks)
     if (auto* mc = dynamic_cast<ModelCheckpoint*>(cb.get())) return mc;

@@ -85,10 +85,11 @@ torch::Tensor train_in_one_process(const std::string& strategy, int64_t epochs, 
 // Runs two ranks of `fit` and checks the final parameters: the same on both
 // ranks, and those of one process within kTolerance. Returns the gradients
 // each rank held after each backward pass.
-std::array<torch::Tensor, 2> expect_two_ranks_match_one_process(int64_t epochs, int64_t accumulate) {
+std::array<torch::Tensor, 2> expect_two_ranks_match_one_process(int64_t epochs, int64_t accumulate,
+                                                                const std::string& mode = "fit") {
   TempDir dir;
   auto [status, log] =
-      run_with_fulgor_run({"fit", dir.str(), std::to_string(epochs), std::to_string(accumulate)}, dir / "log");
+      run_with_fulgor_run({mode, dir.str(), std::to_string(epochs), std::to_string(accumulate)}, dir / "log");
   EXPECT_TRUE(exited_with(status, 0)) << log;
   if (!exited_with(status, 0)) return {};
   const torch::Tensor rank0 = read_tensor(dir / "params_rank0.pt", "final");
@@ -107,6 +108,13 @@ TEST(DdpTrainer, TwoRanksOfSixteenMatchOneProcessOfThirtyTwo) {
   ASSERT_EQ(gradients[0].size(0), 2 * kStepsPerEpoch);
   // Every backward pass steps the optimizer, so every one was averaged.
   EXPECT_TRUE(torch::equal(gradients[0], gradients[1])) << "a backward pass was not synchronized";
+}
+
+TEST(DdpTrainer, ManualBackwardAveragesGradientsOverTheRanks) {
+  const auto gradients = expect_two_ranks_match_one_process(2, 1, "manual");
+  ASSERT_TRUE(gradients[0].defined());
+  ASSERT_EQ(gradients[0].size(0), 2 * kStepsPerEpoch);
+  EXPECT_TRUE(torch::equal(gradients[0], gradients[1])) << "a manual_backward was not synchronized";
 }
 
 TEST(DdpTrainer, AccumulationCommunicatesOnlyOnSteppingBatches) {

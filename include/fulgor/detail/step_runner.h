@@ -14,7 +14,9 @@
 
 #include "fulgor/accelerator.h"
 #include "fulgor/batch_size.h"
+#include "fulgor/data/any_loader.h"
 #include "fulgor/data/loader_protocol.h"
+#include "fulgor/data_module.h"
 #include "fulgor/detail/convert_batch.h"
 #include "fulgor/error.h"
 #include "fulgor/module.h"
@@ -32,6 +34,9 @@ class StepRunner {
  public:
   explicit StepRunner(std::optional<int64_t> length) : length_(length) {}
   virtual ~StepRunner() = default;
+  // Takes the loader, where it is a data module's (whose loop asks for it
+  // when it begins, as Lightning's setup_data): false when there is none.
+  virtual bool open() { return true; }
   // Batches per epoch, when the loader tells.
   std::optional<int64_t> length() const { return length_; }
   void bind(const Accelerator& accelerator, torch::Device device, const Precision& precision) {
@@ -56,6 +61,8 @@ class StepRunner {
   virtual torch::Tensor step(Stage stage, int64_t batch_idx) = 0;
 
  protected:
+  void set_length(std::optional<int64_t> length) { length_ = length; }
+
   const Accelerator* accelerator_ = nullptr;
   const Precision* precision_ = nullptr;
   std::optional<torch::Device> device_;
@@ -66,7 +73,7 @@ class StepRunner {
 };
 
 template <typename Batch, typename Loader>
-class LoaderRunner final : public StepRunner {
+class LoaderRunner : public StepRunner {
   using Iterator = decltype(std::declval<Loader&>().begin());
   using LoaderBatch = std::decay_t<decltype(*std::declval<Iterator&>())>;
   static_assert(std::is_constructible_v<Batch, LoaderBatch&&>,
@@ -165,6 +172,49 @@ class LoaderRunner final : public StepRunner {
   bool replay_ = false;
   size_t position_ = 0;
 };
+
+template <typename Batch>
+struct HeldLoader {
+  AnyLoader<Batch> loader;
+};
+
+// A data module's loader for one stage, asked for when the loop opens it.
+template <typename Batch>
+class DataModuleRunner final : private HeldLoader<Batch>, public LoaderRunner<Batch, AnyLoader<Batch>> {
+ public:
+  DataModuleRunner(BasicModule<Batch>& module, BasicDataModule<Batch>& datamodule, Stage stage)
+      : LoaderRunner<Batch, AnyLoader<Batch>>(module, this->HeldLoader<Batch>::loader),
+        datamodule_(datamodule),
+        stage_(stage) {}
+
+  bool open() override {
+    auto& loader = this->HeldLoader<Batch>::loader;
+    switch (stage_) {
+      case Stage::train:
+        loader = datamodule_.train_loader();
+        break;
+      case Stage::validate:
+        loader = datamodule_.val_loader();
+        break;
+      case Stage::test:
+        loader = datamodule_.test_loader();
+        break;
+      case Stage::predict:
+        loader = datamodule_.predict_loader();
+        break;
+    }
+    this->set_length(loader.length());
+    return !loader.empty();
+  }
+
+ private:
+  BasicDataModule<Batch>& datamodule_;
+  Stage stage_;
+};
+
+// Keeps the loader overloads of Trainer::fit from taking a data module.
+template <typename L>
+using NotDataModule = std::enable_if_t<!std::is_base_of_v<DataModuleBase, L>>;
 
 template <typename T>
 T& deref(T& loader) {

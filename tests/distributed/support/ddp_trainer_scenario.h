@@ -27,7 +27,8 @@ inline torch::Tensor flat_parameters(torch::nn::Module& module) {
 
 /// The gradient-sync tests' network as a fulgor module. Every training step
 /// logs the rank (plus one) reduced over the ranks each way, and unreduced;
-/// after every backward pass it records the gradients it holds.
+/// after every backward pass it records the gradients it holds. With
+/// set_automatic_optimization(false) it takes its SGD steps itself.
 struct RegressionNet : fulgor::Module {
   torch::nn::Sequential net{nullptr};
   /// One row per backward pass: every parameter's gradient, flattened.
@@ -71,7 +72,13 @@ struct RegressionNet : fulgor::Module {
       log("disagreeing", trainer().global_rank() == 0 ? epoch : -epoch, local);
     }
     log("train_loss", loss);
-    return loss;
+    if (automatic_optimization()) return loss;
+    // Manual optimization: the same SGD step, taken by the module.
+    auto& opt = optimizers()[0];
+    opt.zero_grad();
+    manual_backward(loss);
+    opt.step();
+    return loss.detach();
   }
   void on_after_backward() override {
     std::vector<torch::Tensor> flat;

@@ -2,11 +2,13 @@
 // or directly with the launch variables set):
 //
 //   fulgor_ddp_trainer_worker fit OUTDIR EPOCHS ACCUMULATE
+//   fulgor_ddp_trainer_worker manual OUTDIR EPOCHS 1
 //   fulgor_ddp_trainer_worker resume OUTDIR EPOCHS ACCUMULATE
 //   fulgor_ddp_trainer_worker die OUTDIR kill|stop
 //   fulgor_ddp_trainer_worker disagree OUTDIR
 //
-// "fit" trains the shared model with strategy "ddp" for EPOCHS epochs.
+// "fit" trains the shared model with strategy "ddp" for EPOCHS epochs;
+// "manual" the same with the model optimizing manually.
 // "resume" trains until the middle of the second epoch, saves a checkpoint there,
 // and fits EPOCHS epochs from it with a new Trainer and a differently
 // initialised model. "die" trains with a ddp_timeout of 10 s; rank 1 kills or
@@ -69,9 +71,9 @@ int main(int argc, char** argv) {
     const auto env = fulgor::detect_distributed_environment();
     rank = env.rank;
     const std::string mode = argc > 1 ? argv[1] : "";
-    if (!((mode == "fit" || mode == "resume") && argc == 5) && !(mode == "die" && argc == 4) &&
+    if (!((mode == "fit" || mode == "manual" || mode == "resume") && argc == 5) && !(mode == "die" && argc == 4) &&
         !(mode == "disagree" && argc == 3)) {
-      std::cerr << "usage: fulgor_ddp_trainer_worker fit|resume OUTDIR EPOCHS ACCUMULATE\n"
+      std::cerr << "usage: fulgor_ddp_trainer_worker fit|manual|resume OUTDIR EPOCHS ACCUMULATE\n"
                    "       fulgor_ddp_trainer_worker die OUTDIR kill|stop\n"
                    "       fulgor_ddp_trainer_worker disagree OUTDIR\n";
       return 2;
@@ -105,8 +107,9 @@ int main(int argc, char** argv) {
       return 0;
     }
     const int64_t epochs = std::stoll(argv[3]), accumulate = std::stoll(argv[4]);
-    if (mode == "fit") {
+    if (mode == "fit" || mode == "manual") {
       RegressionNet model(init_seed(env.rank));
+      model.set_automatic_optimization(mode == "fit");
       fulgor::Trainer trainer(ddp_options(root, epochs, accumulate));
       trainer.fit(model, loader);
       write_results(out, rank, trainer, model);
