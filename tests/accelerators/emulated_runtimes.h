@@ -10,6 +10,11 @@
 
 namespace fulgor::testing {
 
+/// The emulated devices the tests name.
+inline const torch::Device kXpu1(torch::kXPU, 1);
+inline const torch::Device kNpu0(torch::DeviceType::PrivateUse1, 0);
+inline const torch::Device kNpu1(torch::DeviceType::PrivateUse1, 1);
+
 /// The number of devices each emulated runtime has in this process.
 int64_t emulated_device_count();
 

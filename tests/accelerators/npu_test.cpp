@@ -13,8 +13,8 @@
 namespace fulgor {
 namespace {
 
-const torch::Device kNpu0(torch::DeviceType::PrivateUse1, 0);
-const torch::Device kNpu1(torch::DeviceType::PrivateUse1, 1);
+using testing::kNpu0;
+using testing::kNpu1;
 
 class NpuAccelerator : public ::testing::Test {
  protected:

@@ -28,8 +28,8 @@
 namespace fulgor {
 namespace {
 
-const torch::Device kXpu1(torch::kXPU, 1);
-const torch::Device kNpu1(torch::DeviceType::PrivateUse1, 1);
+using testing::kNpu1;
+using testing::kXpu1;
 
 // The emulated runtimes compute with the CPU's kernels, so the two fits could
 // even match exactly; the tolerance is what a real device's kernels would need

@@ -17,7 +17,7 @@
 namespace fulgor {
 namespace {
 
-const torch::Device kXpu1(torch::kXPU, 1);
+using testing::kXpu1;
 
 TEST(XpuAccelerator, IsAvailableOnTheEmulatedRuntime) {
   auto xpu = make_accelerator("xpu");

@@ -8,14 +8,6 @@
 
 namespace {
 
-std::map<std::string, torch::Tensor> load(const std::string& path, const std::vector<std::string>& names) {
-  torch::serialize::InputArchive archive;
-  archive.load_from(path);
-  std::map<std::string, torch::Tensor> result;
-  for (const std::string& name : names) archive.read(name, result[name]);
-  return result;
-}
-
 TEST(Collectives, TwoRanksAllReduceAndBroadcast) {
   fulgor::test::TempDir dir;
   auto [status, log] = fulgor::test::run_two_ranks({"collectives", dir.str()}, dir / "log");
@@ -23,8 +15,8 @@ TEST(Collectives, TwoRanksAllReduceAndBroadcast) {
 
   // Rank r contributed (r + 1, 10 (r + 1)); rank 1 broadcast r + 5 = 6.
   const std::vector<std::string> names = {"sum", "mean", "max", "min", "metric", "broadcast", "module"};
-  auto rank0 = load(dir / "collectives_rank0.pt", names);
-  auto rank1 = load(dir / "collectives_rank1.pt", names);
+  auto rank0 = fulgor::test::load_tensors(dir / "collectives_rank0.pt", names);
+  auto rank1 = fulgor::test::load_tensors(dir / "collectives_rank1.pt", names);
   torch::manual_seed(fulgor::test::init_seed(0));
   torch::nn::Linear linear0(3, 2);
   const torch::Tensor module0 = torch::cat({linear0->weight.reshape({-1}), linear0->bias}).detach();

@@ -12,14 +12,6 @@ namespace {
 
 using fulgor::test::kGlobalBatch;
 
-std::map<std::string, torch::Tensor> load(const std::string& path, const std::vector<std::string>& names) {
-  torch::serialize::InputArchive archive;
-  archive.load_from(path);
-  std::map<std::string, torch::Tensor> result;
-  for (const std::string& name : names) archive.read(name, result[name]);
-  return result;
-}
-
 torch::Tensor flat(const std::vector<torch::Tensor>& tensors) {
   std::vector<torch::Tensor> parts;
   for (const auto& t : tensors) parts.push_back(t.detach().reshape({-1}));
@@ -34,7 +26,7 @@ std::vector<torch::Tensor> grads(torch::nn::Module& module) {
 
 // Float32 sums over 16 + 16 samples and over 32 samples differ only by
 // rounding; after 5 steps of SGD at lr 0.1 that stays far below 1e-5.
-constexpr double kTolerance = 1e-5;
+constexpr double kSyncTolerance = 1e-5;
 
 TEST(GradientSync, TwoRanksOfSixteenMatchOneProcessOfThirtyTwo) {
   constexpr int64_t kSteps = 5;
@@ -42,8 +34,8 @@ TEST(GradientSync, TwoRanksOfSixteenMatchOneProcessOfThirtyTwo) {
   auto [status, log] = fulgor::test::run_two_ranks({"train", dir.str(), std::to_string(kSteps)}, dir / "log");
   ASSERT_TRUE(fulgor::test::exited_with(status, 0)) << log;
   const std::vector<std::string> names = {"initial", "final", "buckets", "reductions"};
-  auto rank0 = load(dir / "train_rank0.pt", names);
-  auto rank1 = load(dir / "train_rank1.pt", names);
+  auto rank0 = fulgor::test::load_tensors(dir / "train_rank0.pt", names);
+  auto rank1 = fulgor::test::load_tensors(dir / "train_rank1.pt", names);
 
   // The reference: one process, rank 0's initial model, the whole batch of 32.
   auto model = fulgor::test::make_model(fulgor::test::init_seed(0));
@@ -62,7 +54,7 @@ TEST(GradientSync, TwoRanksOfSixteenMatchOneProcessOfThirtyTwo) {
   EXPECT_TRUE(rank0["initial"].equal(initial)) << "rank 0 keeps its own initial parameters";
   EXPECT_TRUE(rank1["initial"].equal(initial)) << "rank 1 starts from rank 0's parameters";
   EXPECT_FALSE(expected.allclose(initial)) << "training moved the parameters";
-  EXPECT_TRUE(rank0["final"].allclose(expected, 0, kTolerance))
+  EXPECT_TRUE(rank0["final"].allclose(expected, 0, kSyncTolerance))
       << "max difference " << (rank0["final"] - expected).abs().max().item<double>();
   EXPECT_TRUE(rank0["final"].equal(rank1["final"])) << "both ranks hold identical parameters";
   EXPECT_GT(rank0["buckets"].item<int64_t>(), 1) << "the small bucket cap splits the gradients";
@@ -74,8 +66,8 @@ TEST(GradientSync, NoSyncAccumulatesLocallyUntilTheSynchronizedStep) {
   auto [status, log] = fulgor::test::run_two_ranks({"nosync", dir.str()}, dir / "log");
   ASSERT_TRUE(fulgor::test::exited_with(status, 0)) << log;
   const std::vector<std::string> names = {"local", "synced", "reductions_before", "reductions_after", "buckets"};
-  auto rank0 = load(dir / "nosync_rank0.pt", names);
-  auto rank1 = load(dir / "nosync_rank1.pt", names);
+  auto rank0 = fulgor::test::load_tensors(dir / "nosync_rank0.pt", names);
+  auto rank1 = fulgor::test::load_tensors(dir / "nosync_rank1.pt", names);
 
   // Per rank, from rank 0's initial model: micro-batches 0 and 1 accumulated
   // locally, then micro-batch 0 again in the synchronized step.
@@ -95,11 +87,11 @@ TEST(GradientSync, NoSyncAccumulatesLocallyUntilTheSynchronizedStep) {
   EXPECT_EQ(rank0["reductions_before"].item<int64_t>(), 0) << "no_sync steps started no all_reduce";
   EXPECT_EQ(rank1["reductions_before"].item<int64_t>(), 0);
   EXPECT_EQ(rank0["reductions_after"].item<int64_t>(), rank0["buckets"].item<int64_t>());
-  EXPECT_TRUE(rank0["local"].allclose(local[0], 0, kTolerance)) << "rank 0 kept its own gradients";
-  EXPECT_TRUE(rank1["local"].allclose(local[1], 0, kTolerance)) << "rank 1 kept its own gradients";
+  EXPECT_TRUE(rank0["local"].allclose(local[0], 0, kSyncTolerance)) << "rank 0 kept its own gradients";
+  EXPECT_TRUE(rank1["local"].allclose(local[1], 0, kSyncTolerance)) << "rank 1 kept its own gradients";
   EXPECT_FALSE(rank0["local"].allclose(rank1["local"])) << "gradients differ between ranks until synced";
   EXPECT_TRUE(rank0["synced"].equal(rank1["synced"])) << "identical after the synchronized step";
-  EXPECT_TRUE(rank0["synced"].allclose(mean, 0, kTolerance))
+  EXPECT_TRUE(rank0["synced"].allclose(mean, 0, kSyncTolerance))
       << "the mean of everything accumulated: max difference " << (rank0["synced"] - mean).abs().max().item<double>();
 }
 

@@ -57,9 +57,9 @@ struct XYData : fulgor::DataModule {
   }
 };
 
-struct RecordingNet : TinyNet {
+struct StageRecordingNet : TinyNet {
   Calls* calls;
-  explicit RecordingNet(Calls* c) : calls(c) {}
+  explicit StageRecordingNet(Calls* c) : calls(c) {}
   void prepare_data() override { calls->push_back("prepare_data"); }
   void setup(const std::string& stage) override { calls->push_back("setup:" + stage); }
   void teardown(const std::string& stage) override { calls->push_back("teardown:" + stage); }
@@ -81,7 +81,7 @@ struct SetupCallback : fulgor::Callback {
 TEST(DataModule, HooksAndLoadersComeInLightningsOrder) {
   TempDir dir;
   Calls calls;
-  RecordingNet model(&calls);
+  StageRecordingNet model(&calls);
   XYData data(&calls);
   auto o = quiet(dir, 1, {std::make_shared<SetupCallback>(&calls)});
   o.num_sanity_val_steps = 2;

@@ -6,6 +6,9 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
 
 namespace fulgor::test {
 
@@ -23,6 +26,16 @@ inline std::pair<torch::Tensor, torch::Tensor> make_data(int64_t steps) {
   torch::Tensor x = torch::randn({steps * kGlobalBatch, kFeatures}, generator);
   torch::Tensor y = torch::randn({steps * kGlobalBatch, 1}, generator);
   return {x, y};
+}
+
+/// The tensors `names` that a worker saved to `path` with an OutputArchive.
+inline std::map<std::string, torch::Tensor> load_tensors(const std::string& path,
+                                                         const std::vector<std::string>& names) {
+  torch::serialize::InputArchive archive;
+  archive.load_from(path);
+  std::map<std::string, torch::Tensor> result;
+  for (const std::string& name : names) archive.read(name, result[name]);
+  return result;
 }
 
 /// The seed rank `rank` initialises its model with: different on every rank,
