@@ -1,15 +1,38 @@
 # Shared by .ci/run and the quick start. Sourced, not run.
 
 FULGOR_PACKAGES="libtorch-dev libfmt-dev nlohmann-json3-dev libgtest-dev libgloo-dev libopenblas0 zlib1g-dev libxxhash-dev xxhash dataset-fashion-mnist cmake g++ make git protobuf-compiler python3"
+# What CI adds to a user's machine: a compiler cache and Ninja (ci_environment).
+FULGOR_CI_PACKAGES="ccache ninja-build"
 
-# The README's test command.
+# The README's test command, in its two parts, so that CI can time each.
+fulgor_build_command() {
+  cmake -S . -B build && cmake --build build -j"$(nproc)"
+}
+fulgor_ctest_command() {
+  ctest --test-dir build -j"$(nproc)" --output-on-failure
+}
 fulgor_test_command() {
-  cmake -S . -B build && cmake --build build -j"$(nproc)" && ctest --test-dir build -j"$(nproc)" --output-on-failure
+  fulgor_build_command && fulgor_ctest_command
+}
+
+# Note [CI's compiler cache]
+# CI builds with ccache and Ninja through the environment alone, so that the
+# README's commands stay what a user runs. The cache ($1) persists on the
+# machine (CI runs on the machine of the session that submits, whose builds
+# filled it). CCACHE_BASEDIR makes the paths inside the clone relative, so a
+# clone in another folder hits what a build of the same tree elsewhere stored.
+# The sloppiness lets the precompiled <torch/torch.h> be cached and used:
+# CMake includes it with -include, and its .gch is newer than the sources.
+ci_environment() {
+  export CCACHE_DIR=$1 CCACHE_BASEDIR=$PWD CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-8G}
+  export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
+  export CMAKE_CXX_COMPILER_LAUNCHER=ccache CMAKE_GENERATOR=Ninja
+  mkdir -p "$CCACHE_DIR"
 }
 
 install_packages_on_host() {
   local missing=()
-  for p in $FULGOR_PACKAGES debootstrap; do
+  for p in $FULGOR_PACKAGES $FULGOR_CI_PACKAGES debootstrap; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
   done
   if ((${#missing[@]})); then
@@ -18,22 +41,36 @@ install_packages_on_host() {
   fi
 }
 
-# Runs the test command in $1; prints (last) one summary line for this LibTorch.
+# Seconds since $1, as minutes with one decimal.
+minutes_since() {
+  awk -v s=$((SECONDS - $1)) 'BEGIN { printf "%.1f", s / 60 }'
+}
+
+# Runs the test command in $1, with the CMake options $2 (CI's, set before the
+# command configures) if any. Prints "build MIN", "tests MIN" and
+# "result LINE" on standard output, the log's tail (or all of it on failure)
+# on standard error.
 run_suite() {
-  local dir=$1 log
+  local dir=$1 options=${2:-} log t torch
   log=$(mktemp)
   cd "$dir"
-  local torch
   torch=$(sed -n 's/^#define TORCH_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\)/\2/p' \
     /usr/include/torch/csrc/api/include/torch/version.h | paste -sd.)
-  if fulgor_test_command >"$log" 2>&1; then
-    tail -n 40 "$log" >&2
-    echo "LibTorch $torch: $(grep -E 'tests passed' "$log" | tail -n 1)"
-  else
-    cat "$log" >&2
-    echo "LibTorch $torch: FAILED" >&2
-    return 1
+  t=$SECONDS
+  # shellcheck disable=SC2086 # options are words
+  if { [ -z "$options" ] || cmake -S . -B build $options; } >"$log" 2>&1 && fulgor_build_command >>"$log" 2>&1; then
+    echo "build $(minutes_since $t)"
+    t=$SECONDS
+    if fulgor_ctest_command >>"$log" 2>&1; then
+      echo "tests $(minutes_since $t)"
+      tail -n 40 "$log" >&2
+      echo "result LibTorch $torch: $(grep -E 'tests passed' "$log" | tail -n 1)"
+      return 0
+    fi
   fi
+  cat "$log" >&2
+  echo "LibTorch $torch: FAILED" >&2
+  return 1
 }
 
 # The sanitizer stage (Note [Sanitizers] in CMakeLists.txt), on the host's
@@ -43,27 +80,34 @@ run_suite() {
 # at -O1 in a folder of its own. Each test executable runs as one process,
 # which loads LibTorch under ASan once. The SIGKILL test is left out: it
 # restarts a writer 30 times within a minute, which a writer starting under
-# ASan cannot keep to, and it checks files, not memory. Prints one summary line.
+# ASan cannot keep to, and it checks files, not memory. Prints "build MIN",
+# "tests MIN" and "result LINE", as run_suite does.
 run_sanitized_suite() {
-  local dir=$1 log
+  local dir=$1 log t
   log=$(mktemp)
   cd "$dir"
   local b=build-sanitize
+  t=$SECONDS
   if { cmake -S . -B $b -DFULGOR_SANITIZE=address,undefined -DCMAKE_CXX_FLAGS_RELEASE="-O1 -DNDEBUG" \
          -DFULGOR_BUILD_EXAMPLES=OFF -DFULGOR_BUILD_CONFORMANCE=OFF &&
-       cmake --build $b -j"$(nproc)" --target fulgor_core_tests fulgor_trainer_tests fulgor_fuzz_replay &&
-       export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 &&
-       $b/tests/fulgor_core_tests && $b/tests/fulgor_trainer_tests --gtest_filter=-Checkpoint.AWriterKilledAtRandomMomentsLeavesLoadableCheckpoints &&
-       $b/tests/fuzz/fulgor_fuzz_replay devices tests/fuzz/corpus/devices &&
-       $b/tests/fuzz/fulgor_fuzz_replay options tests/fuzz/corpus/options &&
-       $b/tests/fuzz/fulgor_fuzz_replay checkpoint tests/fuzz/corpus/checkpoint; } >"$log" 2>&1; then
-    tail -n 20 "$log" >&2
-    echo "ASan+UBSan: $(grep -cE '^\[       OK \]' "$log") core and Trainer tests passed, fuzz corpora replayed"
-  else
-    cat "$log" >&2
-    echo "ASan+UBSan: FAILED" >&2
-    return 1
+       cmake --build $b -j"$(nproc)" --target fulgor_core_tests fulgor_trainer_tests fulgor_fuzz_replay; } >"$log" 2>&1; then
+    echo "build $(minutes_since $t)"
+    t=$SECONDS
+    if { export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 &&
+         $b/tests/fulgor_core_tests &&
+         $b/tests/fulgor_trainer_tests --gtest_filter=-Checkpoint.AWriterKilledAtRandomMomentsLeavesLoadableCheckpoints &&
+         $b/tests/fuzz/fulgor_fuzz_replay devices tests/fuzz/corpus/devices &&
+         $b/tests/fuzz/fulgor_fuzz_replay options tests/fuzz/corpus/options &&
+         $b/tests/fuzz/fulgor_fuzz_replay checkpoint tests/fuzz/corpus/checkpoint; } >>"$log" 2>&1; then
+      echo "tests $(minutes_since $t)"
+      tail -n 20 "$log" >&2
+      echo "result ASan+UBSan: $(grep -cE '^\[       OK \]' "$log") core and Trainer tests passed, fuzz corpora replayed"
+      return 0
+    fi
   fi
+  cat "$log" >&2
+  echo "ASan+UBSan: FAILED" >&2
+  return 1
 }
 
 make_trixie_root() {
@@ -78,8 +122,8 @@ enter_root() {
   local root=$1 d
   for d in proc sys dev; do mountpoint -q "$root/$d" || mount --bind "/$d" "$root/$d"; done
   cp /etc/resolv.conf "$root/etc/resolv.conf"
-  chroot "$root" bash -c "dpkg-query -W $FULGOR_PACKAGES >/dev/null 2>&1 || { apt-get update -q &&
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $FULGOR_PACKAGES; }" >&2
+  chroot "$root" bash -c "dpkg-query -W $FULGOR_PACKAGES $FULGOR_CI_PACKAGES >/dev/null 2>&1 || { apt-get update -q &&
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $FULGOR_PACKAGES $FULGOR_CI_PACKAGES; }" >&2
 }
 
 leave_root() {
