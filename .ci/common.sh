@@ -41,14 +41,27 @@ install_packages_on_host() {
   fi
 }
 
+# Zeroes the compiler cache's statistics, where CI uses one.
+cache_zero() {
+  [ -z "${CMAKE_CXX_COMPILER_LAUNCHER:-}" ] || ccache -z >/dev/null
+}
+# The compiler cache's hits since cache_zero, as "HITS/CALLS", or "none".
+cache_hits() {
+  if [ -n "${CMAKE_CXX_COMPILER_LAUNCHER:-}" ]; then
+    ccache -s | awk '/^ *Hits:/ { print $2 "/" $4; exit }'
+  else
+    echo none
+  fi
+}
+
 # Seconds since $1, as minutes with one decimal.
 minutes_since() {
   awk -v s=$((SECONDS - $1)) 'BEGIN { printf "%.1f", s / 60 }'
 }
 
 # Runs the test command in $1, with the CMake options $2 (CI's, set before the
-# command configures) if any. Prints "build MIN", "tests MIN" and
-# "result LINE" on standard output, the log's tail (or all of it on failure)
+# command configures) if any. Prints "build MIN", "cache HITS/CALLS",
+# "tests MIN" and "result LINE" on standard output, the log's tail (or all of it on failure)
 # on standard error.
 run_suite() {
   local dir=$1 options=${2:-} log t torch
@@ -57,9 +70,11 @@ run_suite() {
   torch=$(sed -n 's/^#define TORCH_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\)/\2/p' \
     /usr/include/torch/csrc/api/include/torch/version.h | paste -sd.)
   t=$SECONDS
+  cache_zero
   # shellcheck disable=SC2086 # options are words
   if { [ -z "$options" ] || cmake -S . -B build $options; } >"$log" 2>&1 && fulgor_build_command >>"$log" 2>&1; then
     echo "build $(minutes_since $t)"
+    echo "cache $(cache_hits)"
     t=$SECONDS
     if fulgor_ctest_command >>"$log" 2>&1; then
       echo "tests $(minutes_since $t)"
@@ -80,18 +95,20 @@ run_suite() {
 # at -O1 in a folder of its own. Each test executable runs as one process,
 # which loads LibTorch under ASan once. The SIGKILL test is left out: it
 # restarts a writer 30 times within a minute, which a writer starting under
-# ASan cannot keep to, and it checks files, not memory. Prints "build MIN",
-# "tests MIN" and "result LINE", as run_suite does.
+# ASan cannot keep to, and it checks files, not memory. Prints what
+# run_suite prints.
 run_sanitized_suite() {
   local dir=$1 log t
   log=$(mktemp)
   cd "$dir"
   local b=build-sanitize
   t=$SECONDS
+  cache_zero
   if { cmake -S . -B $b -DFULGOR_SANITIZE=address,undefined -DCMAKE_CXX_FLAGS_RELEASE="-O1 -DNDEBUG" \
          -DFULGOR_BUILD_EXAMPLES=OFF -DFULGOR_BUILD_CONFORMANCE=OFF &&
        cmake --build $b -j"$(nproc)" --target fulgor_core_tests fulgor_trainer_tests fulgor_fuzz_replay; } >"$log" 2>&1; then
     echo "build $(minutes_since $t)"
+    echo "cache $(cache_hits)"
     t=$SECONDS
     if { export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 &&
          $b/tests/fulgor_core_tests &&
