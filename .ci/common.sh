@@ -19,8 +19,10 @@ fulgor_test_command() {
 # CI builds with ccache and Ninja through the environment alone, so that the
 # README's commands stay what a user runs. The cache ($1) persists on the
 # machine (CI runs on the machine of the session that submits, whose builds
-# filled it). CCACHE_BASEDIR makes the paths inside the clone relative, so a
-# clone in another folder hits what a build of the same tree elsewhere stored.
+# filled it). CCACHE_BASEDIR makes the paths inside the tree relative, so a
+# build in another folder hits most of what a build of the same tree stored;
+# not the test sources whose compile definitions name programs by absolute
+# path, which is why .ci/run builds at fixed paths.
 # The sloppiness lets the precompiled <torch/torch.h> be cached and used:
 # CMake includes it with -include, and its .gch is newer than the sources.
 ci_environment() {
