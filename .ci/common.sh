@@ -61,34 +61,46 @@ minutes_since() {
   awk -v s=$((SECONDS - $1)) 'BEGIN { printf "%.1f", s / 60 }'
 }
 
-# Runs the test command in $1, with the CMake options $2 (CI's, set before the
-# command configures) if any. Prints "build MIN", "cache HITS/CALLS",
-# "tests MIN" and "result LINE" on standard output, the log's tail (or all of it on failure)
-# on standard error.
-run_suite() {
-  local dir=$1 options=${2:-} log t torch
+# Runs a stage's build ($2) and then its tests ($3), both logged, and prints
+# "build MIN", "cache HITS/CALLS", "tests MIN" and "result $1: LINE" on
+# standard output, LINE being what $4 makes of the log; the log's last lines
+# go to standard error, or all of it, after "$1: FAILED", on failure.
+timed_stage() {
+  local label=$1 build=$2 tests=$3 result=$4 log t
   log=$(mktemp)
-  cd "$dir"
-  torch=$(sed -n 's/^#define TORCH_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\)/\2/p' \
-    /usr/include/torch/csrc/api/include/torch/version.h | paste -sd.)
   t=$SECONDS
   cache_zero
-  # shellcheck disable=SC2086 # options are words
-  if { [ -z "$options" ] || cmake -S . -B build $options; } >"$log" 2>&1 && fulgor_build_command >>"$log" 2>&1; then
+  if $build >"$log" 2>&1; then
     echo "build $(minutes_since $t)"
     echo "cache $(cache_hits)"
     t=$SECONDS
-    if fulgor_ctest_command >>"$log" 2>&1; then
+    if $tests >>"$log" 2>&1; then
       echo "tests $(minutes_since $t)"
       tail -n 40 "$log" >&2
-      echo "result LibTorch $torch: $(grep -E 'tests passed' "$log" | tail -n 1)"
+      echo "result $label: $($result "$log")"
       return 0
     fi
   fi
   cat "$log" >&2
-  echo "LibTorch $torch: FAILED" >&2
+  echo "$label: FAILED" >&2
   return 1
 }
+
+# Runs the test command in $1, with the CMake options $2 (CI's, set before the
+# command configures) if any; prints what timed_stage prints.
+run_suite() {
+  cd "$1"
+  suite_options=${2:-}
+  local torch
+  torch=$(sed -n 's/^#define TORCH_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\)/\2/p' \
+    /usr/include/torch/csrc/api/include/torch/version.h | paste -sd.)
+  timed_stage "LibTorch $torch" suite_build fulgor_ctest_command suite_result
+}
+suite_build() {
+  # shellcheck disable=SC2086 # options are words
+  { [ -z "$suite_options" ] || cmake -S . -B build $suite_options; } && fulgor_build_command
+}
+suite_result() { grep -E 'tests passed' "$1" | tail -n 1; }
 
 # The sanitizer stage (Note [Sanitizers] in CMakeLists.txt), on the host's
 # LibTorch: the core and Trainer tests and the fuzz corpora's replay (the
@@ -98,35 +110,27 @@ run_suite() {
 # which loads LibTorch under ASan once. The SIGKILL test is left out: it
 # restarts a writer 30 times within a minute, which a writer starting under
 # ASan cannot keep to, and it checks files, not memory. Prints what
-# run_suite prints.
+# timed_stage prints.
 run_sanitized_suite() {
-  local dir=$1 log t
-  log=$(mktemp)
-  cd "$dir"
+  cd "$1"
+  timed_stage "ASan+UBSan" sanitized_build sanitized_tests sanitized_result
+}
+sanitized_build() {
+  cmake -S . -B build-sanitize -DFULGOR_SANITIZE=address,undefined -DCMAKE_CXX_FLAGS_RELEASE="-O1 -DNDEBUG" \
+    -DFULGOR_BUILD_EXAMPLES=OFF -DFULGOR_BUILD_CONFORMANCE=OFF &&
+    cmake --build build-sanitize -j"$(nproc)" --target fulgor_core_tests fulgor_trainer_tests fulgor_fuzz_replay
+}
+sanitized_tests() {
   local b=build-sanitize
-  t=$SECONDS
-  cache_zero
-  if { cmake -S . -B $b -DFULGOR_SANITIZE=address,undefined -DCMAKE_CXX_FLAGS_RELEASE="-O1 -DNDEBUG" \
-         -DFULGOR_BUILD_EXAMPLES=OFF -DFULGOR_BUILD_CONFORMANCE=OFF &&
-       cmake --build $b -j"$(nproc)" --target fulgor_core_tests fulgor_trainer_tests fulgor_fuzz_replay; } >"$log" 2>&1; then
-    echo "build $(minutes_since $t)"
-    echo "cache $(cache_hits)"
-    t=$SECONDS
-    if { export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 &&
-         $b/tests/fulgor_core_tests &&
-         $b/tests/fulgor_trainer_tests --gtest_filter=-Checkpoint.AWriterKilledAtRandomMomentsLeavesLoadableCheckpoints &&
-         $b/tests/fuzz/fulgor_fuzz_replay devices tests/fuzz/corpus/devices &&
-         $b/tests/fuzz/fulgor_fuzz_replay options tests/fuzz/corpus/options &&
-         $b/tests/fuzz/fulgor_fuzz_replay checkpoint tests/fuzz/corpus/checkpoint; } >>"$log" 2>&1; then
-      echo "tests $(minutes_since $t)"
-      tail -n 20 "$log" >&2
-      echo "result ASan+UBSan: $(grep -cE '^\[       OK \]' "$log") core and Trainer tests passed, fuzz corpora replayed"
-      return 0
-    fi
-  fi
-  cat "$log" >&2
-  echo "ASan+UBSan: FAILED" >&2
-  return 1
+  export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1
+  $b/tests/fulgor_core_tests &&
+    $b/tests/fulgor_trainer_tests --gtest_filter=-Checkpoint.AWriterKilledAtRandomMomentsLeavesLoadableCheckpoints &&
+    $b/tests/fuzz/fulgor_fuzz_replay devices tests/fuzz/corpus/devices &&
+    $b/tests/fuzz/fulgor_fuzz_replay options tests/fuzz/corpus/options &&
+    $b/tests/fuzz/fulgor_fuzz_replay checkpoint tests/fuzz/corpus/checkpoint
+}
+sanitized_result() {
+  echo "$(grep -cE '^\[       OK \]' "$1") core and Trainer tests passed, fuzz corpora replayed"
 }
 
 make_trixie_root() {
