@@ -133,6 +133,11 @@ sanitized_result() {
   echo "$(grep -cE '^\[       OK \]' "$1") core and Trainer tests passed, fuzz corpora replayed"
 }
 
+# Copies the files git tracks in this folder to $1, replacing what was there.
+copy_tree() {
+  rm -rf "$1" && mkdir -p "$1" && git ls-files -z | xargs -0 cp --parents -t "$1"
+}
+
 make_trixie_root() {
   local root=$1
   if [ ! -x "$root/usr/bin/apt-get" ]; then
