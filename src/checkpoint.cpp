@@ -21,7 +21,7 @@
 
 #include "fulgor/error.h"
 #include "fulgor/module.h"
-#include "trainer/checkpoint_connector.h"
+#include "checkpoint_meta.h"
 
 namespace fulgor {
 namespace {

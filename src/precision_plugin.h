@@ -10,6 +10,7 @@
 #include <string>
 
 #include "fulgor/accelerator.h"
+#include "fulgor/module.h"
 #include "fulgor/precision.h"
 
 namespace fulgor::detail {
@@ -29,17 +30,12 @@ class PrecisionPlugin {
   const GradScaler* scaler() const { return scaler_ ? &*scaler_ : nullptr; }
 
   // Inline, so that a precision without a scaler adds no calls to the
-  // training step (Note [The per-step path] in src/trainer/fit_loop.cpp).
+  // training step (Note [The per-step path] in src/loops/training_epoch_loop.cpp).
 
   /// The tensor to call backward on.
   torch::Tensor scale_loss(const torch::Tensor& loss) { return scaler_ ? scaler_->scale(loss) : loss; }
-  /// Runs backward from `loss`, scaled.
-  void backward(const torch::Tensor& loss) {
-    if (scaler_)
-      scaler_->scale(loss).backward();
-    else
-      loss.backward();
-  }
+  /// Runs the module's backward hook from `loss`, scaled.
+  void backward(const torch::Tensor& loss, ModuleBase& module) { module.backward(scaler_ ? scaler_->scale(loss) : loss); }
   /// Unscales the optimizer's gradients, so that clipping and the optimizer see true values.
   void unscale(torch::optim::Optimizer& optimizer) {
     if (scaler_) scaler_->unscale(optimizer);

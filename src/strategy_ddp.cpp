@@ -84,7 +84,7 @@ void DdpStrategy::before_forward(bool sync) {
   synchronizer_->before_forward();
 }
 
-void DdpStrategy::backward(const torch::Tensor& loss) { synchronizer_->backward(loss); }
+void DdpStrategy::after_backward() { synchronizer_->finish_backward(); }
 
 void DdpStrategy::reduce_gradients() {
   // One flat all_reduce. Every rank reduces every parameter, in the same

@@ -19,8 +19,8 @@ class ModuleBase;
 ///
 /// Contract: hooks are called in Lightning's order (docs/training.md, "Hook
 /// order"): at each point the callbacks' hook before the module's, except
-/// that ModelCheckpoint and EarlyStopping (the monitoring callbacks) get
-/// on_train_epoch_end after the module. Hooks are called on the thread that called
+/// that the monitoring callbacks (monitors_metrics(): ModelCheckpoint,
+/// EarlyStopping) get on_train_epoch_end after the module. Hooks are called on the thread that called
 /// fit/validate/test/predict. A callback with state that must survive a resume
 /// returns it from state_dict() and takes it back in load_state_dict(); the
 /// checkpoint files it under state_key(), which must differ between the
@@ -28,6 +28,19 @@ class ModuleBase;
 class Callback {
  public:
   virtual ~Callback() = default;
+
+  // ---- What the Trainer asks of a callback (Lightning's isinstance checks) ----
+  /// Saves checkpoints (ModelCheckpoint): such callbacks come after the
+  /// others, so that they save what the others did.
+  virtual bool saves_checkpoints() const { return false; }
+  /// Acts on a monitored metric (ModelCheckpoint, EarlyStopping): gets
+  /// on_train_epoch_end after the module's, so that it sees what was logged there.
+  virtual bool monitors_metrics() const { return false; }
+  /// Shows the progress (ProgressBar) or the model's summary (ModelSummary):
+  /// the Trainer adds its own only when no callback does (enable_progress_bar,
+  /// enable_model_summary), and under ddp only rank 0 keeps such callbacks.
+  virtual bool shows_progress() const { return false; }
+  virtual bool summarizes_model() const { return false; }
 
   /// The key of this callback's state in checkpoints (default: its type's name).
   virtual std::string state_key() const;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "fulgor/batch.h"
+#include "fulgor/data/any_loader.h"
 #include "fulgor/manual_optimizer.h"
 #include "fulgor/scheduler.h"
 
@@ -137,6 +138,11 @@ class ModuleBase : public torch::nn::Module {
   /// `stage` is "fit", "validate", "test" or "predict".
   virtual void setup(const std::string& /*stage*/) {}
   virtual void teardown(const std::string& /*stage*/) {}
+  /// Builds layers that should be made only once the module runs (Lightning's
+  /// configure_model): called after setup, before a checkpoint's weights are
+  /// loaded and configure_optimizers; what it makes is then moved onto the
+  /// device and into the precision. Called at every loop: make layers once.
+  virtual void configure_model() {}
   virtual void on_fit_start() {}
   virtual void on_train_start() {}
   virtual void on_train_epoch_start() {}
@@ -147,6 +153,9 @@ class ModuleBase : public torch::nn::Module {
     optimizer.zero_grad();
   }
   virtual void on_before_backward(const torch::Tensor& /*loss*/) {}
+  /// Runs the backward pass from `loss` (scaled under "16-mixed"), for
+  /// training_step's loss and for manual_backward; override to change how.
+  virtual void backward(const torch::Tensor& loss) { loss.backward(); }
   virtual void on_after_backward() {}
   virtual void on_before_optimizer_step(torch::optim::Optimizer& /*optimizer*/) {}
   /// Steps the optimizer at the end of an accumulation window; override to
@@ -170,18 +179,29 @@ class ModuleBase : public torch::nn::Module {
   virtual void on_train_epoch_end() {}
   virtual void on_train_end() {}
   virtual void on_fit_end() {}
+  /// Before fit validates after a batch that stepped the optimizer: frees the
+  /// gradients, which validation does not need.
+  virtual void on_validation_model_zero_grad() { zero_grad(/*set_to_none=*/true); }
+  /// As a validation (or test, or predict) loop begins: puts the module in
+  /// evaluation mode. The `_train` hooks, as it ends, put back the mode the
+  /// module had before (mode_before_evaluation()).
+  virtual void on_validation_model_eval() { eval(); }
+  virtual void on_validation_model_train() { train(mode_before_evaluation()); }
   virtual void on_validation_start() {}
   virtual void on_validation_epoch_start() {}
   virtual void on_validation_batch_start(int64_t /*batch_idx*/) {}
   virtual void on_validation_batch_end(int64_t /*batch_idx*/) {}
   virtual void on_validation_epoch_end() {}
   virtual void on_validation_end() {}
+  virtual void on_test_model_eval() { eval(); }
+  virtual void on_test_model_train() { train(mode_before_evaluation()); }
   virtual void on_test_start() {}
   virtual void on_test_epoch_start() {}
   virtual void on_test_batch_start(int64_t /*batch_idx*/) {}
   virtual void on_test_batch_end(int64_t /*batch_idx*/) {}
   virtual void on_test_epoch_end() {}
   virtual void on_test_end() {}
+  virtual void on_predict_model_eval() { eval(); }
   virtual void on_predict_start() {}
   virtual void on_predict_epoch_start() {}
   virtual void on_predict_batch_start(int64_t /*batch_idx*/) {}
@@ -253,11 +273,17 @@ class ModuleBase : public torch::nn::Module {
   /// The Trainer running this module; throws Error when none is.
   Trainer& trainer() const;
 
+ protected:
+  /// Whether the module was training when the running evaluation loop began
+  /// (the default on_validation_model_train puts that mode back).
+  bool mode_before_evaluation() const { return training_before_evaluation_; }
+
  private:
   friend struct detail::ModuleAccess;
   detail::MetricSink* sink_ = nullptr;
   Trainer* trainer_ = nullptr;
   bool automatic_optimization_ = true;
+  bool training_before_evaluation_ = true;
   // Set while a fit runs it: the ManualOptimizers handed out, and what they step with.
   detail::ManualSteps* manual_steps_ = nullptr;
   std::vector<ManualOptimizer> manual_optimizers_;
@@ -310,6 +336,15 @@ class BasicModule : public ModuleBase {
     return move_batch(std::move(batch), *transfer_accelerator_, device);
   }
   virtual Batch on_after_batch_transfer(Batch batch, int64_t /*dataloader_idx*/) { return batch; }
+
+  // ---- The module's own loaders (Lightning's train_dataloader() and others) --
+  /// What trainer.fit(model), validate(model), test(model) and predict(model)
+  /// run on when given no loader and no data module; each is asked for when
+  /// its loop sets up its data. A data module's loaders take their place.
+  virtual AnyLoader<Batch> train_loader() { return {}; }
+  virtual AnyLoader<Batch> val_loader() { return {}; }
+  virtual AnyLoader<Batch> test_loader() { return {}; }
+  virtual AnyLoader<Batch> predict_loader() { return {}; }
 
  private:
   template <typename, typename>

@@ -45,7 +45,8 @@ torch::Device data_parallel_device(const Accelerator& accelerator, const Devices
 ///     [One process group per process]). One per Trainer, kept across its loops.
 ///   - attach() starts gradient synchronization for a module, copying rank 0's
 ///     parameters and buffers to every rank; detach() ends it.
-///   - Each training batch: before_forward(sync), forward, backward(loss).
+///   - Each training batch: before_forward(sync), forward, the backward pass,
+///     after_backward().
 ///     With sync false the gradients only accumulate locally, without any
 ///     communication; before an optimizer step on gradients of such passes
 ///     alone, reduce_gradients().
@@ -65,7 +66,8 @@ class DdpStrategy {
   void attach(torch::nn::Module& module);
   void detach();
   void before_forward(bool sync);
-  void backward(const torch::Tensor& loss);
+  /// Waits for the gradients' averaging that the backward pass began.
+  void after_backward();
   /// Averages the gradients over the ranks now (a window that ended without
   /// a synchronized backward pass).
   void reduce_gradients();

@@ -56,6 +56,12 @@ struct FitResult {
 
 namespace detail {
 struct TrainerState;
+// Keeps the loader overloads of the Trainer's loops from taking a data
+// module or the options: `trainer.fit(model, datamodule, options)` with a
+// named FitOptions picks the data module's overload.
+template <typename L>
+using LoaderArgument = std::enable_if_t<!std::is_base_of_v<DataModuleBase, L> && !std::is_same_v<L, FitOptions> &&
+                                        !std::is_same_v<L, EvalOptions>>;
 }  // namespace detail
 
 /// PyTorch Lightning's Trainer: runs a module's training, validation, test and
@@ -101,14 +107,17 @@ class Trainer {
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
 
-  template <typename Batch, typename TrainLoader, typename ValLoader>
+  template <typename Batch, typename TrainLoader, typename ValLoader,
+            typename = detail::LoaderArgument<std::remove_const_t<TrainLoader>>,
+            typename = detail::LoaderArgument<std::remove_const_t<ValLoader>>>
   FitResult fit(BasicModule<Batch>& model, TrainLoader& train_loader, ValLoader& val_loader,
                 const FitOptions& options = {}) {
     auto train = detail::make_runner(model, train_loader);
     auto val = detail::make_runner(model, val_loader);
     return run_fit(model, train, &val, options);
   }
-  template <typename Batch, typename TrainLoader, typename = detail::NotDataModule<TrainLoader>>
+  template <typename Batch, typename TrainLoader,
+            typename = detail::LoaderArgument<std::remove_const_t<TrainLoader>>>
   FitResult fit(BasicModule<Batch>& model, TrainLoader& train_loader, const FitOptions& options = {}) {
     auto train = detail::make_runner(model, train_loader);
     return run_fit(model, train, nullptr, options);
@@ -121,22 +130,47 @@ class Trainer {
     detail::DataModuleRunner<Batch> val(model, datamodule, detail::Stage::validate);
     return run_fit(model, train, &val, options, &datamodule);
   }
+  /// Fits with the module's own loaders (its train_loader(), and its
+  /// val_loader() to validate), as Lightning's fit(model) with its
+  /// train_dataloader().
+  template <typename Batch>
+  FitResult fit(BasicModule<Batch>& model, const FitOptions& options = {}) {
+    detail::ModuleLoaderRunner<Batch> train(model, model, detail::Stage::train);
+    detail::ModuleLoaderRunner<Batch> val(model, model, detail::Stage::validate);
+    return run_fit(model, train, &val, options);
+  }
 
   /// Runs the validation loop; returns the epoch-level metrics it logged.
-  template <typename Batch, typename Loader>
+  template <typename Batch, typename Loader, typename = std::enable_if_t<!std::is_same_v<Loader, EvalOptions>>>
   std::map<std::string, double> validate(BasicModule<Batch>& model, Loader& loader, const EvalOptions& options = {}) {
     return evaluate(detail::Stage::validate, model, loader, options);
   }
   /// Runs the test loop; returns the epoch-level metrics it logged.
-  template <typename Batch, typename Loader>
+  template <typename Batch, typename Loader, typename = std::enable_if_t<!std::is_same_v<Loader, EvalOptions>>>
   std::map<std::string, double> test(BasicModule<Batch>& model, Loader& loader, const EvalOptions& options = {}) {
     return evaluate(detail::Stage::test, model, loader, options);
   }
   /// Runs predict_step over the loader; returns its outputs in order.
-  template <typename Batch, typename Loader>
+  template <typename Batch, typename Loader, typename = std::enable_if_t<!std::is_same_v<Loader, EvalOptions>>>
   std::vector<torch::Tensor> predict(BasicModule<Batch>& model, Loader& loader, const EvalOptions& options = {}) {
     std::vector<torch::Tensor> outputs;
     evaluate(detail::Stage::predict, model, loader, options, &outputs);
+    return outputs;
+  }
+  /// The same loops on the module's own val_loader(), test_loader() and
+  /// predict_loader().
+  template <typename Batch>
+  std::map<std::string, double> validate(BasicModule<Batch>& model, const EvalOptions& options = {}) {
+    return evaluate(detail::Stage::validate, model, model, options);
+  }
+  template <typename Batch>
+  std::map<std::string, double> test(BasicModule<Batch>& model, const EvalOptions& options = {}) {
+    return evaluate(detail::Stage::test, model, model, options);
+  }
+  template <typename Batch>
+  std::vector<torch::Tensor> predict(BasicModule<Batch>& model, const EvalOptions& options = {}) {
+    std::vector<torch::Tensor> outputs;
+    evaluate(detail::Stage::predict, model, model, options, &outputs);
     return outputs;
   }
 
@@ -152,8 +186,30 @@ class Trainer {
   std::optional<int64_t> num_training_batches() const;
   /// Batches the current evaluation loop will run (nullopt: unknown).
   std::optional<int64_t> num_eval_batches() const;
+  /// Batches a validation run of fit (or of validate) goes through, after
+  /// limits; known once the loop has set up its loader, which fit does before
+  /// on_train_start when its first epoch validates (nullopt: not set up, or
+  /// the loader does not tell its length).
+  std::optional<int64_t> num_val_batches() const;
+
+  // ---- The options as the loops follow them (Lightning's Trainer properties):
+  // fast_dev_run and overfit_batches rewrite the limits, and the epoch
+  // limits are resolved.
   /// The epoch limit in force (-1: none).
   int64_t max_epochs() const;
+  /// The step limit in force (-1: none): fast_dev_run's count under it.
+  int64_t max_steps() const;
+  /// The epochs a stop waits for (1 when only min_steps is set).
+  int64_t min_epochs() const;
+  /// Validation batches of the sanity check (-1: all; 0 under fast_dev_run).
+  int64_t num_sanity_val_steps() const;
+  /// Training batches between validations, once fit has set up its loader
+  /// (nullopt: before, or once per epoch of a loader without a length).
+  std::optional<int64_t> val_check_batch() const;
+  const Limit& limit_train_batches() const;
+  const Limit& limit_val_batches() const;
+  const Limit& limit_test_batches() const;
+  const Limit& limit_predict_batches() const;
   /// "fit", "validate", "test", "predict" or "" between loops.
   std::string stage() const;
   /// The loop running now: "train", "validate", "test", "predict", "sanity_check" or "".
@@ -230,7 +286,10 @@ class Trainer {
   template <typename Batch, typename Loader>
   std::map<std::string, double> evaluate(detail::Stage stage, BasicModule<Batch>& model, Loader& loader,
                                          const EvalOptions& options, std::vector<torch::Tensor>* outputs = nullptr) {
-    if constexpr (std::is_base_of_v<DataModuleBase, Loader>) {
+    if constexpr (std::is_base_of_v<ModuleBase, Loader>) {
+      detail::ModuleLoaderRunner<Batch> runner(model, model, stage);
+      return run_eval(stage, model, runner, options, outputs);
+    } else if constexpr (std::is_base_of_v<DataModuleBase, Loader>) {
       static_assert(std::is_base_of_v<BasicDataModule<Batch>, Loader>,
                     "the data module's batch type is not the module's: derive both from the same Batch");
       detail::DataModuleRunner<Batch> runner(model, loader, stage);

@@ -13,40 +13,13 @@
 #include "fulgor/checkpoint.h"
 #include "fulgor/strategy.h"
 #include "fulgor/version.h"
-#include "json_input.h"
+#include "checkpoint_meta.h"
 #include "state.h"
 #include "tensor_moves.h"
 
 namespace fulgor::detail {
 
 namespace {
-
-constexpr const char* kFormat = "fulgor-checkpoint";
-constexpr int kFormatVersion = 1;
-
-// Note [Checkpoint metadata]
-// A checkpoint's metadata comes from a file, which may be damaged or not
-// ours: before the restore trusts it, parse_checkpoint_meta checks the keys
-// the restore reads for the types and ranges the writer gives them, so that a
-// bad file is a CheckpointError naming the key, not a JSON library's error or
-// a loop resumed at epoch -10^12 that never ends. The states of the module,
-// the callbacks and the schedulers are theirs to read; a JSON library error
-// from them becomes a CheckpointError naming the state (restoring below).
-
-// The largest loop counter a checkpoint may give: room for the loops'
-// arithmetic on it (an epoch or a step more) without overflow.
-constexpr int64_t kMaxCounter = int64_t{1} << 62;
-
-using Fits = bool (*)(const nlohmann::json&);
-
-// Checks that parent[key] exists and `fits`; `where` is the parent's path.
-void require(const nlohmann::json& parent, const std::string& path, const char* where, const char* key, Fits fits,
-             const char* expected) {
-  const auto it = parent.find(key);
-  if (it != parent.end() && fits(*it)) return;
-  throw CheckpointError(fmt::format("checkpoint '{}' has malformed metadata: '{}{}' is {}, expected {}", path, where,
-                                    key, it == parent.end() ? "missing" : json_for_message(*it), expected));
-}
 
 // Runs `restore`, which reads `what` from the checkpoint's metadata: an error
 // of the JSON library (a key missing, a value of another type) becomes a
@@ -90,54 +63,6 @@ void move_archive_tensors(torch::serialize::InputArchive& archive, const Acceler
 }
 
 }  // namespace
-
-nlohmann::json parse_checkpoint_meta(torch::serialize::InputArchive& archive, const std::string& path) {
-  c10::IValue entry;
-  if (!archive.try_read("meta", entry) || !entry.isString())
-    throw CheckpointError(fmt::format("checkpoint '{}' has no metadata entry", path));
-  JsonInput input = read_json(entry.toStringRef());
-  if (!input.error.empty())
-    throw CheckpointError(fmt::format("checkpoint '{}' has malformed metadata: {}", path, input.error));
-  nlohmann::json& json = input.value;
-  if (!json.is_object())
-    throw CheckpointError(fmt::format("checkpoint '{}' has malformed metadata: not a JSON object", path));
-  const auto format = json.find("format");
-  if (format == json.end() || !format->is_string() || *format != kFormat)
-    throw CheckpointError(
-        fmt::format("'{}' is not a fulgor training checkpoint (its metadata has no format \"{}\")", path, kFormat));
-  const auto version = json.find("format_version");
-  if (version == json.end() || !version->is_number_integer() || *version != kFormatVersion)
-    throw CheckpointError(fmt::format("checkpoint '{}' has format version {}; this fulgor reads version {}", path,
-                                      version == json.end() ? "none" : json_for_message(*version), kFormatVersion));
-  const Fits counter = [](const nlohmann::json& v) { return v.is_number_integer() && v >= 0 && v <= kMaxCounter; };
-  const Fits boolean = [](const nlohmann::json& v) { return v.is_boolean(); };
-  const Fits string = [](const nlohmann::json& v) { return v.is_string(); };
-  const Fits array = [](const nlohmann::json& v) { return v.is_array(); };
-  const Fits object = [](const nlohmann::json& v) { return v.is_object(); };
-  const char* counter_range = "an integer from 0 to 2^62";
-  require(json, path, "", "loop", object, "an object");
-  const auto& loop = json.at("loop");
-  for (const char* key : {"epoch", "global_step", "batches_in_epoch", "total_train_batches"})
-    require(loop, path, "loop.", key, counter, counter_range);
-  require(loop, path, "loop.", "epoch_finished", boolean, "true or false");
-  // Saved by a manual optimization's fit only.
-  if (loop.contains("batches_that_stepped"))
-    require(loop, path, "loop.", "batches_that_stepped", counter, counter_range);
-  require(json, path, "", "optimizers", counter, counter_range);
-  require(json, path, "", "schedulers", array, "an array");
-  require(json, path, "", "callbacks", object, "an object");
-  require(json, path, "", "module", object, "an object");
-  require(json, path, "", "accelerator", string, "a string");
-  // Saved by a fit with a data module only.
-  if (const auto dm = json.find("datamodule"); dm != json.end()) {
-    require(json, path, "", "datamodule", object, "an object");
-    require(*dm, path, "datamodule.", "name", string, "a string");
-    const Fits any = [](const nlohmann::json&) { return true; };
-    require(*dm, path, "datamodule.", "state", any, "a value");
-    require(*dm, path, "datamodule.", "hparams", any, "a value");
-  }
-  return std::move(json);
-}
 
 torch::Tensor cpu_rng_state() {
   auto generator = at::detail::getDefaultCPUGenerator();
@@ -212,14 +137,7 @@ void CheckpointConnector::restore_module_and_callbacks(LoadedCheckpoint& ckpt) {
 void CheckpointConnector::restore_training_state(LoadedCheckpoint& ckpt) {
   const auto& meta = ckpt.meta;
   s.precision.load(ckpt.archive, ckpt.path);
-  const auto& loop_state = meta.at("loop");
-  s.epoch = loop_state.at("epoch").get<int64_t>();
-  s.global_step = loop_state.at("global_step").get<int64_t>();
-  s.manual_batches = loop_state.value("batches_that_stepped", int64_t{0});
-  s.metrics.log_step = s.logging_step();
-  s.batches_in_epoch = loop_state.at("batches_in_epoch").get<int64_t>();
-  s.epoch_finished = loop_state.at("epoch_finished").get<bool>();
-  s.total_train_batches = loop_state.at("total_train_batches").get<int64_t>();
+  s.fit_loop.load_state_dict(ckpt);
   const auto n_optimizers = meta.at("optimizers").get<size_t>();  // checked by parse_checkpoint_meta
   if (n_optimizers != s.optim.optimizers.size())
     throw CheckpointError(fmt::format("checkpoint '{}' holds {} optimizer states; configure_optimizers returned {}",
@@ -259,32 +177,27 @@ void CheckpointConnector::restore_rng(LoadedCheckpoint& ckpt, const char* cpu_ke
 void CheckpointConnector::save(const std::string& path) {
   if (!s.module) throw Error(fmt::format("save_checkpoint('{}'): this Trainer has not fitted a module", path));
   nlohmann::json meta;
-  meta["format"] = kFormat;
-  meta["format_version"] = kFormatVersion;
+  meta["format"] = kCheckpointFormat;
+  meta["format_version"] = kCheckpointFormatVersion;
   meta["fulgor_version"] = fulgor::version();
   meta["torch_version"] = TORCH_VERSION;
   meta["accelerator"] = s.accelerator ? s.accelerator->name() : "";
-  meta["loop"] = {{"epoch", s.epoch},
-                  {"global_step", s.global_step},
-                  {"batches_in_epoch", s.batches_in_epoch},
-                  {"epoch_finished", s.epoch_finished},
-                  {"total_train_batches", s.total_train_batches}};
-  if (s.manual) meta["loop"]["batches_that_stepped"] = s.manual_batches;
+  meta["loop"] = s.fit_loop.state_dict();
   meta["optimizers"] = s.optim.optimizers.size();
   meta["schedulers"] = nlohmann::json::array();
   for (const auto& config : s.optim.schedulers) meta["schedulers"].push_back(config.scheduler->state_dict());
   meta["hparams"] = s.module->hparams();
+  // Lightning's dump_checkpoint: the callbacks' states, the data module's,
+  // then the callbacks' on_save_checkpoint and last the module's.
+  meta["callbacks"] = nlohmann::json::object();
+  for (auto& cb : s.callbacks)
+    if (auto state = cb->state_dict(); !state.is_null()) meta["callbacks"][cb->state_key()] = std::move(state);
   if (s.datamodule)
     meta["datamodule"] = {
         {"name", s.datamodule->name()}, {"state", s.datamodule->state_dict()}, {"hparams", s.datamodule->hparams()}};
+  for (auto& cb : s.callbacks) cb->on_save_checkpoint(s.trainer, *s.module, meta);
   meta["module"] = nlohmann::json::object();
   s.module->on_save_checkpoint(meta["module"]);
-  meta["callbacks"] = nlohmann::json::object();
-  for (auto& cb : s.callbacks) {
-    auto state = cb->state_dict();
-    if (!state.is_null()) meta["callbacks"][cb->state_key()] = state;
-    cb->on_save_checkpoint(s.trainer, *s.module, meta);
-  }
   torch::serialize::OutputArchive archive;
   archive.write("meta", c10::IValue(meta.dump()));
   torch::serialize::OutputArchive model_archive;

@@ -27,13 +27,6 @@ struct LoadedCheckpoint {
   nlohmann::json meta;
 };
 
-// The "meta" entry of a checkpoint's archive, checked: a fulgor training
-// checkpoint of the version this fulgor reads, whose loop progress,
-// optimizer, scheduler and callback entries have the types the connector
-// reads. The one parser of it (read_checkpoint_meta and load_module_weights
-// use it too); throws CheckpointError naming the file and the entry.
-nlohmann::json parse_checkpoint_meta(torch::serialize::InputArchive& archive, const std::string& path);
-
 torch::Tensor cpu_rng_state();
 void set_cpu_rng_state(const torch::Tensor& state);
 

@@ -118,7 +118,7 @@ std::map<std::string, double> MetricStore::synced_epoch_values(const MetricTable
 void MetricStore::record(std::string_view name, double local_value, const LogOptions& o, bool accumulate) {
   // Only a training step logs in a train_step context: the common case
   // needs no string comparison.
-  if (context != LogContext::train_step && s.loop == "predict") return;
+  if (context != LogContext::train_step && s.running == RunningStage::predicting) return;
   const bool sync = o.sync_dist && s.ddp;
   if (context == LogContext::none) {
     record_now({{std::string(name), sync ? s.ddp->reduce(local_value, o.reduce) : local_value}}, o.prog_bar, o.logger);
@@ -179,7 +179,7 @@ void MetricStore::log_on_device(std::string_view name, const torch::Tensor& valu
 }
 
 void MetricStore::defer(std::string_view name, const torch::Tensor& value, const LogOptions& o, bool accumulate) {
-  if (context != LogContext::train_step && s.loop == "predict") return;
+  if (context != LogContext::train_step && s.running == RunningStage::predicting) return;
   const bool step_default = context == LogContext::train_step;
   // Note [Deferred reads]: these need the number now (a step value with
   // sync_dist is reduced over the ranks as it is logged).
@@ -195,7 +195,7 @@ void MetricStore::defer(std::string_view name, const torch::Tensor& value, const
 }
 
 void MetricStore::log_metric(std::string_view name, metrics::Metric& metric, const LogOptions& o) {
-  if (context != LogContext::train_step && s.loop == "predict") return;
+  if (context != LogContext::train_step && s.running == RunningStage::predicting) return;
   if (context == LogContext::none) {
     record_now({{std::string(name), metric_value(name, metric)}}, o.prog_bar, o.logger);
     return;
@@ -267,7 +267,7 @@ void MetricStore::read_deferred() {
 void MetricStore::flush_step_logs() {
   if (deferred_step_logs_) read_deferred();
   std::optional<int64_t> eval_step;  // Note [Logged steps]
-  if (context == LogContext::eval_step && !s.sanity) eval_step = eval_log_step++;
+  if (context == LogContext::eval_step && !s.sanity_checking()) eval_step = eval_log_step++;
   if (pending_step.empty()) return;
   send_to_loggers(pending_step, eval_step, !eval_step);
   pending_step.clear();
@@ -275,9 +275,9 @@ void MetricStore::flush_step_logs() {
 
 void MetricStore::send_to_loggers(std::map<std::string, double> metrics, std::optional<int64_t> step, bool with_epoch) {
   // The sanity check's values reach no logger, and are forgotten after it.
-  if (metrics.empty() || s.sanity) return;
+  if (metrics.empty() || s.sanity_checking()) return;
   for (const auto& [k, v] : metrics) logged_metrics[k] = v;
-  if (with_epoch) metrics["epoch"] = static_cast<double>(s.epoch);
+  if (with_epoch) metrics["epoch"] = static_cast<double>(s.fit_loop.current_epoch());
   for (auto& logger : s.loggers) logger->log_metrics(metrics, step.value_or(log_step));
 }
 

@@ -24,6 +24,8 @@ struct ModuleAccess {
     module.manual_optimizers_ = std::move(optimizers);
     module.toggled_.clear();
   }
+  static void record_mode(ModuleBase& module) { module.training_before_evaluation_ = module.is_training(); }
+  static bool mode_before_evaluation(const ModuleBase& module) { return module.training_before_evaluation_; }
 };
 
 }  // namespace fulgor::detail

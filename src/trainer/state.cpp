@@ -5,11 +5,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iostream>
 #include <typeinfo>
 
-#include "fulgor/callbacks/model_checkpoint.h"
-#include "fulgor/callbacks/model_summary.h"
-#include "fulgor/callbacks/progress_bar.h"
 #include "fulgor/registry.h"
 #include "fulgor/seed.h"
 #include "fulgor/strategy.h"
@@ -27,10 +25,54 @@ TrainerState::TrainerState(Trainer& owner, TrainerOptions opts) : trainer(owner)
 }
 TrainerState::~TrainerState() = default;
 
-int64_t TrainerState::resolved_max_epochs() const {
-  if (options.fast_dev_run > 0) return 1;
-  if (options.max_epochs) return *options.max_epochs;
-  return options.max_steps == -1 ? 1000 : -1;
+namespace {
+Limit debug_limit(const TrainerOptions& o, const Limit& limit) {
+  return o.fast_dev_run > 0 ? Limit(o.fast_dev_run) : limit;
+}
+}  // namespace
+
+LoopLimits::LoopLimits(const TrainerOptions& o)
+    : max_epochs(o.fast_dev_run > 0 ? 1 : o.max_epochs ? *o.max_epochs : o.max_steps == -1 ? 1000 : -1),
+      max_steps(o.fast_dev_run > 0 ? o.fast_dev_run : o.max_steps),
+      // min_steps alone asks for one epoch, as Lightning's _parse_loop_limits.
+      min_epochs(o.min_epochs.value_or(o.min_steps ? 1 : 0)),
+      min_steps(o.min_steps),
+      num_sanity_val_steps(o.fast_dev_run > 0 ? 0 : o.num_sanity_val_steps),
+      limit_test_batches(debug_limit(o, o.limit_test_batches)),
+      limit_predict_batches(debug_limit(o, o.limit_predict_batches)),
+      val_check_interval(o.fast_dev_run > 0 ? Limit(1.0) : o.val_check_interval),
+      check_val_every_n_epoch(o.fast_dev_run > 0 ? std::optional<int64_t>(1) : o.check_val_every_n_epoch),
+      overfit(o.fast_dev_run == 0 && o.overfit_batches.of(std::nullopt) != 0) {
+  limit_train_batches = debug_limit(o, overfit ? o.overfit_batches : o.limit_train_batches);
+  limit_val_batches = debug_limit(o, overfit ? o.overfit_batches : o.limit_val_batches);
+}
+
+const InferenceLoop* TrainerState::running_inference() const {
+  switch (running) {
+    case RunningStage::sanity_checking:
+      return &fit_loop.epoch_loop.val_loop;
+    case RunningStage::validating:
+      return stage == "fit" ? &fit_loop.epoch_loop.val_loop : &validate_loop;
+    case RunningStage::testing:
+      return &test_loop;
+    case RunningStage::predicting:
+      return &predict_loop;
+    default:
+      return nullptr;
+  }
+}
+
+void TrainerState::info(const std::string& message) const {
+  if (trainer.is_global_zero()) std::cout << message << std::endl;
+}
+void TrainerState::warn(const std::string& message) const {
+  if (trainer.is_global_zero()) std::cerr << message << std::endl;
+}
+void TrainerState::warn_once(const std::string& message) {
+  if (said_once.insert(message).second) warn(message);
+}
+void TrainerState::info_once(const std::string& message) {
+  if (said_once.insert(message).second) info(message);
 }
 
 void TrainerState::begin(const std::string& name) {
@@ -54,11 +96,13 @@ void TrainerState::begin(const std::string& name) {
   metrics.eval_log_step = 0;
   should_stop = false;
   stop_reason.clear();
+  said_once.clear();
   metrics.clear();
-  max_epochs = resolved_max_epochs();
 }
 
-void TrainerState::attach(ModuleBase& model) {
+// Lightning's _run up to configure_model: the device, the module on it, the
+// module's callbacks merged, the data prepared and the setup hooks.
+void TrainerState::launch(ModuleBase& model) {
   if (options.deterministic) {
     auto& context = at::globalContext();
     deterministic_before.emplace(context.deterministicAlgorithms(), context.deterministicAlgorithmsWarnOnly());
@@ -70,6 +114,16 @@ void TrainerState::attach(ModuleBase& model) {
   accelerator->move_module(model, *device);
   precision.precision().convert_module(model);
   ModuleAccess::attach(model, &metrics, &trainer);
+  attach_model_callbacks(model);
+  setup_hooks(model);
+  configure_model(model);
+}
+
+// Lightning's _call_configure_model; the strategy then moves what it made.
+void TrainerState::configure_model(ModuleBase& model) {
+  hooks.module("configure_model", [&] { model.configure_model(); });
+  accelerator->move_module(model, *device);
+  precision.precision().convert_module(model);
 }
 
 void TrainerState::end() {
@@ -78,7 +132,7 @@ void TrainerState::end() {
     manual_optimization.attach(*module, false);
   }
   if (ddp) ddp->detach();
-  loop.clear();
+  running = RunningStage::none;
   metrics.context = LogContext::none;
   if (accelerator) accelerator->teardown();
   if (deterministic_before) {
@@ -90,7 +144,7 @@ void TrainerState::end() {
 // Lightning's _attach_model_callbacks: the module's callbacks replace the
 // Trainer's of the same type, and checkpointing callbacks go last.
 void TrainerState::attach_model_callbacks(ModuleBase& model) {
-  auto from_model = call_module("configure_callbacks", [&] { return model.configure_callbacks(); });
+  auto from_model = hooks.module("configure_callbacks", [&] { return model.configure_callbacks(); });
   if (from_model.empty()) return;
   auto replaced = [&](const Callback& cb) {
     return std::any_of(from_model.begin(), from_model.end(), [&](const auto& m) { return typeid(*m) == typeid(cb); });
@@ -99,13 +153,12 @@ void TrainerState::attach_model_callbacks(ModuleBase& model) {
   for (auto& cb : callbacks)
     if (!replaced(*cb)) merged.push_back(cb);
   merged.insert(merged.end(), from_model.begin(), from_model.end());
-  std::stable_partition(merged.begin(), merged.end(),
-                        [](const auto& cb) { return dynamic_cast<ModelCheckpoint*>(cb.get()) == nullptr; });
+  std::stable_partition(merged.begin(), merged.end(), [](const auto& cb) { return !cb->saves_checkpoints(); });
   callbacks = std::move(merged);
 }
 
 // Lightning's _call_setup_hook and _call_teardown_hook.
-void TrainerState::setup_hooks(ModuleBase& model, const std::string& name) {
+void TrainerState::setup_hooks(ModuleBase& model) {
   // One process per node (or per job) prepares the data; the others wait
   // for it in the barrier before setup.
   const int64_t local_rank = ddp ? ddp->environment().local_rank : 0;
@@ -115,23 +168,25 @@ void TrainerState::setup_hooks(ModuleBase& model, const std::string& name) {
     DataModuleAccess::attach(*datamodule, &trainer);
     if (prepares(datamodule->prepare_data_per_node())) datamodule->prepare_data();
   }
-  if (prepares(model.prepare_data_per_node())) call_module("prepare_data", [&] { model.prepare_data(); });
+  if (prepares(model.prepare_data_per_node())) hooks.module("prepare_data", [&] { model.prepare_data(); });
   if (ddp) ddp->barrier();
-  if (datamodule) datamodule->setup(name);
-  each_callback("setup", [&](Callback& cb) { cb.setup(trainer, model, name); });
-  call_module("setup", [&] { model.setup(name); });
+  if (datamodule) datamodule->setup(stage);
+  hooks.callbacks("setup", [&](Callback& cb) { cb.setup(trainer, model, stage); });
+  hooks.module("setup", [&] { model.setup(stage); });
 }
 
-void TrainerState::teardown_hooks(ModuleBase& model, const std::string& name) {
-  if (datamodule) datamodule->teardown(name);
-  each_callback("teardown", [&](Callback& cb) { cb.teardown(trainer, model, name); });
-  call_module("teardown", [&] { model.teardown(name); });
+void TrainerState::finish(ModuleBase& model, const std::string& status) {
+  if (datamodule) datamodule->teardown(stage);
+  hooks.callbacks("teardown", [&](Callback& cb) { cb.teardown(trainer, model, stage); });
+  hooks.module("teardown", [&] { model.teardown(stage); });
+  for (auto& logger : loggers) logger->finalize(status);
+  describe_profile();
 }
 
 // Lightning's _interrupt: the callbacks hear of the exception, and the
 // loggers are finalized as failed.
 void TrainerState::on_exception(ModuleBase& model, const std::exception& e) {
-  each_callback("on_exception", [&](Callback& cb) { cb.on_exception(trainer, model, e); });
+  hooks.callbacks("on_exception", [&](Callback& cb) { cb.on_exception(trainer, model, e); });
   for (auto& logger : loggers) logger->finalize("failed");
 }
 
@@ -144,10 +199,7 @@ void TrainerState::start_ddp(const DistributedEnvironment& environment, torch::D
   ddp = std::make_unique<DdpStrategy>(environment, *accelerator, on, group_options);
   if (ddp->is_global_zero()) return;
   callbacks.erase(std::remove_if(callbacks.begin(), callbacks.end(),
-                                 [](const auto& cb) {
-                                   return dynamic_cast<ProgressBar*>(cb.get()) != nullptr ||
-                                          dynamic_cast<ModelSummary*>(cb.get()) != nullptr;
-                                 }),
+                                 [](const auto& cb) { return cb->shows_progress() || cb->summarizes_model(); }),
                   callbacks.end());
   for (auto& logger : loggers) logger = silenced_logger(logger);
 }
@@ -189,19 +241,6 @@ void TrainerState::distribute(StepRunner& runner, bool even) {
   runner.distribute(shard);
 }
 
-std::optional<int64_t> TrainerState::eval_limit(Stage s, const StepRunner& runner) const {
-  if (options.fast_dev_run > 0) return options.fast_dev_run;
-  const Limit& limit =
-      s == Stage::validate
-          ? (options.overfit_batches.of(std::nullopt) != 0 ? options.overfit_batches : options.limit_val_batches)
-      : s == Stage::test ? options.limit_test_batches
-                         : options.limit_predict_batches;
-  return resolve_limit(limit, runner,
-                       s == Stage::validate ? "limit_val_batches"
-                       : s == Stage::test   ? "limit_test_batches"
-                                            : "limit_predict_batches");
-}
-
 std::optional<int64_t> TrainerState::resolve_limit(const Limit& limit, const StepRunner& runner, const char* name) {
   auto n = limit.of(runner.length());
   if (!n && !limit.is_all())
@@ -212,10 +251,10 @@ std::optional<int64_t> TrainerState::resolve_limit(const Limit& limit, const Ste
   return n;
 }
 
-void TrainerState::describe_profile(const std::string& name) {
+void TrainerState::describe_profile() {
   if (!profiling) return;
   const bool distributed = trainer.world_size() > 1;
-  profiling->profiler().describe(name, trainer.log_dir(),
+  profiling->profiler().describe(stage, trainer.log_dir(),
                                  distributed ? std::optional<int64_t>(ddp->environment().local_rank) : std::nullopt,
                                  trainer.is_global_zero());
 }
@@ -238,17 +277,21 @@ nlohmann::json TrainerState::logged_hparams(const ModuleBase& model) const {
 }
 
 void TrainerState::open_loader(StepRunner& runner, Stage which) {
-  if (runner.open()) return;
+  if (!runner.open()) no_loader(runner, which);
+}
+
+void TrainerState::no_loader(const StepRunner& runner, Stage which) const {
   const char* loader = which == Stage::train      ? "train_loader"
                        : which == Stage::validate ? "val_loader"
                        : which == Stage::test     ? "test_loader"
                                                   : "predict_loader";
-  throw ConfigError(fmt::format("{}::{} returned no loader: a data module given to {} must override it",
-                                datamodule ? datamodule->name() : std::string("the data module"), loader, stage));
+  throw ConfigError(fmt::format("{}::{} returned no loader: {} must override it", runner.source_name(), loader,
+                                datamodule ? fmt::format("a data module given to {}", stage)
+                                           : fmt::format("a module given to {} without loaders", stage)));
 }
 
 void TrainerState::configure_optimizers(ModuleBase& model) {
-  optim = call_module("configure_optimizers", [&] { return model.configure_optimizers(); });
+  optim = hooks.module("configure_optimizers", [&] { return model.configure_optimizers(); });
   if (optim.optimizers.empty() ||
       std::any_of(optim.optimizers.begin(), optim.optimizers.end(), [](const auto& o) { return o == nullptr; }))
     throw ConfigError(fmt::format("{}::configure_optimizers returned {}", model.name(),

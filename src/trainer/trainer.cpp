@@ -32,21 +32,18 @@ std::string to_string(StopReason reason) {
 Trainer::Trainer(TrainerOptions options) : state_(std::make_unique<detail::TrainerState>(*this, std::move(options))) {
   auto& s = *state_;
   const auto& o = s.options;
-  auto has = [&](auto* probe) {
-    using T = std::remove_pointer_t<decltype(probe)>;
-    return std::any_of(o.callbacks.begin(), o.callbacks.end(),
-                       [](const auto& cb) { return dynamic_cast<T*>(cb.get()) != nullptr; });
+  auto any = [&](bool (Callback::*ability)() const) {
+    return std::any_of(o.callbacks.begin(), o.callbacks.end(), [&](const auto& cb) { return ((*cb).*ability)(); });
   };
-  if (o.enable_model_summary && !has(static_cast<ModelSummary*>(nullptr)))
+  if (o.enable_model_summary && !any(&Callback::summarizes_model))
     s.callbacks.push_back(std::make_shared<ModelSummary>());
-  if (o.enable_progress_bar && !has(static_cast<ProgressBar*>(nullptr)))
-    s.callbacks.push_back(std::make_shared<ProgressBar>());
+  if (o.enable_progress_bar && !any(&Callback::shows_progress)) s.callbacks.push_back(std::make_shared<ProgressBar>());
   // Checkpointing callbacks go last, so that they save what the others did.
   for (const auto& cb : o.callbacks)
-    if (!dynamic_cast<ModelCheckpoint*>(cb.get())) s.callbacks.push_back(cb);
+    if (!cb->saves_checkpoints()) s.callbacks.push_back(cb);
   for (const auto& cb : o.callbacks)
-    if (dynamic_cast<ModelCheckpoint*>(cb.get())) s.callbacks.push_back(cb);
-  if (o.enable_checkpointing && o.fast_dev_run == 0 && !has(static_cast<ModelCheckpoint*>(nullptr)))
+    if (cb->saves_checkpoints()) s.callbacks.push_back(cb);
+  if (o.enable_checkpointing && o.fast_dev_run == 0 && !any(&Callback::saves_checkpoints))
     s.callbacks.push_back(std::make_shared<ModelCheckpoint>());
   if (o.fast_dev_run == 0) {
     s.loggers = o.loggers;
@@ -59,15 +56,48 @@ Trainer::~Trainer() = default;
 // ---- Accessors ----------------------------------------------------------------
 
 const TrainerOptions& Trainer::options() const { return state_->options; }
-int64_t Trainer::current_epoch() const { return state_->epoch; }
-int64_t Trainer::global_step() const { return state_->global_step; }
-int64_t Trainer::batches_in_epoch() const { return state_->batches_in_epoch; }
-std::optional<int64_t> Trainer::num_training_batches() const { return state_->train_batches; }
-std::optional<int64_t> Trainer::num_eval_batches() const { return state_->evaluation.batches; }
-int64_t Trainer::max_epochs() const { return state_->max_epochs; }
+int64_t Trainer::current_epoch() const { return state_->fit_loop.current_epoch(); }
+int64_t Trainer::global_step() const { return state_->fit_loop.epoch_loop.global_step; }
+int64_t Trainer::batches_in_epoch() const { return state_->fit_loop.epoch_loop.batch_progress.current.processed; }
+std::optional<int64_t> Trainer::num_training_batches() const { return state_->fit_loop.num_training_batches; }
+std::optional<int64_t> Trainer::num_eval_batches() const {
+  const auto* loop = state_->running_inference();
+  return loop ? loop->batches_this_run : std::nullopt;
+}
+std::optional<int64_t> Trainer::num_val_batches() const {
+  return (state_->stage == "validate" ? state_->validate_loop : state_->fit_loop.epoch_loop.val_loop).max_batches;
+}
+int64_t Trainer::max_epochs() const { return state_->limits.max_epochs; }
+int64_t Trainer::max_steps() const { return state_->limits.max_steps; }
+int64_t Trainer::min_epochs() const { return state_->limits.min_epochs; }
+int64_t Trainer::num_sanity_val_steps() const { return state_->limits.num_sanity_val_steps; }
+std::optional<int64_t> Trainer::val_check_batch() const {
+  const auto& loop = state_->fit_loop.epoch_loop;
+  return loop.has_schedule() ? loop.schedule().val_check_batch() : std::nullopt;
+}
+const Limit& Trainer::limit_train_batches() const { return state_->limits.limit_train_batches; }
+const Limit& Trainer::limit_val_batches() const { return state_->limits.limit_val_batches; }
+const Limit& Trainer::limit_test_batches() const { return state_->limits.limit_test_batches; }
+const Limit& Trainer::limit_predict_batches() const { return state_->limits.limit_predict_batches; }
 std::string Trainer::stage() const { return state_->stage; }
-std::string Trainer::running_loop() const { return state_->loop; }
-bool Trainer::sanity_checking() const { return state_->sanity; }
+std::string Trainer::running_loop() const {
+  switch (state_->running) {
+    case detail::RunningStage::training:
+      return "train";
+    case detail::RunningStage::sanity_checking:
+      return "sanity_check";
+    case detail::RunningStage::validating:
+      return "validate";
+    case detail::RunningStage::testing:
+      return "test";
+    case detail::RunningStage::predicting:
+      return "predict";
+    case detail::RunningStage::none:
+      break;
+  }
+  return "";
+}
+bool Trainer::sanity_checking() const { return state_->sanity_checking(); }
 
 void Trainer::request_stop(std::string reason) {
   state_->should_stop = true;
@@ -97,7 +127,8 @@ DataModuleBase* Trainer::datamodule() const { return state_->datamodule; }
 
 ModelCheckpoint* Trainer::checkpoint_callback() const {
   for (const auto& cb : state_->callbacks)
-    if (auto* mc = dynamic_cast<ModelCheckpoint*>(cb.get())) return mc;
+    if (cb->saves_checkpoints())
+      if (auto* mc = dynamic_cast<ModelCheckpoint*>(cb.get())) return mc;
   return nullptr;
 }
 const std::vector<std::shared_ptr<torch::optim::Optimizer>>& Trainer::optimizers() const {
@@ -143,7 +174,7 @@ std::string Trainer::log_dir() const {
 }
 
 void Trainer::save_checkpoint(const std::string& path) {
-  detail::ProfileScope timed(state_->profile("save_checkpoint"));
+  detail::ProfileScope timed(state_->hooks.stage("save_checkpoint"));
   state_->checkpoints.save(path);
 }
 

@@ -26,10 +26,21 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// The metadata that replaces what the Trainer writes, when set.
+std::optional<nlohmann::json> replacement;
+nlohmann::json* metadata_being_saved = nullptr;
+
 // One parameter: a line through the origin.
 struct Slope : Module {
   torch::Tensor w;
   Slope() { w = register_parameter("w", torch::zeros({1})); }
+  // The module's hook is the last to see a checkpoint being saved (Lightning's
+  // order), so the replacement goes in here, into the metadata the callback
+  // below found; `state` is not touched afterwards.
+  void on_save_checkpoint(nlohmann::json& /*state*/) override {
+    if (replacement && metadata_being_saved) *metadata_being_saved = *replacement;
+    metadata_being_saved = nullptr;
+  }
   torch::Tensor training_step(torch::data::Example<> batch, int64_t) override {
     auto loss = (w * batch.data - batch.target).pow(2).mean();
     log("loss", loss);
@@ -43,12 +54,10 @@ struct Slope : Module {
   }
 };
 
-// Replaces the metadata the Trainer writes; the last callback, as checkpointing
-// callbacks (which would write their state into it after) are left out.
-struct ReplaceMetadata : Callback {
-  std::optional<nlohmann::json> metadata;
+// Finds the metadata being saved, for Slope to replace.
+struct FindMetadata : Callback {
   void on_save_checkpoint(Trainer&, ModuleBase&, nlohmann::json& checkpoint) override {
-    if (metadata) checkpoint = *metadata;
+    metadata_being_saved = &checkpoint;
   }
 };
 
@@ -85,7 +94,7 @@ struct Fixture {
   fs::path dir = fs::temp_directory_path() / ("fulgor_fuzz_checkpoint_" + std::to_string(::getpid()));
   TensorLoader loader{torch::arange(4.0).view({4, 1}), torch::arange(4.0).view({4, 1}) * 0.5, batch_size(2)};
   Slope model;
-  std::shared_ptr<ReplaceMetadata> replace = std::make_shared<ReplaceMetadata>();
+  std::shared_ptr<FindMetadata> find = std::make_shared<FindMetadata>();
   std::unique_ptr<Trainer> writer;
 
   Fixture() {
@@ -93,7 +102,7 @@ struct Fixture {
     // The callbacks' notices (a ModelCheckpoint folder that changed, ...) would drown the fuzzer's output.
     std::cerr.rdbuf(nullptr);
     auto options = run_options(dir, 1, /*checkpointing=*/false);
-    options.callbacks.push_back(replace);
+    options.callbacks.push_back(find);
     writer = std::make_unique<Trainer>(options);
     writer->fit(model, loader);
   }
@@ -144,9 +153,9 @@ void checkpoint(const uint8_t* data, size_t size) {
     // Text that is no JSON, or JSON refused, is the options target's business.
     detail::JsonInput metadata = detail::read_json(bytes);
     if (!metadata.error.empty()) return;
-    f.replace->metadata = std::move(metadata.value);
+    replacement = std::move(metadata.value);
     f.writer->save_checkpoint(path);
-    f.replace->metadata.reset();
+    replacement.reset();
   }
   read_back(path);
 }

@@ -76,6 +76,8 @@ struct SetupCallback : fulgor::Callback {
   void teardown(Trainer&, ModuleBase&, const std::string& stage) override {
     calls->push_back("Callback.teardown:" + stage);
   }
+  void on_sanity_check_start(Trainer&, ModuleBase&) override { calls->push_back("Callback.on_sanity_check_start"); }
+  void on_sanity_check_end(Trainer&, ModuleBase&) override { calls->push_back("Callback.on_sanity_check_end"); }
 };
 
 TEST(DataModule, HooksAndLoadersComeInLightningsOrder) {
@@ -89,17 +91,22 @@ TEST(DataModule, HooksAndLoadersComeInLightningsOrder) {
   Trainer trainer(o);
   trainer.fit(model, data);
   // prepare_data, then setup: the data module's, the callbacks', the module's.
-  // The loaders are asked for after on_fit_start, validation's first for the
-  // sanity check; teardown begins with the data module's.
+  // The validation loader is asked for as the sanity check's validation
+  // loop sets up its data, after on_sanity_check_start (Lightning's
+  // _run_sanity_check), the training loader as the fit loop sets up its
+  // data, after on_sanity_check_end (FitLoop.setup_data); teardown begins
+  // with the data module's.
   const Calls expected{"DataModule.prepare_data",
                        "prepare_data",
                        "DataModule.setup:fit",
                        "Callback.setup:fit",
                        "setup:fit",
                        "on_fit_start",
+                       "Callback.on_sanity_check_start",
                        "DataModule.val_loader",
-                       "DataModule.train_loader",
                        "on_validation_start",
+                       "Callback.on_sanity_check_end",
+                       "DataModule.train_loader",
                        "on_train_start",
                        "on_validation_start",
                        "DataModule.teardown:fit",
@@ -109,15 +116,18 @@ TEST(DataModule, HooksAndLoadersComeInLightningsOrder) {
   EXPECT_EQ(trainer.datamodule(), &data);
   EXPECT_EQ(&data.trainer(), &trainer);
 
-  // Without a sanity check the training loader comes first.
+  // Without a sanity check the training loader comes first, and the
+  // validation loader before on_train_start (FitLoop.on_run_start).
   calls.clear();
   o.num_sanity_val_steps = 0;
   Trainer again(o);
   again.fit(model, data);
   const auto train = std::find(calls.begin(), calls.end(), "DataModule.train_loader");
   const auto val = std::find(calls.begin(), calls.end(), "DataModule.val_loader");
+  const auto train_start = std::find(calls.begin(), calls.end(), "on_train_start");
   ASSERT_NE(train, calls.end());
   EXPECT_LT(train, val);
+  EXPECT_LT(val, train_start);
 
   calls.clear();
   trainer.test(model, data);

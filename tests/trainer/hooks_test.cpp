@@ -3,9 +3,8 @@
 // trainer/call.py), the checkpoint connector's _restore_modules_and_callbacks
 // and restore_training_state, FitLoop, _TrainingEpochLoop, the automatic
 // optimization's closure (loops/optimization/automatic.py) and the
-// evaluation and prediction loops. Lightning's hooks that fulgor does not
-// have (configure_model, backward, on_*_model_eval/train, ...) are left out
-// of the expected sequences (docs/training.md, "Differences from Lightning").
+// evaluation and prediction loops, with the module's hooks Lightning's own
+// tests/tests_pytorch/models/test_hooks.py records.
 
 #include "tiny.h"
 
@@ -108,6 +107,35 @@ struct HookNet : fulgor::Module {
     return fulgor::Module::on_after_batch_transfer(std::move(batch), i);
   }
   void on_load_checkpoint(const nlohmann::json&) override { add("on_load_checkpoint"); }
+  void configure_model() override { add("configure_model"); }
+  void backward(const torch::Tensor& loss) override {
+    add("backward");
+    fulgor::Module::backward(loss);
+  }
+  void on_validation_model_zero_grad() override {
+    add("on_validation_model_zero_grad");
+    fulgor::Module::on_validation_model_zero_grad();
+  }
+  void on_validation_model_eval() override {
+    add("on_validation_model_eval");
+    fulgor::Module::on_validation_model_eval();
+  }
+  void on_validation_model_train() override {
+    add("on_validation_model_train");
+    fulgor::Module::on_validation_model_train();
+  }
+  void on_test_model_eval() override {
+    add("on_test_model_eval");
+    fulgor::Module::on_test_model_eval();
+  }
+  void on_test_model_train() override {
+    add("on_test_model_train");
+    fulgor::Module::on_test_model_train();
+  }
+  void on_predict_model_eval() override {
+    add("on_predict_model_eval");
+    fulgor::Module::on_predict_model_eval();
+  }
   void setup(const std::string& stage) override { add("setup:" + stage); }
   void teardown(const std::string& stage) override { add("teardown:" + stage); }
   void on_fit_start() override { add("on_fit_start"); }
@@ -184,6 +212,7 @@ void train_batch(Calls& c) {
   both(c, "on_before_zero_grad");
   c.push_back("optimizer_zero_grad");
   both(c, "on_before_backward");
+  c.push_back("backward");
   both(c, "on_after_backward");
   both(c, "on_before_optimizer_step");
   c.push_back("configure_gradient_clipping");
@@ -191,8 +220,10 @@ void train_batch(Calls& c) {
 }
 
 // _EvaluationLoop.run / _PredictionLoop.run over `batches` batches; `name` is
-// "validation", "test" or "predict".
+// "validation", "test" or "predict". The module's mode hooks come first and
+// last (_on_evaluation_model_eval and _train; predict has no _train hook).
 void eval_loop(Calls& c, const std::string& name, int batches) {
+  c.push_back("on_" + name + "_model_eval");
   both(c, "on_" + name + "_start");
   both(c, "on_" + name + "_epoch_start");
   for (int i = 0; i < batches; ++i) {
@@ -203,6 +234,7 @@ void eval_loop(Calls& c, const std::string& name, int batches) {
   }
   both(c, "on_" + name + "_epoch_end");
   both(c, "on_" + name + "_end");
+  if (name != "predict") c.push_back("on_" + name + "_model_train");
 }
 
 // Trainer._run for fit: `epochs` epochs of two batches, each followed by a
@@ -210,6 +242,7 @@ void eval_loop(Calls& c, const std::string& name, int batches) {
 Calls fit_calls(bool resumed, int first_epoch, int epochs) {
   Calls c{"configure_callbacks"};
   both(c, "setup:fit");
+  c.push_back("configure_model");  // _call_configure_model
   if (resumed) {  // _restore_modules_and_callbacks
     c.push_back("on_load_checkpoint");
     c.push_back("Callback.on_load_checkpoint");
@@ -227,6 +260,7 @@ Calls fit_calls(bool resumed, int first_epoch, int epochs) {
     both(c, "on_train_epoch_start");
     train_batch(c);
     train_batch(c);
+    c.push_back("on_validation_model_zero_grad");  // the last batch stepped
     eval_loop(c, "validation", 1);
     both(c, "on_train_epoch_end");  // a callback that does not monitor
   }
@@ -239,6 +273,7 @@ Calls fit_calls(bool resumed, int first_epoch, int epochs) {
 Calls eval_calls(const std::string& stage, const std::string& name, int batches) {
   Calls c{"configure_callbacks"};
   both(c, "setup:" + stage);
+  c.push_back("configure_model");
   eval_loop(c, name, batches);
   both(c, "teardown:" + stage);
   return c;

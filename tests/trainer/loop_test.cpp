@@ -207,7 +207,9 @@ TEST(TrainerLoop, FastDevRunRunsOneBatchOfEachLoop) {
   EXPECT_EQ(model.test_steps, 1);
   // No checkpoints or logs.
   EXPECT_TRUE(std::filesystem::is_empty(dir.path));
-  EXPECT_EQ(result.reason, StopReason::max_epochs);
+  // fast_dev_run sets max_steps too, which FitLoop.done checks first.
+  EXPECT_EQ(result.reason, StopReason::max_steps);
+  EXPECT_EQ(result.message, "`Trainer.fit` stopped: `max_steps=1` reached.");
 }
 
 // Logs constants so the epoch aggregation can be checked exactly.

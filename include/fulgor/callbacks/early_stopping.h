@@ -63,6 +63,7 @@ class EarlyStopping : public Callback {
   explicit EarlyStopping(EarlyStoppingOptions options);
 
   std::string state_key() const override;
+  bool monitors_metrics() const override { return true; }
   nlohmann::json state_dict() const override;
   void load_state_dict(const nlohmann::json& state) override;
   void setup(Trainer& trainer, ModuleBase& module, const std::string& stage) override;

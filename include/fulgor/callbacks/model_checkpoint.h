@@ -69,6 +69,8 @@ class ModelCheckpoint : public Callback {
   explicit ModelCheckpoint(ModelCheckpointOptions options = {});
 
   std::string state_key() const override;
+  bool saves_checkpoints() const override { return true; }
+  bool monitors_metrics() const override { return true; }
   nlohmann::json state_dict() const override;
   void load_state_dict(const nlohmann::json& state) override;
   void setup(Trainer& trainer, ModuleBase& module, const std::string& stage) override;

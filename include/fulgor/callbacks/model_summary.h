@@ -19,6 +19,7 @@ std::string summarize(const torch::nn::Module& module, int64_t max_depth = 1);
 class ModelSummary : public Callback {
  public:
   explicit ModelSummary(int64_t max_depth = 1, std::ostream* out = nullptr) : max_depth_(max_depth), out_(out) {}
+  bool summarizes_model() const override { return true; }
   void on_fit_start(Trainer& trainer, ModuleBase& module) override;
 
  private:

@@ -25,6 +25,7 @@ class ProgressBar : public Callback {
   explicit ProgressBar(std::ostream* out = nullptr, int64_t refresh_lines = 10,
                        std::optional<bool> terminal = std::nullopt, double min_line_seconds = 1.0);
 
+  bool shows_progress() const override { return true; }
   void on_train_start(Trainer& trainer, ModuleBase& module) override;
   void on_train_epoch_start(Trainer& trainer, ModuleBase& module) override;
   void on_train_batch_end(Trainer& trainer, ModuleBase& module, const torch::Tensor& loss, int64_t batch_idx) override;

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -28,15 +29,18 @@ namespace detail {
 enum class Stage { train, validate, test, predict };
 
 // A loader and a module's steps for it, with the batch type erased, so that
-// the loops are compiled once, in src/trainer/. It speaks the loader
+// the loops are compiled once, in src/loops/. It speaks the loader
 // protocol (Note [The loader protocol]) for them.
 class StepRunner {
  public:
   explicit StepRunner(std::optional<int64_t> length) : length_(length) {}
   virtual ~StepRunner() = default;
-  // Takes the loader, where it is a data module's (whose loop asks for it
-  // when it begins, as Lightning's setup_data): false when there is none.
+  // Takes the loader, where a data module or the module makes it (the loop
+  // asks for it when it sets up its data, as Lightning's setup_data): false
+  // when there is none.
   virtual bool open() { return true; }
+  // The class that makes the loader, for messages ("" for a loader given).
+  virtual std::string source_name() const { return {}; }
   // Batches per epoch, when the loader tells.
   std::optional<int64_t> length() const { return length_; }
   void bind(const Accelerator& accelerator, torch::Device device, const Precision& precision) {
@@ -191,29 +195,31 @@ struct HeldLoader {
   AnyLoader<Batch> loader;
 };
 
-// A data module's loader for one stage, asked for when the loop opens it.
-template <typename Batch>
-class DataModuleRunner final : private HeldLoader<Batch>, public LoaderRunner<Batch, AnyLoader<Batch>> {
+// The loader for one stage that a data module (BasicDataModule<Batch>) or the
+// module itself makes, asked for when the loop opens it.
+template <typename Batch, typename Source>
+class SourceRunner final : private HeldLoader<Batch>, public LoaderRunner<Batch, AnyLoader<Batch>> {
  public:
-  DataModuleRunner(BasicModule<Batch>& module, BasicDataModule<Batch>& datamodule, Stage stage)
+  SourceRunner(BasicModule<Batch>& module, Source& source, Stage stage)
       : LoaderRunner<Batch, AnyLoader<Batch>>(module, this->HeldLoader<Batch>::loader),
-        datamodule_(datamodule),
+        source_(source),
         stage_(stage) {}
+  std::string source_name() const override { return source_.name(); }
 
   bool open() override {
     auto& loader = this->HeldLoader<Batch>::loader;
     switch (stage_) {
       case Stage::train:
-        loader = datamodule_.train_loader();
+        loader = source_.train_loader();
         break;
       case Stage::validate:
-        loader = datamodule_.val_loader();
+        loader = source_.val_loader();
         break;
       case Stage::test:
-        loader = datamodule_.test_loader();
+        loader = source_.test_loader();
         break;
       case Stage::predict:
-        loader = datamodule_.predict_loader();
+        loader = source_.predict_loader();
         break;
     }
     this->set_length(loader.length());
@@ -221,13 +227,14 @@ class DataModuleRunner final : private HeldLoader<Batch>, public LoaderRunner<Ba
   }
 
  private:
-  BasicDataModule<Batch>& datamodule_;
+  Source& source_;
   Stage stage_;
 };
 
-// Keeps the loader overloads of Trainer::fit from taking a data module.
-template <typename L>
-using NotDataModule = std::enable_if_t<!std::is_base_of_v<DataModuleBase, L>>;
+template <typename Batch>
+using DataModuleRunner = SourceRunner<Batch, BasicDataModule<Batch>>;
+template <typename Batch>
+using ModuleLoaderRunner = SourceRunner<Batch, BasicModule<Batch>>;
 
 template <typename T>
 T& deref(T& loader) {

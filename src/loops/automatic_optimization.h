@@ -1,9 +1,10 @@
 #pragma once
 
-// The training batch: training_step, accumulation, backward, the optimizer
-// step and the schedulers, with their hooks in Lightning's order. Included by
-// fit_loop.cpp alone, so that the per-step path stays in one translation unit
-// (Note [The per-step path] in fit_loop.cpp).
+// Lightning's _AutomaticOptimization (and the one-call _ManualOptimization):
+// training_step, accumulation, backward, the optimizer step and the
+// schedulers, with their hooks in Lightning's order. Included by
+// training_epoch_loop.cpp alone, so that the per-step path stays in one
+// translation unit (Note [The per-step path] there).
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -14,9 +15,18 @@
 #include <vector>
 
 #include "fulgor/strategy.h"
-#include "state.h"
+#include "trainer/state.h"
 
 namespace fulgor::detail {
+
+// Lightning's precision and strategy backward: the loss scaled under
+// "16-mixed", the module's backward hook, and under ddp the wait for the
+// gradients' averaging.
+inline void run_backward(TrainerState& s, const torch::Tensor& loss) {
+  ProfileScope timed(s.hooks.strategy("backward"));
+  s.precision.backward(loss, *s.module);
+  if (FULGOR_UNLIKELY(s.ddp != nullptr)) s.ddp->after_backward();
+}
 
 // Note [The optimizer closure]
 // Lightning steps the optimizer with optimizer.step(closure), where the
@@ -27,8 +37,8 @@ namespace fulgor::detail {
 // runs. `window` counts the batches whose gradients wait for a step: a
 // training_step returning an undefined loss adds none, and a window without
 // any is not stepped.
-struct TrainingBatch {
-  explicit TrainingBatch(TrainerState& state) : s(state) {}
+struct AutomaticOptimization {
+  explicit AutomaticOptimization(TrainerState& state) : s(state) {}
 
   double monitored(const SchedulerConfig& config, bool& found) const {
     s.metrics.read_deferred();
@@ -41,6 +51,10 @@ struct TrainingBatch {
                                     config.monitor,
                                     names.empty() ? "none" : fmt::format("{}", fmt::join(names, ", "))));
     }
+    if (!found)
+      s.warn_once(fmt::format("ReduceLROnPlateau conditioned on metric {} which is not available but strict is set "
+                              "to `False`. Skipping learning rate update.",
+                              config.monitor));
     return found ? it->second : 0.0;
   }
 
@@ -48,12 +62,12 @@ struct TrainingBatch {
     for (auto& config : s.optim.schedulers) {
       if (config.interval != interval || count % config.frequency != 0) continue;
       if (config.monitor.empty()) {
-        s.call_module("lr_scheduler_step", [&] { s.module->lr_scheduler_step(*config.scheduler, std::nullopt); });
+        s.hooks.module("lr_scheduler_step", [&] { s.module->lr_scheduler_step(*config.scheduler, std::nullopt); });
         continue;
       }
       bool found = false;
       double value = monitored(config, found);
-      if (found) s.call_module("lr_scheduler_step", [&] { s.module->lr_scheduler_step(*config.scheduler, value); });
+      if (found) s.hooks.module("lr_scheduler_step", [&] { s.module->lr_scheduler_step(*config.scheduler, value); });
     }
   }
 
@@ -69,16 +83,16 @@ struct TrainingBatch {
     // Gradients travel only on the batches that step the optimizer.
     if (FULGOR_UNLIKELY(s.ddp != nullptr)) s.ddp->before_forward(steps_optimizer);
     torch::Tensor loss = [&] {
-      ProfileScope timed(s.profile_strategy("training_step"));
+      ProfileScope timed(s.hooks.strategy("training_step"));
       return train.step(Stage::train, batch_idx);
     }();
     if (loss.defined() && FULGOR_UNLIKELY(loss.numel() != 1 || !loss.requires_grad())) throw_bad_loss(loss);
     if (batch_idx % s.options.accumulate_grad_batches == 0) {
       auto& optimizer = *s.optim.optimizers.front();
-      s.each_callback("on_before_zero_grad",
+      s.hooks.callbacks("on_before_zero_grad",
                       [&](Callback& cb) { cb.on_before_zero_grad(s.trainer, *s.module, optimizer); });
-      s.call_module("on_before_zero_grad", [&] { s.module->on_before_zero_grad(optimizer); });
-      s.call_module("optimizer_zero_grad", [&] { s.module->optimizer_zero_grad(s.epoch, batch_idx, optimizer); });
+      s.hooks.module("on_before_zero_grad", [&] { s.module->on_before_zero_grad(optimizer); });
+      s.hooks.module("optimizer_zero_grad", [&] { s.module->optimizer_zero_grad(s.fit_loop.current_epoch(), batch_idx, optimizer); });
     }
     if (!loss.defined()) return loss;
     const int64_t accumulate = s.options.accumulate_grad_batches;
@@ -86,17 +100,11 @@ struct TrainingBatch {
     const torch::Tensor divided =
         FULGOR_UNLIKELY(accumulate > 1) ? loss / static_cast<double>(accumulate) : torch::Tensor();
     const torch::Tensor& scaled = divided.defined() ? divided : loss;
-    s.each_callback("on_before_backward", [&](Callback& cb) { cb.on_before_backward(s.trainer, *s.module, scaled); });
-    s.call_module("on_before_backward", [&] { s.module->on_before_backward(scaled); });
-    {
-      ProfileScope timed(s.profile_strategy("backward"));
-      if (FULGOR_UNLIKELY(s.ddp != nullptr))
-        s.ddp->backward(s.precision.scale_loss(scaled));
-      else
-        s.precision.backward(scaled);
-    }
-    s.each_callback("on_after_backward", [&](Callback& cb) { cb.on_after_backward(s.trainer, *s.module); });
-    s.call_module("on_after_backward", [&] { s.module->on_after_backward(); });
+    s.hooks.callbacks("on_before_backward", [&](Callback& cb) { cb.on_before_backward(s.trainer, *s.module, scaled); });
+    s.hooks.module("on_before_backward", [&] { s.module->on_before_backward(scaled); });
+    run_backward(s, scaled);
+    s.hooks.callbacks("on_after_backward", [&](Callback& cb) { cb.on_after_backward(s.trainer, *s.module); });
+    s.hooks.module("on_after_backward", [&] { s.module->on_after_backward(); });
     ++window;
     return loss;
   }
@@ -106,14 +114,14 @@ struct TrainingBatch {
     if (window == 0) return false;
     auto& optimizer = *s.optim.optimizers.front();
     s.precision.unscale(optimizer);  // clipping and the hooks see true gradients
-    s.each_callback("on_before_optimizer_step",
+    s.hooks.callbacks("on_before_optimizer_step",
                     [&](Callback& cb) { cb.on_before_optimizer_step(s.trainer, *s.module, optimizer); });
-    s.call_module("on_before_optimizer_step", [&] { s.module->on_before_optimizer_step(optimizer); });
-    s.call_module("configure_gradient_clipping", [&] {
+    s.hooks.module("on_before_optimizer_step", [&] { s.module->on_before_optimizer_step(optimizer); });
+    s.hooks.module("configure_gradient_clipping", [&] {
       s.module->configure_gradient_clipping(optimizer, s.options.gradient_clip_val, s.options.gradient_clip_algorithm);
     });
     {
-      ProfileScope timed(s.profile_strategy("optimizer_step"));
+      ProfileScope timed(s.hooks.strategy("optimizer_step"));
       s.precision.step(optimizer);
       s.precision.update();
     }
@@ -122,14 +130,14 @@ struct TrainingBatch {
   }
 
   struct StepClosure final : OptimizerClosure {
-    StepClosure(TrainingBatch& owner, StepRunner* runner, int64_t idx) : batch(owner), train(runner), batch_idx(idx) {}
+    StepClosure(AutomaticOptimization& owner, StepRunner* runner, int64_t idx) : batch(owner), train(runner), batch_idx(idx) {}
     void operator()() override {
       if (called) throw Error("optimizer_step called its optimizer_closure twice");
       called = true;
       if (train) loss = batch.run_closure(*train, batch_idx, true);
       stepped = batch.step_optimizer();
     }
-    TrainingBatch& batch;
+    AutomaticOptimization& batch;
     StepRunner* train;  // nullptr: the window's batches have run already
     int64_t batch_idx;
     torch::Tensor loss;
@@ -142,11 +150,11 @@ struct TrainingBatch {
   // whose optimizer_step never called the closure).
   torch::Tensor optimizer_step(StepRunner* train, int64_t batch_idx) {
     StepClosure closure(*this, train, batch_idx);
-    s.call_module("optimizer_step",
-                  [&] { s.module->optimizer_step(s.epoch, batch_idx, *s.optim.optimizers.front(), closure); });
+    s.hooks.module("optimizer_step",
+                  [&] { s.module->optimizer_step(s.fit_loop.current_epoch(), batch_idx, *s.optim.optimizers.front(), closure); });
     if (closure.stepped || !closure.called) {
-      ++s.global_step;
-      step_schedulers(Interval::step, s.global_step);
+      const int64_t steps = ++s.fit_loop.epoch_loop.global_step;
+      step_schedulers(Interval::step, steps);
     }
     return std::move(closure.loss);
   }
@@ -159,10 +167,10 @@ struct TrainingBatch {
     if (s.options.detect_anomaly) anomaly.emplace();
     if (s.ddp != nullptr) s.ddp->before_forward(true);
     torch::Tensor loss = [&] {
-      ProfileScope timed(s.profile_strategy("training_step"));
+      ProfileScope timed(s.hooks.strategy("training_step"));
       return train.step(Stage::train, batch_idx);
     }();
-    ++s.manual_batches;
+    ++s.fit_loop.epoch_loop.batches_that_stepped;
     return loss;
   }
 

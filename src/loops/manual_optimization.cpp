@@ -4,8 +4,8 @@
 #include <torch/torch.h>
 
 #include "fulgor/strategy.h"
-#include "module_access.h"
-#include "state.h"
+#include "trainer/module_access.h"
+#include "trainer/state.h"
 
 namespace fulgor::detail {
 
@@ -51,26 +51,24 @@ void ManualOptimization::backward(const torch::Tensor& loss) {
   if (!loss.defined() || !loss.requires_grad())
     throw ConfigError(fmt::format("{}.manual_backward: the loss {}", s.module->name(),
                                   loss.defined() ? "does not require grad" : "is undefined"));
-  s.each_callback("on_before_backward", [&](Callback& cb) { cb.on_before_backward(s.trainer, *s.module, loss); });
-  s.call_module("on_before_backward", [&] { s.module->on_before_backward(loss); });
+  s.hooks.callbacks("on_before_backward", [&](Callback& cb) { cb.on_before_backward(s.trainer, *s.module, loss); });
+  s.hooks.module("on_before_backward", [&] { s.module->on_before_backward(loss); });
   {
-    ProfileScope timed(s.profile_strategy("backward"));
-    if (s.ddp != nullptr)
-      s.ddp->backward(s.precision.scale_loss(loss));
-    else
-      s.precision.backward(loss);
+    ProfileScope timed(s.hooks.strategy("backward"));
+    s.precision.backward(loss, *s.module);
+    if (s.ddp != nullptr) s.ddp->after_backward();
   }
-  s.each_callback("on_after_backward", [&](Callback& cb) { cb.on_after_backward(s.trainer, *s.module); });
-  s.call_module("on_after_backward", [&] { s.module->on_after_backward(); });
+  s.hooks.callbacks("on_after_backward", [&](Callback& cb) { cb.on_after_backward(s.trainer, *s.module); });
+  s.hooks.module("on_after_backward", [&] { s.module->on_after_backward(); });
 }
 
 // Lightning's Precision._after_closure, without the clipping that manual
 // optimization leaves to the module.
 void ManualOptimization::before_optimizer_step(torch::optim::Optimizer& optimizer) {
   s.precision.unscale(optimizer);
-  s.each_callback("on_before_optimizer_step",
+  s.hooks.callbacks("on_before_optimizer_step",
                   [&](Callback& cb) { cb.on_before_optimizer_step(s.trainer, *s.module, optimizer); });
-  s.call_module("on_before_optimizer_step", [&] { s.module->on_before_optimizer_step(optimizer); });
+  s.hooks.module("on_before_optimizer_step", [&] { s.module->on_before_optimizer_step(optimizer); });
 }
 
 // LightningOptimizer.step under _ManualOptimization: the step is timed as
@@ -83,7 +81,7 @@ torch::Tensor ManualOptimization::step(torch::optim::Optimizer& optimizer,
         "optimizer (override optimizer_step to change how)");
   torch::Tensor result;
   {
-    ProfileScope timed(s.profile("optimizer_step"));
+    ProfileScope timed(s.hooks.stage("optimizer_step"));
     if (s.precision.scaler() != nullptr) {
       // MixedPrecision.optimizer_step: the closure, then unscale, the hooks
       // and the scaler's step, which the closure cannot go through.
@@ -102,7 +100,7 @@ torch::Tensor ManualOptimization::step(torch::optim::Optimizer& optimizer,
       optimizer.step();
     }
   }
-  ++s.global_step;
+  ++s.fit_loop.epoch_loop.global_step;
   return result;
 }
 

@@ -1,0 +1,62 @@
+#pragma once
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "fulgor/detail/step_runner.h"
+#include "progress.h"
+
+namespace fulgor::detail {
+
+struct TrainerState;
+
+// Turns off a loader's shuffling for overfit_batches, with Lightning's
+// warning naming the loader by `prefix` ("train", "val").
+void stop_shuffling(TrainerState& s, StepRunner& runner, const char* prefix);
+
+// What Lightning's _EvaluationLoop and _PredictionLoop share: a loader set up
+// once per loop, its batches limited, and one pass over them with the
+// stage's batch hooks around each step.
+class InferenceLoop {
+ public:
+  InferenceLoop(TrainerState& state, Stage stage) : s(state), stage_(stage) {}
+
+  // The loader of the loops to come (nullptr: none); its data is set up anew.
+  void use(StepRunner* runner);
+  // Lightning's setup_data: the first call takes the loader (a data module's
+  // or the module's is asked for now), gives it the device and this rank's
+  // shard, and resolves max_batches. False when there is no loader.
+  bool setup_data();
+  // Whether the loop has a loader, as far as is known before it is set up.
+  bool has_loader() const { return runner_ != nullptr && !(set_up_ && !opened_); }
+
+  // Batches a run goes through after limits (nullopt: all); known once set up.
+  std::optional<int64_t> max_batches;
+  // Batches the running (or last) run goes through: max_batches, or fewer in
+  // a sanity check (Trainer::num_eval_batches).
+  std::optional<int64_t> batches_this_run;
+  BatchProgress batch_progress;
+  Stage stage() const { return stage_; }
+
+ protected:
+  // One pass over the loader, at most `limit` batches; predict_step's
+  // outputs into `outputs` when given.
+  void run_batches(std::optional<int64_t> limit, std::vector<torch::Tensor>* outputs);
+  // The loop's hooks without arguments, for the callbacks and the module.
+  enum Point { kStart, kEpochStart, kEpochEnd, kEnd };
+  void hook(Point point);
+
+  TrainerState& s;
+
+ private:
+  void batch_hook(bool start, int64_t i, const torch::Tensor& out);
+
+  Stage stage_;
+  StepRunner* runner_ = nullptr;
+  bool set_up_ = false, opened_ = false;
+};
+
+}  // namespace fulgor::detail

@@ -1,0 +1,31 @@
+#include "prediction_loop.h"
+
+#include <torch/torch.h>
+
+#include "trainer/module_access.h"
+#include "trainer/state.h"
+
+namespace fulgor::detail {
+
+std::vector<torch::Tensor> PredictionLoop::run() {
+  std::vector<torch::Tensor> outputs;
+  if (!setup_data() || max_batches == 0) return outputs;
+  ModuleBase& m = *s.module;
+  s.running = RunningStage::predicting;
+  {
+    torch::NoGradGuard no_grad;
+    ModuleAccess::record_mode(m);
+    s.hooks.module("on_predict_model_eval", [&] { m.on_predict_model_eval(); });
+    hook(kStart);
+    hook(kEpochStart);
+    run_batches(max_batches, &outputs);
+    hook(kEpochEnd);
+    hook(kEnd);
+  }
+  // Lightning has no on_predict_model_train: the module's mode is put back.
+  m.train(ModuleAccess::mode_before_evaluation(m));
+  s.running = RunningStage::none;
+  return outputs;
+}
+
+}  // namespace fulgor::detail

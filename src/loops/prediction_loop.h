@@ -1,0 +1,20 @@
+#pragma once
+
+#include <torch/types.h>
+
+#include <vector>
+
+#include "inference_loop.h"
+
+namespace fulgor::detail {
+
+// Lightning's _PredictionLoop: predict_step over the loader, whose outputs
+// run() returns in order. Nothing is logged in it.
+class PredictionLoop : public InferenceLoop {
+ public:
+  explicit PredictionLoop(TrainerState& state) : InferenceLoop(state, Stage::predict) {}
+
+  std::vector<torch::Tensor> run();
+};
+
+}  // namespace fulgor::detail

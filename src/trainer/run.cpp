@@ -1,0 +1,92 @@
+// fit, validate, test and predict: Lightning's Trainer._run and _run_stage
+// around the loops of src/loops/.
+
+#include <torch/torch.h>
+
+#include <optional>
+
+#include "fulgor/strategy.h"
+#include "signals.h"
+#include "state.h"
+
+namespace fulgor {
+
+using detail::Stage;
+
+namespace {
+// Ends a loop's use of the Trainer's state, also when it throws.
+struct EndScope {
+  detail::TrainerState& s;
+  ~EndScope() { s.end(); }
+};
+}  // namespace
+
+FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail::StepRunner* val,
+                           const FitOptions& fit_options, DataModuleBase* datamodule) {
+  auto& s = *state_;
+  s.begin("fit");
+  s.datamodule = datamodule;
+  // Read the checkpoint before anything is written, so a bad one changes nothing.
+  std::optional<detail::LoadedCheckpoint> ckpt;
+  if (!fit_options.ckpt_path.empty()) ckpt = s.checkpoints.read(fit_options.ckpt_path);
+  EndScope scope{s};
+  try {
+    s.launch(model);
+    if (ckpt) s.checkpoints.restore_module_and_callbacks(*ckpt);
+    s.configure_optimizers(model);
+    s.manual_optimization.attach(model, true);
+    s.fit_loop.reset_for_fit(train, val);
+    s.metrics.log_step = 0;
+    s.checkpoints.rng_epoch_start = torch::Tensor();
+    if (s.ddp) s.ddp->attach(model);
+    detail::SignalTrap trap;
+    s.hooks.both("on_fit_start", &Callback::on_fit_start, &ModuleBase::on_fit_start);
+    const nlohmann::json hparams = s.logged_hparams(model);
+    for (auto& logger : s.loggers) logger->log_hyperparams(hparams);
+    if (ckpt) s.checkpoints.restore_training_state(*ckpt);
+    // Lightning's _run_stage: the sanity check (skipped by a fit that
+    // restarts), then the fit loop.
+    model.zero_grad();
+    if (!s.fit_loop.restarting()) s.fit_loop.epoch_loop.val_loop.sanity_check();
+    s.fit_loop.run();
+    s.hooks.both("on_fit_end", &Callback::on_fit_end, &ModuleBase::on_fit_end);
+    s.finish(model, s.fit_loop.stopped_by_signal() ? "interrupted" : "success");
+  } catch (const std::exception& e) {
+    s.on_exception(model, e);
+    throw;
+  }
+  return s.fit_loop.result();
+}
+
+std::map<std::string, double> Trainer::run_eval(Stage stage, ModuleBase& model, detail::StepRunner& runner,
+                                                const EvalOptions& eval_options, std::vector<torch::Tensor>* outputs,
+                                                DataModuleBase* datamodule) {
+  auto& s = *state_;
+  s.begin(stage == Stage::validate ? "validate" : stage == Stage::test ? "test" : "predict");
+  s.datamodule = datamodule;
+  std::optional<detail::LoadedCheckpoint> ckpt;
+  if (!eval_options.ckpt_path.empty()) ckpt = s.checkpoints.read(eval_options.ckpt_path);
+  EndScope scope{s};
+  std::map<std::string, double> result;
+  try {
+    s.launch(model);
+    if (ckpt) s.checkpoints.restore_module_and_callbacks(*ckpt);
+    detail::InferenceLoop& loop = stage == Stage::validate ? static_cast<detail::InferenceLoop&>(s.validate_loop)
+                                  : stage == Stage::test   ? static_cast<detail::InferenceLoop&>(s.test_loop)
+                                                           : s.predict_loop;
+    loop.use(&runner);
+    if (!loop.setup_data()) s.no_loader(runner, stage);
+    model.zero_grad();
+    if (stage == Stage::predict)
+      *outputs = s.predict_loop.run();
+    else
+      result = static_cast<detail::EvaluationLoop&>(loop).run();
+    s.finish(model, "success");
+  } catch (const std::exception& e) {
+    s.on_exception(model, e);
+    throw;
+  }
+  return result;
+}
+
+}  // namespace fulgor
