@@ -70,6 +70,30 @@ TEST(LightningParity, AStopMidEpochValidatesBeforeLeaving) {
   EXPECT_EQ(result.message, "enough");
 }
 
+// FitLoop.on_advance_end steps the epoch-interval schedulers only when the
+// epoch reached its last batch: not after on_train_batch_start's -1.
+TEST(LightningParity, AnEpochEndedByMinusOneDoesNotStepEpochSchedulers) {
+  struct SkipsRest : TinyNet {
+    SkipsRest() {
+      make_optimizers = [](TinyNet& m) {
+        auto sgd = std::make_shared<torch::optim::SGD>(m.parameters(), torch::optim::SGDOptions(0.1));
+        fulgor::SchedulerConfig config;
+        config.scheduler = std::make_shared<fulgor::StepLR>(*sgd, 1, 0.5);
+        return fulgor::OptimizerConfig(sgd, config);
+      };
+    }
+    int on_train_batch_start(int64_t i) override { return trainer().current_epoch() == 0 && i == 1 ? -1 : 0; }
+  };
+  TempDir dir;
+  SkipsRest model;
+  auto train = sequential_loader(32, 8);
+  Trainer trainer(quiet(dir, 2));
+  trainer.fit(model, train);
+  EXPECT_EQ(trainer.global_step(), 5);  // 1 batch, then 4
+  const auto& group = trainer.optimizers().front()->param_groups().front();
+  EXPECT_DOUBLE_EQ(static_cast<const torch::optim::SGDOptions&>(group.options()).lr(), 0.05);  // stepped once
+}
+
 // FitLoop.on_run_start sets up the validation loader when the first epoch
 // validates, so num_val_batches is known before on_train_start, even when no
 // validation runs (max_steps ends the fit within the first epoch).
