@@ -18,10 +18,6 @@
 
 namespace fulgor::detail {
 
-// Whether the profiler option names SimpleProfiler ("simple", in any case, as
-// Lightning reads it).
-bool names_simple_profiler(std::string name);
-
 class Profiling {
  public:
   using Action = SimpleProfiler::Action;
