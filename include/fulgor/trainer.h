@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "fulgor/accelerator.h"
@@ -56,6 +57,15 @@ struct FitResult {
 
 namespace detail {
 struct TrainerState;
+
+// Keeps the options out of the loader parameters of Trainer::fit: a named
+// FitOptions binds to a deduced `ValLoader&` better than to a
+// `const FitOptions&`, so fit(model, loader, options) and fit(model,
+// datamodule, options) would take the two-loader overload, with the options
+// as the validation loader.
+template <typename L>
+using NotOptions = std::enable_if_t<!std::is_same_v<std::remove_cv_t<L>, FitOptions> &&
+                                    !std::is_same_v<std::remove_cv_t<L>, EvalOptions>>;
 }  // namespace detail
 
 /// PyTorch Lightning's Trainer: runs a module's training, validation, test and
@@ -101,7 +111,7 @@ class Trainer {
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
 
-  template <typename Batch, typename TrainLoader, typename ValLoader>
+  template <typename Batch, typename TrainLoader, typename ValLoader, typename = detail::NotOptions<ValLoader>>
   FitResult fit(BasicModule<Batch>& model, TrainLoader& train_loader, ValLoader& val_loader,
                 const FitOptions& options = {}) {
     auto train = detail::make_runner(model, train_loader);
