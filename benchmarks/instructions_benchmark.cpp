@@ -11,7 +11,7 @@
 //
 // Note [Simulated caches]
 // A small model's step is bound by fetching LibTorch's code (Note [The
-// per-step path] in src/trainer/fit_loop.cpp), so the Trainer's instructions say little
+// per-step path] in src/loops/training_epoch_loop.cpp), so the Trainer's instructions say little
 // about its time; the cache lines it adds say more. callgrind simulates a
 // first-level instruction cache and a last level, here of fixed sizes so that
 // the counts do not depend on the machine: 32 KiB, 8-way, as most x86 cores

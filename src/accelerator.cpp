@@ -78,7 +78,26 @@ void Accelerator::synchronize(torch::Device device) const {
   guard->synchronizeStream(guard->getStream(device));
 }
 
-std::vector<std::string> Accelerator::supported_precisions() const { return {"32-true", "64-true"}; }
+std::vector<std::string> Accelerator::supported_precisions() const { return precisions_with({}); }
+
+// The names are Precision's (src/precision.cpp), spelled here because the
+// accelerator is the layer below it; a test keeps the two in step.
+std::vector<std::string> Accelerator::precisions_with(std::initializer_list<torch::ScalarType> reduced) {
+  std::vector<std::string> prefixes;
+  for (torch::ScalarType type : reduced) {
+    if (type == torch::kHalf)
+      prefixes.emplace_back("16");
+    else if (type == torch::kBFloat16)
+      prefixes.emplace_back("bf16");
+    else
+      throw ConfigError(fmt::format(
+          "precisions_with: {} is not a reduced floating-point type; accepted: Half, BFloat16", c10::toString(type)));
+  }
+  std::vector<std::string> names = {"32-true", "64-true"};
+  for (const auto& prefix : prefixes) names.push_back(prefix + "-mixed");
+  for (const auto& prefix : prefixes) names.push_back(prefix + "-true");
+  return names;
+}
 
 std::map<std::string, int64_t> Accelerator::memory_stats(torch::Device) const { return {}; }
 

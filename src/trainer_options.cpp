@@ -12,9 +12,9 @@
 #include <nlohmann/json.hpp>
 
 #include "fulgor/error.h"
+#include "fulgor/profiler.h"
 #include "fulgor/strategy.h"
 #include "json_input.h"
-#include "trainer/profiling.h"
 
 namespace fulgor {
 namespace {

@@ -28,9 +28,7 @@ class CpuAccelerator final : public Accelerator {
 
   void synchronize(torch::Device) const override {}
   std::string distributed_backend() const override { return "gloo"; }
-  std::vector<std::string> supported_precisions() const override {
-    return {"32-true", "64-true", "bf16-mixed", "bf16-true"};
-  }
+  std::vector<std::string> supported_precisions() const override { return precisions_with({torch::kBFloat16}); }
 
   // The process's resident and virtual memory, as the CPU has no allocator of its own to ask.
   std::map<std::string, int64_t> memory_stats(torch::Device) const override {

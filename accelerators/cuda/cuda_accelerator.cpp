@@ -26,7 +26,7 @@ class CudaAccelerator final : public DeviceGuardAccelerator {
   std::string distributed_backend() const override { return "nccl"; }
   bool supports_pinned_memory() const override { return true; }
   std::vector<std::string> supported_precisions() const override {
-    return {"32-true", "64-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true"};
+    return precisions_with({torch::kHalf, torch::kBFloat16});
   }
 
   torch::Tensor move_tensor(const torch::Tensor& tensor, torch::Device device, bool non_blocking) const override {

@@ -19,7 +19,7 @@ class NpuAccelerator final : public DeviceGuardAccelerator {
   int priority() const override { return 200; }
   std::string distributed_backend() const override { return "hccl"; }
   std::vector<std::string> supported_precisions() const override {
-    return {"32-true", "64-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true"};
+    return precisions_with({torch::kHalf, torch::kBFloat16});
   }
 
  protected:

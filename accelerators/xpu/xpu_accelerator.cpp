@@ -17,7 +17,7 @@ class XpuAccelerator final : public DeviceGuardAccelerator {
   int priority() const override { return 300; }
   std::string distributed_backend() const override { return "xccl"; }
   std::vector<std::string> supported_precisions() const override {
-    return {"32-true", "64-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true"};
+    return precisions_with({torch::kHalf, torch::kBFloat16});
   }
 
  protected:

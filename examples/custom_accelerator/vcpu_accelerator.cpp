@@ -36,7 +36,7 @@ class VcpuAccelerator final : public fulgor::Accelerator {
   }
 
   std::string distributed_backend() const override { return "gloo"; }
-  std::vector<std::string> supported_precisions() const override { return {"32-true", "64-true", "bf16-mixed"}; }
+  std::vector<std::string> supported_precisions() const override { return precisions_with({torch::kBFloat16}); }
 };
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <map>
 #include <string>
 #include <vector>
@@ -99,7 +100,8 @@ class Accelerator {
 
   /// The device type LibTorch's autocast uses for this accelerator.
   virtual torch::DeviceType autocast_device_type() const { return device_type(); }
-  /// The Trainer precisions ("32-true", "bf16-mixed", ...) this accelerator supports.
+  /// The Trainer precisions ("32-true", "bf16-mixed", ...) this accelerator
+  /// supports; by default precisions_with({}): "32-true" and "64-true".
   virtual std::vector<std::string> supported_precisions() const;
 
   // ---- Memory and RNG -------------------------------------------------------
@@ -121,6 +123,16 @@ class Accelerator {
   virtual torch::Tensor get_rng_state(torch::Device device) const;
   /// Restores a state returned by get_rng_state.
   virtual void set_rng_state(torch::Device device, const torch::Tensor& state) const;
+
+ protected:
+  /// The precisions of a device that computes in float32 and float64 and in
+  /// each reduced floating-point type of `reduced` (torch::kHalf,
+  /// torch::kBFloat16): "32-true", "64-true", then "<type>-mixed" for each
+  /// type in `reduced` in its order, then "<type>-true" for each ("16" for
+  /// kHalf, "bf16" for kBFloat16). An override of supported_precisions()
+  /// returns this, naming only the types its device adds. Throws ConfigError
+  /// for another type.
+  static std::vector<std::string> precisions_with(std::initializer_list<torch::ScalarType> reduced);
 
  private:
   friend class AcceleratorRegistry;  // names the instances it creates

@@ -154,7 +154,7 @@ bool TensorLoader::next_batch(int64_t& position, Batch& batch) {
     auto index = order_.narrow(0, position, count);
     batch = Batch(select_rows(data_, index, pin), select_rows(targets_, index, pin));
   } else {
-    // Field by field: no temporary batch (Note [The per-step path] in src/trainer/fit_loop.cpp).
+    // Field by field: no temporary batch (Note [The per-step path] in src/loops/training_epoch_loop.cpp).
     batch.data = slice_rows(data_, position, count, pin);
     batch.target = slice_rows(targets_, position, count, pin);
   }

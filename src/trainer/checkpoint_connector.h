@@ -34,7 +34,7 @@ void set_cpu_rng_state(const torch::Tensor& state);
 // putting it back. Resolves "last" and "best", saves, and restores in
 // Lightning's order: the module and callbacks after the setup hooks, the
 // training state after on_fit_start, the generators as the first epoch
-// begins (Note [Resuming mid-epoch] in fit_loop.cpp).
+// begins (Note [Resuming mid-epoch] in src/loops/fit_loop.cpp).
 struct CheckpointConnector {
   explicit CheckpointConnector(TrainerState& state) : s(state) {}
 

@@ -16,7 +16,7 @@ namespace fulgor::detail {
 // the order they came: the next lookup is then one comparison with the name
 // expected next instead of a walk down the tree, which on a small model costs
 // more in code-cache misses than in instructions (Note [The per-step path] in
-// fit_loop.cpp). A map node stays where it is until it is erased, and the table
+// src/loops/training_epoch_loop.cpp). A map node stays where it is until it is erased, and the table
 // erases only in clear(), which forgets the remembered places too.
 template <typename V>
 class MetricTable {

@@ -2,15 +2,7 @@
 
 #include <fmt/format.h>
 
-#include <algorithm>
-#include <cctype>
-
 namespace fulgor::detail {
-
-bool names_simple_profiler(std::string name) {
-  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
-  return name == "simple";
-}
 
 namespace {
 

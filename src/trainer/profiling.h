@@ -2,7 +2,7 @@
 
 // The Trainer's side of profiler = "simple": which action a hook, a strategy
 // call or a loop stage records into, named as Lightning names it, and a scope
-// that times one call. Note [Profiling at no cost] in state.h says how the
+// that times one call. Note [Profiling at no cost] in src/loops/call.h says how the
 // loops use them.
 
 #include <cstdint>
@@ -17,10 +17,6 @@
 #include "fulgor/profiler.h"
 
 namespace fulgor::detail {
-
-// Whether the profiler option names SimpleProfiler ("simple", in any case, as
-// Lightning reads it).
-bool names_simple_profiler(std::string name);
 
 class Profiling {
  public:

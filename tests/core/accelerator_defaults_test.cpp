@@ -1,15 +1,17 @@
 // What Accelerator's defaults do for a subclass that overrides only what it
-// must: "auto" devices, CPU-backed devices, and seeding, alone and through
-// seed_everything.
+// must: "auto" devices, CPU-backed devices, precisions, and seeding, alone and
+// through seed_everything.
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "fulgor/error.h"
+#include "fulgor/precision.h"
 #include "fulgor/registry.h"
 #include "fulgor/seed.h"
 
@@ -67,6 +69,32 @@ TEST(AcceleratorDefaults, CpuBackedDevicesAreTheCpuDevice) {
   EXPECT_THROW(host.parse_devices(4), ConfigError);
   // Where a tensor moved to it is.
   EXPECT_EQ(host.move_tensor(torch::ones({2}), host.device(1), false).device(), host.device(1));
+}
+
+// Makes the helper that backends build supported_precisions() from callable here.
+struct PrecisionsOfABackend : Accelerator {
+  using Accelerator::precisions_with;
+};
+
+TEST(AcceleratorDefaults, PrecisionsAreFullOnesUnlessTheBackendNamesReducedTypes) {
+  const MinimalAccelerator plain(torch::kCPU, 1, 1);
+  EXPECT_EQ(plain.supported_precisions(), (std::vector<std::string>{"32-true", "64-true"}));
+  EXPECT_EQ(PrecisionsOfABackend::precisions_with({}), plain.supported_precisions());
+  EXPECT_EQ(PrecisionsOfABackend::precisions_with({torch::kBFloat16}),
+            (std::vector<std::string>{"32-true", "64-true", "bf16-mixed", "bf16-true"}));
+  const auto all = PrecisionsOfABackend::precisions_with({torch::kHalf, torch::kBFloat16});
+  EXPECT_EQ(all, (std::vector<std::string>{"32-true", "64-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true"}));
+  // Every precision Precision knows, and no other: the two name them alike.
+  const auto known = Precision::known();
+  EXPECT_EQ(std::set<std::string>(all.begin(), all.end()), std::set<std::string>(known.begin(), known.end()));
+  try {
+    PrecisionsOfABackend::precisions_with({torch::kFloat});
+    ADD_FAILURE() << "float32 was taken for a reduced type";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("Float is not a reduced floating-point type; accepted: Half, BFloat16"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 // Seeding a CPU-backed accelerator seeds the CPU's generator.

@@ -90,6 +90,15 @@ TEST(BuiltinAccelerators, XpuNamesARuntimeLibraryThatDoesNotLoad) {
       << reason;
 }
 
+// The CPU autocasts to bfloat16 only (as Lightning, which refuses 16-mixed on
+// the CPU); the GPUs take both reduced types.
+TEST(BuiltinAccelerators, PrecisionsAreTheirDevicesReducedTypes) {
+  EXPECT_EQ(make_accelerator("cpu")->supported_precisions(),
+            (std::vector<std::string>{"32-true", "64-true", "bf16-mixed", "bf16-true"}));
+  const std::vector<std::string> both = {"32-true", "64-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true"};
+  for (const char* gpu : {"cuda", "xpu", "npu"}) EXPECT_EQ(make_accelerator(gpu)->supported_precisions(), both) << gpu;
+}
+
 TEST(BuiltinAccelerators, NpuSaysWhyItIsUnavailable) {
   auto npu = make_accelerator("npu");
   EXPECT_EQ(npu->device_type(), torch::DeviceType::PrivateUse1);

@@ -345,7 +345,7 @@ TEST(Callbacks, ProgressBarSpacesPlainLinesInTime) {
 
 // Lines due every 10% but 0.1 s apart, batches of 20 ms: between lines the
 // bar looks at the clock only near the time one is due (Note [Looking at the
-// clock] in src/progress_bar.cpp), and still writes them as time passes.
+// clock] in src/callbacks/progress_bar.cpp), and still writes them as time passes.
 TEST(Callbacks, ProgressBarWritesPlainLinesAsTheirTimeComes) {
   TempDir dir;
   ShowLoss model;

@@ -251,6 +251,75 @@ TEST(DataModule, AnotherDataModulesStateIsNotRestored) {
   EXPECT_NO_THROW(third.fit(plain, train, {.ckpt_path = ckpt}));
 }
 
+// A named FitOptions or EvalOptions after a data module or a loader is the
+// options, as Lightning's ckpt_path keyword is, not a validation loader: the
+// fit resumed by it continues from the checkpoint's global step, taking only
+// the steps of the epoch the checkpoint leaves.
+TEST(DataModule, NamedOptionsObjectsAreTakenAsOptions) {
+  TempDir dir;
+  TinyNet model;
+  XYData data;
+  Trainer trainer(quiet(dir, 1));
+  trainer.fit(model, data);  // 16 samples in batches of 4: 4 steps
+  const std::string ckpt = (dir.path / "named.ckpt").string();
+  trainer.save_checkpoint(ckpt);
+
+  fulgor::FitOptions o;
+  o.ckpt_path = ckpt;
+  const fulgor::FitOptions& by_const_ref = o;
+  auto expect_resumed = [](const FitResult& result, const TinyNet& resumed, const char* call) {
+    EXPECT_EQ(result.global_step, 8) << call;
+    EXPECT_EQ(resumed.training_steps, 4) << call;  // a fresh fit would take 8
+  };
+  {
+    XYData more_data;
+    TinyNet resumed;
+    Trainer second(quiet(dir, 2));
+    expect_resumed(second.fit(resumed, more_data, o), resumed, "fit(model, datamodule, o)");
+    EXPECT_EQ(more_data.restored, 1);
+  }
+  {
+    XYData more_data;
+    TinyNet resumed;
+    Trainer second(quiet(dir, 2));
+    expect_resumed(second.fit(resumed, more_data, by_const_ref), resumed, "fit(model, datamodule, const o&)");
+  }
+  auto train = sequential_loader(16, 4);
+  auto val = sequential_loader(8, 4);
+  {
+    TinyNet resumed, resumed_with_val;
+    Trainer second(quiet(dir, 2)), third(quiet(dir, 2));
+    expect_resumed(second.fit(resumed, train, o), resumed, "fit(model, loader, o)");
+    expect_resumed(third.fit(resumed_with_val, train, val, o), resumed_with_val, "fit(model, train, val, o)");
+  }
+  {
+    TinyNet resumed, resumed_with_val;
+    Trainer second(quiet(dir, 2)), third(quiet(dir, 2));
+    expect_resumed(second.fit(resumed, train, by_const_ref), resumed, "fit(model, loader, const o&)");
+    expect_resumed(third.fit(resumed_with_val, train, val, by_const_ref), resumed_with_val,
+                   "fit(model, train, val, const o&)");
+  }
+
+  // The evaluation loops load the named options' checkpoint's weights.
+  fulgor::EvalOptions e;
+  e.ckpt_path = ckpt;
+  auto expect_trained_weights = [&](const TinyNet& evaluated, const char* call) {
+    const auto trained = model.parameters(), loaded = evaluated.parameters();
+    ASSERT_EQ(trained.size(), loaded.size()) << call;
+    for (size_t i = 0; i < trained.size(); ++i) EXPECT_TRUE(torch::equal(trained[i], loaded[i])) << call;
+  };
+  TinyNet validated, tested, predicted;
+  XYData eval_data;
+  auto test_loader = sequential_loader(8, 4);
+  Trainer evaluator(quiet(dir, 1));
+  EXPECT_EQ(evaluator.validate(validated, eval_data, e).count("val_loss"), 1u);
+  expect_trained_weights(validated, "validate(model, datamodule, e)");
+  evaluator.test(tested, test_loader, e);
+  expect_trained_weights(tested, "test(model, loader, e)");
+  EXPECT_EQ(evaluator.predict(predicted, test_loader, e).size(), 2u);
+  expect_trained_weights(predicted, "predict(model, loader, e)");
+}
+
 TEST(DataModule, TheDocsDataModuleFitsAndValidates) {
   TempDir dir;
   TinyNet model;

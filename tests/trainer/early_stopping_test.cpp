@@ -119,6 +119,37 @@ TEST(EarlyStopping, CheckOnTrainEpochEndDecidesWhenItChecks) {
   EXPECT_DOUBLE_EQ(per_epoch.stopper->best_score(), 1.1);
 }
 
+// Lightning's setup resolves an unset check_on_train_epoch_end to
+// `trainer.val_check_interval == 1.0 and trainer.check_val_every_n_epoch == 1`.
+TEST(EarlyStopping, SetupResolvesCheckOnTrainEpochEnd) {
+  Scenario defaults({1.0}, {.monitor = "val_loss"}, 1);
+  EXPECT_EQ(defaults.stopper->check_on_train_epoch_end(), std::nullopt);
+  defaults.fit();
+  EXPECT_EQ(defaults.stopper->check_on_train_epoch_end(), true);
+
+  Scenario half_epochs({1.0}, {.monitor = "val_loss"}, 1);
+  half_epochs.options.val_check_interval = 0.5;
+  half_epochs.fit();
+  EXPECT_EQ(half_epochs.stopper->check_on_train_epoch_end(), false);
+
+  // An interval of 1 batch equals 1.0 in Python's comparison, as here.
+  Scenario every_batch({1.0}, {.monitor = "val_loss"}, 1);
+  every_batch.options.val_check_interval = 1;
+  every_batch.fit();
+  EXPECT_EQ(every_batch.stopper->check_on_train_epoch_end(), true);
+
+  Scenario every_other_epoch({1.0}, {.monitor = "val_loss"}, 2);
+  every_other_epoch.options.check_val_every_n_epoch = 2;
+  every_other_epoch.fit();
+  EXPECT_EQ(every_other_epoch.stopper->check_on_train_epoch_end(), false);
+
+  // A value given is kept, whatever the intervals.
+  Scenario given({1.0}, {.monitor = "val_loss", .check_on_train_epoch_end = false}, 1);
+  EXPECT_EQ(given.stopper->check_on_train_epoch_end(), false);
+  given.fit();
+  EXPECT_EQ(given.stopper->check_on_train_epoch_end(), false);
+}
+
 // _validate_condition_metric: a missing metric is an error naming the logged
 // ones when strict, else the check is skipped.
 TEST(EarlyStopping, AMissingMetricFailsOnlyWhenStrict) {

@@ -41,7 +41,8 @@ struct EarlyStoppingOptions {
   bool verbose = false;
   /// Check at the end of each training epoch (true) or after each validation
   /// run (false). Unset: at the epoch's end when val_check_interval is 1.0 and
-  /// check_val_every_n_epoch is 1, else after validation (Lightning's rule).
+  /// check_val_every_n_epoch is 1, else after validation (Lightning's rule),
+  /// resolved at setup; EarlyStopping::check_on_train_epoch_end() tells which.
   std::optional<bool> check_on_train_epoch_end;
   /// In a ddp job, print (verbose) on rank 0 only; otherwise every rank
   /// prints, naming itself.
@@ -51,13 +52,16 @@ struct EarlyStoppingOptions {
 /// Stops fitting when a monitored metric stops improving (Lightning's EarlyStopping).
 ///
 /// Contract: checks at the end of each training epoch or after each
-/// validation run, as check_on_train_epoch_end says (never in the sanity
+/// validation run, as check_on_train_epoch_end() says (never in the sanity
 /// check, nor outside fit, nor under fast_dev_run); in that order, a
 /// non-finite metric, the stopping threshold, the divergence threshold and
 /// `patience` checks without improvement ask the Trainer to stop, with
 /// Lightning's message (stopping_reason_message(), also the fit's message)
 /// and stopping_reason(). A missing metric throws ConfigError naming the
-/// logged ones when strict.
+/// logged ones when strict. check_on_train_epoch_end() is the option when it
+/// is set; when it is not, setup resolves it as Lightning's does, to
+/// val_check_interval == 1.0 (or a count of 1) and check_val_every_n_epoch
+/// == 1, once: a later fit under other intervals keeps the first answer.
 class EarlyStopping : public Callback {
  public:
   explicit EarlyStopping(EarlyStoppingOptions options);
@@ -77,6 +81,10 @@ class EarlyStopping : public Callback {
   EarlyStoppingReason stopping_reason() const { return stopping_reason_; }
   /// Why it asked to stop, in Lightning's words ("" before).
   const std::string& stopping_reason_message() const { return stopping_reason_message_; }
+  /// Whether it checks at the end of each training epoch (true) or after each
+  /// validation run (false), as resolved (see the contract); nullopt while the
+  /// option is unset and no setup has run.
+  std::optional<bool> check_on_train_epoch_end() const { return options_.check_on_train_epoch_end; }
 
  private:
   bool should_skip_check(const Trainer& trainer) const;

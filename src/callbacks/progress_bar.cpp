@@ -62,7 +62,7 @@ void ProgressBar::update(Trainer& trainer, int64_t done, std::optional<int64_t> 
   // redraws on a terminal: ten a second. Until the batch count at which one
   // can next be due (next_look_, by count or by the rate so far), a batch
   // costs one comparison and no clock read (Note [The per-step path] in
-  // src/trainer/fit_loop.cpp).
+  // src/loops/training_epoch_loop.cpp).
   if (!final && done < next_look_) return;
   const bool known = total && *total > 0;
   if (!terminal_ && !final) {
