@@ -45,6 +45,24 @@ std::string configured_blas() {
   return value;
 }
 
+// OpenBLAS's openblas_get_parallel: 0 sequential, 1 pthreads, 2 OpenMP; ""
+// for another library.
+std::string openblas_threading() {
+  using GetParallel = int (*)();
+  const auto get = reinterpret_cast<GetParallel>(dlsym(RTLD_DEFAULT, "openblas_get_parallel"));
+  if (get == nullptr) return "";
+  switch (get()) {
+    case 0:
+      return "sequential";
+    case 1:
+      return "pthreads";
+    case 2:
+      return "OpenMP";
+    default:
+      return "";
+  }
+}
+
 }  // namespace
 
 BlasInfo blas_info() {
@@ -71,9 +89,33 @@ BlasInfo blas_info() {
   // OpenBLAS answers how many threads it uses; other libraries have no common call.
   using GetThreads = int (*)();
   if (auto get = reinterpret_cast<GetThreads>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"))) info.threads = get();
+  info.threading = openblas_threading();
   return info;
 }
 
 int torch_threads() { return at::get_num_threads(); }
+
+// Note [BLAS threads]
+// LibTorch parallelises its CPU kernels over its own OpenMP threads, and the
+// BLAS it calls may parallelise too. OpenBLAS's OpenMP build shares LibTorch's
+// OpenMP runtime, but its pthreads build (the one Debian's libopenblas0
+// selects) starts threads of its own for a product, which then compete for
+// the cores with LibTorch's threads (busy-waiting between kernels) and with
+// one another: on a 2-core Debian 13 machine (OpenBLAS 0.3.29) an epoch of the
+// Fashion-MNIST example took 36 s, and 10 s with one BLAS thread or with the
+// OpenMP build (Debian 12's OpenBLAS 0.3.21 lost little: 15 s against 14). So
+// the pthreads build gets one thread, as OPENBLAS_NUM_THREADS=1 gives it, and
+// LibTorch's threads do the parallel work; a count the user chose stands.
+bool limit_blas_threads() {
+  if (std::getenv("OPENBLAS_NUM_THREADS") != nullptr) return false;
+  if (openblas_threading() != "pthreads") return false;
+  using GetThreads = int (*)();
+  using SetThreads = void (*)(int);
+  const auto get = reinterpret_cast<GetThreads>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+  const auto set = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  if (get == nullptr || set == nullptr || get() <= 1) return false;
+  set(1);
+  return true;
+}
 
 }  // namespace fulgor

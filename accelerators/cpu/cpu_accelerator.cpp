@@ -8,6 +8,7 @@
 
 #include "fulgor/error.h"
 #include "fulgor/registry.h"
+#include "fulgor/runtime_info.h"
 
 namespace fulgor {
 namespace {
@@ -26,6 +27,8 @@ class CpuAccelerator final : public Accelerator {
                                       torch::Device(torch::kCPU));
   }
 
+  // Note [BLAS threads] in src/runtime_info.cpp.
+  void setup_device(torch::Device) override { limit_blas_threads(); }
   void synchronize(torch::Device) const override {}
   std::string distributed_backend() const override { return "gloo"; }
   std::vector<std::string> supported_precisions() const override { return precisions_with({torch::kBFloat16}); }

@@ -66,8 +66,9 @@ int main(int argc, char** argv) {
     const std::string where = blas.linked_into_libtorch ? " (linked into LibTorch)"
                               : blas.path.empty()       ? ""
                                                         : " (" + blas.path + ")";
-    std::cout << fmt::format("BLAS: {}{}{}; LibTorch threads: {}\n", blas.name, where,
+    std::cout << fmt::format("BLAS: {}{}{}{}; LibTorch threads: {}\n", blas.name, where,
                              blas.threads > 0 ? fmt::format(", {} threads", blas.threads) : "",
+                             blas.threading.empty() ? "" : fmt::format(" ({} build)", blas.threading),
                              fulgor::torch_threads());
     print_table(registry.describe());
     std::cout << "auto selects: " << registry.resolve("auto") << '\n';

@@ -9,12 +9,30 @@
 #include "fulgor/detail/compat.h"
 #include "fulgor/error.h"
 #include "fulgor/registry.h"
+#include "fulgor/runtime_info.h"
 
 namespace fulgor {
 namespace {
 
 TEST(BuiltinAccelerators, AllFourAreRegistered) {
   EXPECT_EQ(AcceleratorRegistry::instance().names(), (std::vector<std::string>{"cpu", "cuda", "npu", "xpu"}));
+}
+
+// Note [BLAS threads]: setting up the CPU for a loop leaves OpenBLAS's
+// pthreads build one thread, unless OPENBLAS_NUM_THREADS chose a count.
+TEST(BuiltinAccelerators, CpuSetUpKeepsOpenBlasFromOversubscribingTheCores) {
+  const BlasInfo before = blas_info();
+  if (before.threading != "pthreads" || before.threads < 2)
+    GTEST_SKIP() << "needs OpenBLAS's pthreads build with several threads; found " << before.name << " ("
+                 << before.threading << ", " << before.threads << " threads)";
+  auto cpu = make_accelerator("cpu");
+  ::setenv("OPENBLAS_NUM_THREADS", "2", 1);
+  cpu->setup_device(torch::Device(torch::kCPU));
+  EXPECT_EQ(blas_info().threads, before.threads);
+  ::unsetenv("OPENBLAS_NUM_THREADS");
+  cpu->setup_device(torch::Device(torch::kCPU));
+  EXPECT_EQ(blas_info().threads, 1);
+  EXPECT_FALSE(limit_blas_threads());  // once is enough
 }
 
 TEST(BuiltinAccelerators, CpuIsAlwaysAvailable) {

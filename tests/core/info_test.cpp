@@ -6,6 +6,7 @@
 #include <regex>
 
 #include "fulgor/registry.h"
+#include "fulgor/runtime_info.h"
 
 namespace {
 
@@ -39,6 +40,10 @@ TEST(FulgorInfo, ListsVersionsAndTheBuiltIns) {
   EXPECT_TRUE(has_row(run.output, R"(BLAS: (OpenBLAS|BLIS|MKL|ATLAS|reference BLAS) \((/.+|linked into LibTorch)\).*; )"
                                   R"(LibTorch threads: \d+)"))
       << run.output;
+  // OpenBLAS also says how it runs its threads (Note [BLAS threads]).
+  if (fulgor::blas_info().name == "OpenBLAS") {
+    EXPECT_TRUE(has_row(run.output, R"(BLAS: OpenBLAS .*\((pthreads|OpenMP|sequential) build\); )")) << run.output;
+  }
   // The CUDA row says what this machine has, and "auto" follows it.
   const auto cuda = fulgor::make_accelerator("cuda");
   if (cuda->is_available()) {
