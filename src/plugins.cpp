@@ -11,11 +11,13 @@
 // thrown by the first registry lookup.
 
 #include <dlfcn.h>
+#include <elf.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <mutex>
 
@@ -124,6 +126,56 @@ void load_plugins_from_environment() {
   });
 }
 
+namespace {
+
+// The machine an ELF file was built for (its e_machine), or -1 when the file
+// is no ELF file.
+int elf_machine(const std::string& path) {
+  unsigned char header[20] = {};
+  std::ifstream file(path, std::ios::binary);
+  if (!file.read(reinterpret_cast<char*>(header), sizeof header) || header[EI_MAG0] != ELFMAG0 ||
+      header[EI_MAG1] != ELFMAG1 || header[EI_MAG2] != ELFMAG2 || header[EI_MAG3] != ELFMAG3)
+    return -1;
+  const bool big_endian = header[EI_DATA] == ELFDATA2MSB;
+  return big_endian ? header[18] << 8 | header[19] : header[19] << 8 | header[18];
+}
+
+std::string machine_name(int machine) {
+  switch (machine) {
+    case EM_X86_64:
+      return "x86_64";
+    case EM_386:
+      return "i386";
+    case EM_AARCH64:
+      return "aarch64";
+    case EM_ARM:
+      return "arm";
+    case EM_PPC64:
+      return "ppc64";
+    case EM_S390:
+      return "s390x";
+    case EM_RISCV:
+      return "riscv";
+    default:
+      return fmt::format("ELF machine {}", machine);
+  }
+}
+
+// Why dlopen refused `path`: a library built for another machine says so in
+// words; otherwise the loader's message.
+std::string load_failure(const std::string& path, const char* why) {
+  const int plugin = elf_machine(path), program = elf_machine("/proc/self/exe");
+  if (plugin >= 0 && program >= 0 && plugin != program)
+    return fmt::format("accelerator plugin '{}' was built for {}; this program is {}", path, machine_name(plugin),
+                       machine_name(program));
+  std::string message = fmt::format("cannot load accelerator plugin '{}': {}", path, why ? why : "unknown error");
+  if (path.find('/') == std::string::npos)
+    message += " (a name without a slash is looked up where the dynamic loader looks for libraries: "
+               "LD_LIBRARY_PATH, the ld.so cache and the system's library folders; give a path to load a file)";
+  return message;
+}
+
+}  // namespace
 }  // namespace detail
 
 std::vector<std::string> load_accelerator_plugin(const std::string& path) {
@@ -133,18 +185,16 @@ std::vector<std::string> load_accelerator_plugin(const std::string& path) {
   static auto* outcomes = new std::map<void*, std::pair<std::vector<std::string>, std::string>>();
   std::lock_guard<std::mutex> lock(mutex);
 
+  // A name without a slash is the dynamic loader's to find (dlopen(3)).
   std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec))
+  if (path.find('/') != std::string::npos && !std::filesystem::is_regular_file(path, ec))
     throw PluginError(fmt::format("accelerator plugin '{}' does not exist or is not a file", path));
 
   detail::PluginLoad load;
   detail::current_load = &load;
   void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   detail::current_load = nullptr;
-  if (handle == nullptr) {
-    const char* why = dlerror();
-    throw PluginError(fmt::format("cannot load accelerator plugin '{}': {}", path, why ? why : "unknown error"));
-  }
+  if (handle == nullptr) throw PluginError(detail::load_failure(path, dlerror()));
 
   auto known = outcomes->find(handle);
   if (known == outcomes->end()) {

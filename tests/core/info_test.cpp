@@ -3,6 +3,7 @@
 
 #include <array>
 #include <cstdio>
+#include <filesystem>
 #include <regex>
 
 #include "fulgor/registry.h"
@@ -66,6 +67,15 @@ TEST(FulgorInfo, ShowsPluginsFromTheCommandLineAndTheEnvironment) {
   Outcome env = run_info("", "FULGOR_ACCELERATOR_PLUGINS=" FULGOR_VCPU_PLUGIN);
   EXPECT_EQ(env.status, 0) << env.output;
   EXPECT_TRUE(has_row(env.output, R"(vcpu +yes +2 )")) << env.output;
+}
+
+// A plugin named without a slash is found where the dynamic loader looks.
+TEST(FulgorInfo, FindsABarePluginNameOnTheLoadersPath) {
+  const std::filesystem::path plugin(FULGOR_VCPU_PLUGIN);
+  Outcome run = run_info("--plugin " + plugin.filename().string(),
+                         "LD_LIBRARY_PATH=" + plugin.parent_path().string() + " VCPU_DEVICE_COUNT=3");
+  EXPECT_EQ(run.status, 0) << run.output;
+  EXPECT_TRUE(has_row(run.output, R"(vcpu +yes +3 )")) << run.output;
 }
 
 TEST(FulgorInfo, FailsWithTheErrorWhenAPluginDoesNotLoad) {

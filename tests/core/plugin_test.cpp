@@ -4,7 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 
 #include "fulgor/error.h"
@@ -124,6 +126,44 @@ TEST_F(PluginTest, DuplicateNameRegistersNothing) {
     return contains(error, "accelerator plugin '" FULGOR_DUPLICATE_PLUGIN "' cannot be registered") &&
            contains(error, "'cpu' is already registered (by ") && contains(error, "libfulgor.so") &&
            !registry.contains("innocent") && registry.create("cpu")->description().find("claims") == std::string::npos;
+  });
+}
+
+// A shared library's ELF header for another machine than this program's: the
+// loader's own message ("wrong ELF class", "cannot open") says little.
+TEST_F(PluginTest, LibraryForAnotherMachineSaysWhichItIs) {
+  in_child([] {
+#if defined(__aarch64__)
+    const uint16_t other = 62;  // EM_X86_64
+    const std::string expected = "was built for x86_64; this program is aarch64";
+#else
+    const uint16_t other = 183;  // EM_AARCH64
+    const std::string expected = "was built for aarch64; this program is x86_64";
+#endif
+    std::string header(64, '\0');
+    header.replace(0, 4, "\x7f" "ELF");
+    header[4] = 2;  // 64-bit
+    header[5] = 1;  // little-endian
+    header[6] = 1;  // version
+    header[16] = 3;  // a shared object
+    header[18] = static_cast<char>(other & 0xff);
+    header[19] = static_cast<char>(other >> 8);
+    const std::string path = ::testing::TempDir() + "/fulgor_foreign_plugin_" + std::to_string(::getpid()) + ".so";
+    std::ofstream(path, std::ios::binary).write(header.data(), static_cast<std::streamsize>(header.size()));
+    const std::string error = load_error(path);
+    std::remove(path.c_str());
+    return contains(error, "accelerator plugin '" + path + "' " + expected);
+  });
+}
+
+// A name without a slash is the dynamic loader's to find; when it does not,
+// the error says where it looked.
+TEST_F(PluginTest, BareNameIsLookedUpOnTheLoadersPath) {
+  in_child([] {
+    return contains(load_error("libfulgor_no_such_plugin.so"),
+                    "cannot load accelerator plugin 'libfulgor_no_such_plugin.so'") &&
+           contains(load_error("libfulgor_no_such_plugin.so"), "a name without a slash is looked up where the dynamic "
+                                                                "loader looks for libraries: LD_LIBRARY_PATH");
   });
 }
 
