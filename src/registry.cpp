@@ -122,14 +122,21 @@ std::string AcceleratorRegistry::resolve(const std::string& name) const {
     throw RegistryError(fmt::format("unknown accelerator '{}'; registered: {}", name, known_names(names())));
   }
   sort_by_priority(entries);
-  std::vector<std::string> unavailable;
+  std::vector<std::string> unavailable, cpu_backed;
   for (const Entry& entry : entries) {
     std::unique_ptr<Accelerator> accelerator = instantiate(entry);
-    if (name == "gpu" && accelerator->device_type() == torch::kCPU) continue;
+    if (name == "gpu" && accelerator->device_type() == torch::kCPU) {
+      cpu_backed.push_back(entry.name);
+      continue;
+    }
     Availability availability = accelerator->availability();
     if (availability.available) return entry.name;
     unavailable.push_back(fmt::format("{}: {}", entry.name, availability.reason));
   }
+  // "gpu" passes over the accelerators whose tensors live on the CPU (a
+  // simulator plugin too), which the message names so that none seems lost.
+  if (!cpu_backed.empty())
+    unavailable.push_back(fmt::format("skipped, as their device type is the CPU: {}", fmt::join(cpu_backed, ", ")));
   throw RegistryError(fmt::format("accelerator '{}' found no available {}accelerator{}{}", name,
                                   name == "gpu" ? "non-CPU " : "", unavailable.empty() ? "" : "; ",
                                   fmt::join(unavailable, "; ")));

@@ -133,8 +133,11 @@ TEST_F(RegistryTest, GpuPicksTheFirstAvailableNonCpuAccelerator) {
       registry().resolve("gpu");
       FAIL() << "\"gpu\" chose an accelerator on a machine without one";
     } catch (const RegistryError& e) {
-      // The message gives each candidate's reason.
+      // The message gives each candidate's reason, and names those it skipped.
       EXPECT_NE(std::string(e.what()).find("cuda: "), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("skipped, as their device type is the CPU: fake_cpu_like, cpu"),
+                std::string::npos)
+          << e.what();
     }
   }
   add("fake_gpu_low", fake(600, true));
