@@ -16,7 +16,7 @@
 namespace fulgor::detail {
 
 /// The Trainer's precision. Without a GradScaler (every precision but
-/// "16-mixed") scale_loss, unscale, step and update reduce to the plain
+/// "16-mixed") backward, unscale, step and update reduce to the plain
 /// backward and optimizer step.
 class PrecisionPlugin {
  public:
@@ -32,8 +32,6 @@ class PrecisionPlugin {
   // Inline, so that a precision without a scaler adds no calls to the
   // training step (Note [The per-step path] in src/loops/training_epoch_loop.cpp).
 
-  /// The tensor to call backward on.
-  torch::Tensor scale_loss(const torch::Tensor& loss) { return scaler_ ? scaler_->scale(loss) : loss; }
   /// Runs the module's backward hook from `loss`, scaled.
   void backward(const torch::Tensor& loss, ModuleBase& module) { module.backward(scaler_ ? scaler_->scale(loss) : loss); }
   /// Unscales the optimizer's gradients, so that clipping and the optimizer see true values.

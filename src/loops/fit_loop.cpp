@@ -76,11 +76,7 @@ bool FitLoop::max_steps_reached() const {
 
 void FitLoop::run() {
   setup_data();
-  // Lightning's skip: nothing to train, or a resumed fit that is done.
-  if (num_training_batches == 0 || done()) {
-    if (num_training_batches == 0) stop(StopReason::max_epochs, "`Trainer.fit` stopped: No training batches.");
-    return;
-  }
+  if (done()) return;  // Lightning's skip: nothing to train, or a resumed fit that is done
   on_run_start();
   while (!done()) {
     on_advance_start();
@@ -126,6 +122,10 @@ void FitLoop::stop(StopReason reason, std::string message) {
 // Lightning's FitLoop.done, with its messages.
 bool FitLoop::done() {
   if (signaled_) return true;
+  if (num_training_batches == 0) {
+    stop(StopReason::max_epochs, "`Trainer.fit` stopped: No training batches.");
+    return true;
+  }
   const auto& l = s.limits;
   if (max_steps_reached()) {
     stop(StopReason::max_steps, fmt::format("`Trainer.fit` stopped: `max_steps={}` reached.", l.max_steps));

@@ -14,25 +14,43 @@ namespace fulgor {
 using detail::Stage;
 
 namespace {
+
 // Ends a loop's use of the Trainer's state, also when it throws.
 struct EndScope {
   detail::TrainerState& s;
   ~EndScope() { s.end(); }
 };
+
+// Lightning's _run around one stage ("fit", "validate", ...): the options,
+// accelerator and strategy; the checkpoint at `ckpt_path` read before anything
+// is written, so that a bad one changes nothing; the module launched and the
+// checkpoint's weights and callback states restored. `stage` then runs with
+// the checkpoint (nullptr: none); an exception reaches the callbacks and the
+// loggers before it goes on.
+template <typename Stage>
+void run_stage(detail::TrainerState& s, const char* name, ModuleBase& model, DataModuleBase* datamodule,
+               const std::string& ckpt_path, Stage&& stage) {
+  s.begin(name);
+  s.datamodule = datamodule;
+  std::optional<detail::LoadedCheckpoint> ckpt;
+  if (!ckpt_path.empty()) ckpt = s.checkpoints.read(ckpt_path);
+  EndScope scope{s};
+  try {
+    s.launch(model);
+    if (ckpt) s.checkpoints.restore_module_and_callbacks(*ckpt);
+    stage(ckpt ? &*ckpt : nullptr);
+  } catch (const std::exception& e) {
+    s.on_exception(model, e);
+    throw;
+  }
+}
+
 }  // namespace
 
 FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail::StepRunner* val,
                            const FitOptions& fit_options, DataModuleBase* datamodule) {
   auto& s = *state_;
-  s.begin("fit");
-  s.datamodule = datamodule;
-  // Read the checkpoint before anything is written, so a bad one changes nothing.
-  std::optional<detail::LoadedCheckpoint> ckpt;
-  if (!fit_options.ckpt_path.empty()) ckpt = s.checkpoints.read(fit_options.ckpt_path);
-  EndScope scope{s};
-  try {
-    s.launch(model);
-    if (ckpt) s.checkpoints.restore_module_and_callbacks(*ckpt);
+  run_stage(s, "fit", model, datamodule, fit_options.ckpt_path, [&](detail::LoadedCheckpoint* ckpt) {
     s.configure_optimizers(model);
     s.manual_optimization.attach(model, true);
     s.fit_loop.reset_for_fit(train, val);
@@ -51,10 +69,7 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
     s.fit_loop.run();
     s.hooks.both("on_fit_end", &Callback::on_fit_end, &ModuleBase::on_fit_end);
     s.finish(model, s.fit_loop.stopped_by_signal() ? "interrupted" : "success");
-  } catch (const std::exception& e) {
-    s.on_exception(model, e);
-    throw;
-  }
+  });
   return s.fit_loop.result();
 }
 
@@ -62,15 +77,9 @@ std::map<std::string, double> Trainer::run_eval(Stage stage, ModuleBase& model, 
                                                 const EvalOptions& eval_options, std::vector<torch::Tensor>* outputs,
                                                 DataModuleBase* datamodule) {
   auto& s = *state_;
-  s.begin(stage == Stage::validate ? "validate" : stage == Stage::test ? "test" : "predict");
-  s.datamodule = datamodule;
-  std::optional<detail::LoadedCheckpoint> ckpt;
-  if (!eval_options.ckpt_path.empty()) ckpt = s.checkpoints.read(eval_options.ckpt_path);
-  EndScope scope{s};
+  const char* name = stage == Stage::validate ? "validate" : stage == Stage::test ? "test" : "predict";
   std::map<std::string, double> result;
-  try {
-    s.launch(model);
-    if (ckpt) s.checkpoints.restore_module_and_callbacks(*ckpt);
+  run_stage(s, name, model, datamodule, eval_options.ckpt_path, [&](detail::LoadedCheckpoint*) {
     detail::InferenceLoop& loop = stage == Stage::validate ? static_cast<detail::InferenceLoop&>(s.validate_loop)
                                   : stage == Stage::test   ? static_cast<detail::InferenceLoop&>(s.test_loop)
                                                            : s.predict_loop;
@@ -82,10 +91,7 @@ std::map<std::string, double> Trainer::run_eval(Stage stage, ModuleBase& model, 
     else
       result = static_cast<detail::EvaluationLoop&>(loop).run();
     s.finish(model, "success");
-  } catch (const std::exception& e) {
-    s.on_exception(model, e);
-    throw;
-  }
+  });
   return result;
 }
 

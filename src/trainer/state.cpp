@@ -111,8 +111,7 @@ void TrainerState::launch(ModuleBase& model) {
   module = &model;
   accelerator->setup_device(*device);
   if (options.seed) seed_accelerator(*accelerator, *options.seed);
-  accelerator->move_module(model, *device);
-  precision.precision().convert_module(model);
+  place_module(model);
   ModuleAccess::attach(model, &metrics, &trainer);
   attach_model_callbacks(model);
   setup_hooks(model);
@@ -122,6 +121,11 @@ void TrainerState::launch(ModuleBase& model) {
 // Lightning's _call_configure_model; the strategy then moves what it made.
 void TrainerState::configure_model(ModuleBase& model) {
   hooks.module("configure_model", [&] { model.configure_model(); });
+  place_module(model);
+}
+
+// The module onto the device, in the precision's type.
+void TrainerState::place_module(ModuleBase& model) {
   accelerator->move_module(model, *device);
   precision.precision().convert_module(model);
 }

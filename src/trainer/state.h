@@ -151,6 +151,7 @@ struct TrainerState {
   void attach_model_callbacks(ModuleBase& model);
   void setup_hooks(ModuleBase& model);
   void configure_model(ModuleBase& model);
+  void place_module(ModuleBase& model);
   void start_ddp(const DistributedEnvironment& environment, torch::Device on);
 };
 

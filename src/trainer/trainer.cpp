@@ -127,8 +127,7 @@ DataModuleBase* Trainer::datamodule() const { return state_->datamodule; }
 
 ModelCheckpoint* Trainer::checkpoint_callback() const {
   for (const auto& cb : state_->callbacks)
-    if (cb->saves_checkpoints())
-      if (auto* mc = dynamic_cast<ModelCheckpoint*>(cb.get())) return mc;
+    if (auto* mc = dynamic_cast<ModelCheckpoint*>(cb.get())) return mc;
   return nullptr;
 }
 const std::vector<std::shared_ptr<torch::optim::Optimizer>>& Trainer::optimizers() const {
