@@ -31,7 +31,7 @@ torch::Device Accelerator::device(int64_t index) const {
   return torch::Device(device_type(), static_cast<torch::DeviceIndex>(index));
 }
 
-void Accelerator::setup_device(torch::Device) {}
+void Accelerator::setup_device(const DeviceSetup&) {}
 
 // Note [Moving parameters in place]
 // Optimizers and user code hold the module's parameter tensors, so a move must

@@ -41,9 +41,9 @@ void DeviceGuardAccelerator::require_available() const {
   ready_ = true;
 }
 
-void DeviceGuardAccelerator::setup_device(torch::Device device) {
+void DeviceGuardAccelerator::setup_device(const DeviceSetup& setup) {
   require_available();
-  c10::impl::getDeviceGuardImpl(device_type())->setDevice(device);
+  c10::impl::getDeviceGuardImpl(device_type())->setDevice(setup.device);
 }
 
 torch::Tensor DeviceGuardAccelerator::move_tensor(const torch::Tensor& tensor, torch::Device device,

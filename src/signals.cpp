@@ -1,5 +1,7 @@
 #include "signals.h"
 
+#include "distributed/launcher.h"
+
 #include <csignal>
 #include <mutex>
 
@@ -10,9 +12,10 @@ struct sigaction g_previous_int, g_previous_term;
 std::mutex g_mutex;
 int g_depth = 0;
 
-extern "C" void on_signal(int signal) {
+extern "C" void on_signal(int signal, siginfo_t* info, void*) {
   if (g_signal_pending == 0) {
     g_signal_pending = signal;
+    forward_signal_to_launched_ranks(signal, info);
     return;
   }
   // The default disposition, not the previous one, which may ignore the signal.
@@ -27,9 +30,9 @@ SignalTrap::SignalTrap() {
   if (g_depth++ > 0) return;
   g_signal_pending = 0;
   struct sigaction action {};
-  action.sa_handler = on_signal;
+  action.sa_sigaction = on_signal;
   sigemptyset(&action.sa_mask);
-  action.sa_flags = SA_RESTART;
+  action.sa_flags = SA_RESTART | SA_SIGINFO;
   ::sigaction(SIGINT, &action, &g_previous_int);
   ::sigaction(SIGTERM, &action, &g_previous_term);
 }

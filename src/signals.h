@@ -13,8 +13,10 @@ inline volatile std::sig_atomic_t g_signal_pending = 0;
 // signal, and the loop saves a checkpoint and returns after the current batch;
 // the second restores the default disposition and re-raises, which ends
 // the process at once (the user pressed Ctrl-C twice, or the scheduler lost
-// patience). Signal dispositions belong to the process, so this state exists
-// once, here, and nested or concurrent fits share it.
+// patience). A process that started the ranks of its job passes the first on
+// to them (Note [The Trainer's own launcher]). Signal dispositions belong to
+// the process, so this state exists once, here, and nested or concurrent fits
+// share it.
 class SignalTrap {
  public:
   SignalTrap();

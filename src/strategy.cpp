@@ -28,19 +28,50 @@ bool runs_data_parallel(const std::string& strategy, const DistributedEnvironmen
   return strategy != "single_device" && environment.is_distributed();
 }
 
-torch::Device data_parallel_device(const Accelerator& accelerator, const Devices& devices,
-                                   const DistributedEnvironment& environment) {
-  const auto selected = accelerator.parse_devices(devices);
+bool launches_ranks(const std::string& strategy, const DistributedEnvironment& environment,
+                    const Accelerator& accelerator, const Devices& devices, size_t selected) {
+  if (environment.is_distributed() || selected < 2) return false;
+  if (strategy != "single_device") return true;
+  throw ConfigError(fmt::format(
+      "devices={} selects {} devices of accelerator '{}', but strategy 'single_device' runs on one device: use "
+      "devices=1, or strategy 'auto' or 'ddp' to train on all {} (one process each)",
+      devices.str(), selected, accelerator.name(), selected));
+}
+
+namespace {
+
+// Note [A device's index] (DeviceSetup::index): LibTorch gives each of a
+// CPU-backed accelerator's devices as the one CPU device, so the index comes
+// from the `devices` value, read as the default parse_devices reads it.
+int64_t index_of(const Accelerator& accelerator, const Devices& devices, torch::Device device, size_t position) {
+  if (device.has_index()) return device.index();
+  if (accelerator.device_count() <= 1) return 0;
+  const Devices chosen = devices.is_auto() ? Devices(accelerator.auto_device_count()) : devices;
+  const auto indices = parse_device_indices(chosen, accelerator.device_count(), accelerator.name());
+  return indices.at(std::min(position, indices.size() - 1));
+}
+
+}  // namespace
+
+DeviceSetup device_setup(const Accelerator& accelerator, const Devices& devices,
+                         const std::vector<torch::Device>& selected, const DistributedEnvironment& environment) {
   const auto local_rank = static_cast<size_t>(environment.local_rank);
-  if (local_rank < selected.size()) return selected[local_rank];
   const bool shared = !selected.empty() && std::all_of(selected.begin(), selected.end(),
                                                        [&](const torch::Device& d) { return d == selected.front(); });
-  if (shared) return selected.front();
-  throw ConfigError(fmt::format(
-      "devices={} selects {} devices of accelerator '{}', but this is local rank {} of {} processes on this node "
-      "(from {}): select at least one device per process",
-      devices.str(), selected.size(), accelerator.name(), environment.local_rank, environment.local_world_size,
-      environment.source));
+  if (local_rank >= selected.size() && !shared)
+    throw ConfigError(fmt::format(
+        "devices={} selects {} devices of accelerator '{}', but this is local rank {} of {} processes on this "
+        "node (from {}): select at least one device per process",
+        devices.str(), selected.size(), accelerator.name(), environment.local_rank, environment.local_world_size,
+        environment.source));
+  const size_t position = local_rank < selected.size() ? local_rank : 0;
+  DeviceSetup setup{selected[position]};
+  setup.index = index_of(accelerator, devices, setup.device, position);
+  setup.local_rank = environment.local_rank;
+  setup.local_world_size = environment.local_world_size;
+  setup.rank = environment.rank;
+  setup.world_size = environment.world_size;
+  return setup;
 }
 
 namespace {

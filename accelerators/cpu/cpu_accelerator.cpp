@@ -28,7 +28,7 @@ class CpuAccelerator final : public Accelerator {
   }
 
   // Note [BLAS threads] in src/runtime_info.cpp.
-  void setup_device(torch::Device) override { limit_blas_threads(); }
+  void setup_device(const DeviceSetup&) override { limit_blas_threads(); }
   void synchronize(torch::Device) const override {}
   std::string distributed_backend() const override { return "gloo"; }
   std::vector<std::string> supported_precisions() const override { return precisions_with({torch::kBFloat16}); }

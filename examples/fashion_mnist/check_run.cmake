@@ -1,19 +1,35 @@
 # Runs the fashion_mnist example briefly and checks its last line of output is
 # the JSON summary. -DEXAMPLE=path -DWORK_DIR=folder [-DPRECISION=bf16-mixed]
 # [-DLAUNCHER=path/to/fulgor-run: two processes with strategy ddp, of which
-# rank 0 alone prints the summary]
+# rank 0 alone prints the summary] [-DPLUGIN=path: loaded through
+# FULGOR_ACCELERATOR_PLUGINS] [-DACCELERATOR=name, default cpu; "auto": the
+# option left at its default] [-DWORLD_SIZE=processes the run must have]
 set(precision_args)
 if(PRECISION)
   set(precision_args --trainer.precision=${PRECISION})
 endif()
 set(launcher)
+if(NOT WORLD_SIZE)
+  set(WORLD_SIZE 1)
+endif()
 if(LAUNCHER)
   set(launcher "${LAUNCHER}" --nproc-per-node 2 --)
+  set(WORLD_SIZE 2)
+endif()
+if(NOT ACCELERATOR)
+  set(ACCELERATOR cpu)
+endif()
+set(accelerator_args)
+if(NOT ACCELERATOR STREQUAL "auto")
+  set(accelerator_args --trainer.accelerator=${ACCELERATOR})
+endif()
+if(PLUGIN)
+  set(ENV{FULGOR_ACCELERATOR_PLUGINS} "${PLUGIN}")
 endif()
 file(REMOVE_RECURSE "${WORK_DIR}")
 file(MAKE_DIRECTORY "${WORK_DIR}")
 execute_process(
-  COMMAND ${launcher} "${EXAMPLE}" --trainer.max_epochs=1 --trainer.accelerator=cpu --trainer.limit_train_batches=20
+  COMMAND ${launcher} "${EXAMPLE}" --trainer.max_epochs=1 ${accelerator_args} --trainer.limit_train_batches=20
           --trainer.limit_val_batches=5 --trainer.limit_test_batches=10 ${precision_args}
   WORKING_DIRECTORY "${WORK_DIR}"
   RESULT_VARIABLE status OUTPUT_VARIABLE output ERROR_VARIABLE errors)
@@ -22,7 +38,7 @@ if(NOT status EQUAL 0)
 endif()
 string(STRIP "${output}" output)
 string(REGEX MATCH "[^\n]*$" last_line "${output}")
-foreach(key test_acc test_loss epochs accelerator seconds)
+foreach(key test_acc test_loss epochs accelerator world_size seconds)
   string(JSON value ERROR_VARIABLE missing GET "${last_line}" ${key})
   if(missing)
     message(FATAL_ERROR "the last line has no '${key}': ${last_line}")
@@ -31,7 +47,11 @@ endforeach()
 string(JSON epochs GET "${last_line}" epochs)
 string(JSON accelerator GET "${last_line}" accelerator)
 string(JSON global_step GET "${last_line}" global_step)
-if(NOT epochs EQUAL 1 OR NOT accelerator STREQUAL "cpu" OR NOT global_step EQUAL 20)
+string(JSON world_size GET "${last_line}" world_size)
+if(NOT ACCELERATOR STREQUAL "auto" AND NOT accelerator STREQUAL ACCELERATOR)
+  message(FATAL_ERROR "trained on '${accelerator}', not '${ACCELERATOR}': ${last_line}")
+endif()
+if(NOT epochs EQUAL 1 OR NOT global_step EQUAL 20 OR NOT world_size EQUAL WORLD_SIZE)
   message(FATAL_ERROR "unexpected summary: ${last_line}")
 endif()
 string(REGEX MATCHALL "\n{\"accelerator\"" summaries "\n${output}")

@@ -159,6 +159,7 @@ int main(int argc, char** argv) {
                               {"global_step", fit.global_step},
                               {"stopped_because", fit.message},
                               {"accelerator", trainer.accelerator().name()},
+                              {"world_size", trainer.world_size()},
                               {"model", arch},
                               {"best_checkpoint", have_best ? checkpoint->best_model_path() : ""},
                               {"log_dir", trainer.log_dir()},

@@ -21,6 +21,23 @@ struct Availability {
   std::string reason;  ///< empty when available
 };
 
+/// What the Trainer tells an accelerator as it sets up the device a process
+/// trains on: the device, and where the process sits in its job.
+struct DeviceSetup {
+  torch::Device device{torch::kCPU};  ///< one of the devices parse_devices selected
+  /// The device's index among the accelerator's devices: device.index() where
+  /// the device has one; for a CPU-backed accelerator with several devices,
+  /// the index its `devices` value gives this process (with the default
+  /// parse_devices' rules: devices = "1,3" gives local rank 0 index 1 and
+  /// local rank 1 index 3); 0 for one with a single device (the built-in CPU,
+  /// whose processes share it).
+  int64_t index = 0;
+  int64_t local_rank = 0;        ///< the process among the job's processes on this machine
+  int64_t local_world_size = 1;  ///< the job's processes on this machine
+  int64_t rank = 0;              ///< the process in the job
+  int64_t world_size = 1;        ///< the job's processes
+};
+
 /// Everything fulgor knows about a kind of device. One subclass is a whole
 /// backend: the Trainer, strategies, precision and checkpoint code never name a
 /// device, they ask the Accelerator.
@@ -74,8 +91,11 @@ class Accelerator {
 
   // ---- Lifetime -------------------------------------------------------------
 
-  /// Makes `device` current for this process before training on it.
-  virtual void setup_device(torch::Device device);
+  /// Makes `setup.device` current for this process before training on it;
+  /// called before the process joins a distributed job. `setup` also says
+  /// which of the accelerator's devices the process drives (setup.index), for
+  /// devices that LibTorch cannot tell apart (all of a CPU-backed simulator's).
+  virtual void setup_device(const DeviceSetup& setup);
   /// Releases what setup_device took; called once when a loop ends.
   virtual void teardown() {}
 

@@ -22,7 +22,7 @@ class DeviceGuardAccelerator : public Accelerator {
  public:
   Availability availability() const override;
   int64_t device_count() const override;
-  void setup_device(torch::Device device) override;
+  void setup_device(const DeviceSetup& setup) override;
   torch::Tensor move_tensor(const torch::Tensor& tensor, torch::Device device, bool non_blocking) const override;
   torch::Tensor get_rng_state(torch::Device device) const override;
   void set_rng_state(torch::Device device, const torch::Tensor& state) const override;

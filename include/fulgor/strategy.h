@@ -29,12 +29,21 @@ void check_strategy(const std::string& strategy);
 /// process, and "auto" likewise.
 bool runs_data_parallel(const std::string& strategy, const DistributedEnvironment& environment);
 
-/// The device of this process in a data-parallel job: the accelerator's
-/// parse_devices(devices)[local_rank]. A selection of one device that
-/// processes share (the CPU: every entry is the same device) serves every
-/// local rank. Throws ConfigError when the selection has too few devices.
-torch::Device data_parallel_device(const Accelerator& accelerator, const Devices& devices,
-                                   const DistributedEnvironment& environment);
+/// Whether a Trainer with `strategy` starts the ranks of a job itself (Note
+/// [The Trainer's own launcher]): its devices select more than one device, in
+/// a process no launcher started, and the strategy is "auto" or "ddp", as
+/// Lightning's "auto" becomes "ddp" with its subprocess script launcher.
+/// Throws ConfigError for "single_device" with more than one device.
+bool launches_ranks(const std::string& strategy, const DistributedEnvironment& environment,
+                    const Accelerator& accelerator, const Devices& devices, size_t selected);
+
+/// The device this process trains on, and what setup_device is told of it:
+/// `selected[local_rank]` of the devices `devices` selected. A selection of
+/// one device that processes share (the CPU: every entry is the same device)
+/// serves every local rank. Throws ConfigError when the selection has too few
+/// devices for the processes of this node.
+DeviceSetup device_setup(const Accelerator& accelerator, const Devices& devices,
+                         const std::vector<torch::Device>& selected, const DistributedEnvironment& environment);
 
 /// Strategy "ddp": one process per device, joined in a c10d process group.
 ///

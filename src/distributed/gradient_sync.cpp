@@ -16,7 +16,12 @@ namespace {
 // The first bucket is small so that the first all_reduce starts early, as in PyTorch's DDP.
 constexpr int64_t kFirstBucketBytes = int64_t(1) << 20;
 
-struct Bucket {
+}  // namespace
+
+// Named, not file-local: Impl, a member of a class with linkage, holds it.
+namespace detail {
+
+struct GradientBucket {
   std::vector<size_t> params;  // indices into Impl::params, in the order they are packed
   std::vector<int64_t> offsets;
   torch::Tensor flat;
@@ -25,12 +30,12 @@ struct Bucket {
   c10::intrusive_ptr<c10d::Work> work;
 };
 
-}  // namespace
+}  // namespace detail
 
 struct GradientSynchronizer::Impl {
   const ProcessGroup::State* state = nullptr;
   std::vector<torch::Tensor> params;
-  std::vector<Bucket> buckets;  // in launch order
+  std::vector<detail::GradientBucket> buckets;  // in launch order
   std::vector<size_t> bucket_of;
   std::vector<bool> ready;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
@@ -82,7 +87,7 @@ void GradientSynchronizer::Impl::on_gradient(size_t index) {
 void GradientSynchronizer::Impl::launch_ready_buckets(bool all) {
   torch::NoGradGuard no_grad;
   for (; next_bucket < buckets.size() && (all || buckets[next_bucket].pending == 0); ++next_bucket) {
-    Bucket& bucket = buckets[next_bucket];
+    detail::GradientBucket& bucket = buckets[next_bucket];
     for (size_t k = 0; k < bucket.params.size(); ++k) {
       const torch::Tensor& param = params[bucket.params[k]];
       torch::Tensor slice = bucket.flat.narrow(0, bucket.offsets[k], param.numel());
@@ -109,7 +114,7 @@ void GradientSynchronizer::Impl::finish() {
   // so that every rank issues the same collectives.
   launch_ready_buckets(/*all=*/true);
   torch::NoGradGuard no_grad;
-  for (Bucket& bucket : buckets) {
+  for (detail::GradientBucket& bucket : buckets) {
     state->wait(bucket.work);
     for (size_t k = 0; k < bucket.params.size(); ++k) {
       torch::Tensor& param = params[bucket.params[k]];
@@ -173,13 +178,13 @@ GradientSynchronizer::GradientSynchronizer(ProcessGroup group, torch::nn::Module
       impl.buckets.emplace_back();
       bucket_bytes = 0;
     }
-    Bucket& bucket = impl.buckets.back();
+    detail::GradientBucket& bucket = impl.buckets.back();
     bucket.offsets.push_back(bucket_bytes / static_cast<int64_t>(p.element_size()));
     bucket.params.push_back(i);
     bucket_bytes += bytes;
     impl.bucket_of[i] = impl.buckets.size() - 1;
   }
-  for (Bucket& bucket : impl.buckets) {
+  for (detail::GradientBucket& bucket : impl.buckets) {
     const torch::Tensor& first = impl.params[bucket.params.front()];
     int64_t numel = 0;
     for (size_t index : bucket.params) numel += impl.params[index].numel();

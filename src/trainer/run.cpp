@@ -1,10 +1,13 @@
 // fit, validate, test and predict: Lightning's Trainer._run and _run_stage
 // around the loops of src/loops/.
 
+#include <fmt/format.h>
 #include <torch/torch.h>
 
 #include <optional>
 
+#include "distributed/launcher.h"
+#include "fulgor/error.h"
 #include "fulgor/strategy.h"
 #include "signals.h"
 #include "state.h"
@@ -20,6 +23,16 @@ struct EndScope {
   detail::TrainerState& s;
   ~EndScope() { s.end(); }
 };
+
+// Rank 0 of a job it started cannot go on, nor can the other ranks (Note [The
+// Trainer's own launcher]). A collective that failed names the rank whose end
+// made it fail.
+void stop_job(const std::exception& e) {
+  const std::string failure =
+      dynamic_cast<const DistributedError*>(&e) ? detail::launched_rank_failure(/*wait_seconds=*/2.0) : "";
+  detail::stop_launched_ranks();
+  if (!failure.empty()) throw DistributedError(fmt::format("{}; the cause: {}", e.what(), failure));
+}
 
 // Lightning's _run around one stage ("fit", "validate", ...): the options,
 // accelerator and strategy; the checkpoint at `ckpt_path` read before anything
@@ -41,6 +54,7 @@ void run_stage(detail::TrainerState& s, const char* name, ModuleBase& model, Dat
     stage(ckpt ? &*ckpt : nullptr);
   } catch (const std::exception& e) {
     s.on_exception(model, e);
+    if (detail::launched_ranks()) stop_job(e);
     throw;
   }
 }

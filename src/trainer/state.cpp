@@ -8,6 +8,7 @@
 #include <iostream>
 #include <typeinfo>
 
+#include "distributed/launcher.h"
 #include "fulgor/registry.h"
 #include "fulgor/seed.h"
 #include "fulgor/strategy.h"
@@ -32,7 +33,10 @@ Limit debug_limit(const TrainerOptions& o, const Limit& limit) {
 }  // namespace
 
 LoopLimits::LoopLimits(const TrainerOptions& o)
-    : max_epochs(o.fast_dev_run > 0 ? 1 : o.max_epochs ? *o.max_epochs : o.max_steps == -1 ? 1000 : -1),
+    : max_epochs(o.fast_dev_run > 0  ? 1
+                 : o.max_epochs      ? *o.max_epochs
+                 : o.max_steps == -1 ? 1000
+                                     : -1),
       max_steps(o.fast_dev_run > 0 ? o.fast_dev_run : o.max_steps),
       // min_steps alone asks for one epoch, as Lightning's _parse_loop_limits.
       min_epochs(o.min_epochs.value_or(o.min_steps ? 1 : 0)),
@@ -78,19 +82,14 @@ void TrainerState::info_once(const std::string& message) {
 void TrainerState::begin(const std::string& name) {
   check_options(options);
   accelerator = make_accelerator(options.accelerator);
-  auto devices = accelerator->parse_devices(options.devices);
-  const auto environment = detect_distributed_environment();
-  if (runs_data_parallel(options.strategy, environment)) {
-    devices = {data_parallel_device(*accelerator, options.devices, environment)};
-    if (!ddp) start_ddp(environment, devices.front());
-  } else if (devices.size() != 1) {
-    throw ConfigError(fmt::format(
-        "devices={} selects {} devices of accelerator '{}', but strategy '{}' runs on one device: use devices=1, "
-        "or start one process per device with fulgor-run and strategy 'ddp'",
-        options.devices.str(), devices.size(), accelerator->name(), options.strategy));
-  }
+  const auto devices = accelerator->parse_devices(options.devices);
+  auto environment = detect_distributed_environment();
+  if (launches_ranks(options.strategy, environment, *accelerator, options.devices, devices.size()))
+    environment = launch_ranks(static_cast<int64_t>(devices.size()));
+  device_setup = detail::device_setup(*accelerator, options.devices, devices, environment);
+  if (runs_data_parallel(options.strategy, environment) && !ddp) start_ddp(environment);
   precision.setup(options.precision, *accelerator);
-  device = devices.front();
+  device = device_setup.device;
   stage = name;
   if (profiling) profiling->forget_owners();
   metrics.eval_log_step = 0;
@@ -109,7 +108,7 @@ void TrainerState::launch(ModuleBase& model) {
     context.setDeterministicAlgorithms(true, /*warn_only=*/false);
   }
   module = &model;
-  accelerator->setup_device(*device);
+  accelerator->setup_device(device_setup);
   if (options.seed) seed_accelerator(*accelerator, *options.seed);
   place_module(model);
   ModuleAccess::attach(model, &metrics, &trainer);
@@ -195,12 +194,13 @@ void TrainerState::on_exception(ModuleBase& model, const std::exception& e) {
 }
 
 // Joins the job. Only rank 0 prints (progress, model summary) and writes logs.
-void TrainerState::start_ddp(const DistributedEnvironment& environment, torch::Device on) {
-  accelerator->setup_device(on);
+void TrainerState::start_ddp(const DistributedEnvironment& environment) {
+  accelerator->setup_device(device_setup);
   ProcessGroupOptions group_options;
   if (options.ddp_timeout)
     group_options.timeout = std::chrono::milliseconds(static_cast<int64_t>(std::ceil(*options.ddp_timeout * 1000)));
-  ddp = std::make_unique<DdpStrategy>(environment, *accelerator, on, group_options);
+  ddp = std::make_unique<DdpStrategy>(environment, *accelerator, device_setup.device, group_options);
+  if (launched_ranks()) launched_ranks_joined();
   if (ddp->is_global_zero()) return;
   callbacks.erase(std::remove_if(callbacks.begin(), callbacks.end(),
                                  [](const auto& cb) { return cb->shows_progress() || cb->summarizes_model(); }),

@@ -71,6 +71,7 @@ struct TrainerState {
   // Strategy "ddp": made by the first loop, kept for the Trainer's others.
   std::unique_ptr<DdpStrategy> ddp;
   std::optional<torch::Device> device;
+  DeviceSetup device_setup;
   ModuleBase* module = nullptr;
   // The data module of the loop running or last run (nullptr: it had none).
   DataModuleBase* datamodule = nullptr;
@@ -152,7 +153,7 @@ struct TrainerState {
   void setup_hooks(ModuleBase& model);
   void configure_model(ModuleBase& model);
   void place_module(ModuleBase& model);
-  void start_ddp(const DistributedEnvironment& environment, torch::Device on);
+  void start_ddp(const DistributedEnvironment& environment);
 };
 
 }  // namespace detail

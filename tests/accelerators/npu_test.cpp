@@ -82,10 +82,10 @@ TEST_F(NpuAccelerator, MovesBatches) {
 }
 
 TEST_F(NpuAccelerator, SetupDeviceMakesItCurrentAndSynchronizes) {
-  npu_->setup_device(kNpu1);
+  npu_->setup_device({kNpu1});
   EXPECT_EQ(torch::empty({2}, torch::Device(torch::DeviceType::PrivateUse1)).device(), kNpu1);
   npu_->synchronize(kNpu1);
-  npu_->setup_device(kNpu0);
+  npu_->setup_device({kNpu0});
   EXPECT_EQ(torch::empty({2}, torch::Device(torch::DeviceType::PrivateUse1)).device(), kNpu0);
 }
 

@@ -83,11 +83,11 @@ TEST(XpuAccelerator, MovesBatches) {
 
 TEST(XpuAccelerator, SetupDeviceMakesItCurrentAndSynchronizes) {
   auto xpu = make_accelerator("xpu");
-  xpu->setup_device(kXpu1);
+  xpu->setup_device({kXpu1});
   // A tensor created without an index lands on the current device.
   EXPECT_EQ(torch::empty({2}, torch::Device(torch::kXPU)).device(), kXpu1);
   xpu->synchronize(kXpu1);
-  xpu->setup_device(torch::Device(torch::kXPU, 0));
+  xpu->setup_device({torch::Device(torch::kXPU, 0)});
   EXPECT_EQ(torch::empty({2}, torch::Device(torch::kXPU)).device(), torch::Device(torch::kXPU, 0));
 }
 

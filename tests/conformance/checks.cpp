@@ -522,7 +522,7 @@ void run_checks(Accelerator& accelerator, const Options& options, Report& report
   for (const torch::Device& device : devices) {
     const std::string on = " on " + device.str();
     report.check("setup_device" + on, [&] {
-      accelerator.setup_device(device);
+      accelerator.setup_device({device});
       return std::string();
     });
     report.check("move_module" + on, [&] { return check_move_module(a, device); });

@@ -27,10 +27,10 @@ TEST(BuiltinAccelerators, CpuSetUpKeepsOpenBlasFromOversubscribingTheCores) {
                  << before.threading << ", " << before.threads << " threads)";
   auto cpu = make_accelerator("cpu");
   ::setenv("OPENBLAS_NUM_THREADS", "2", 1);
-  cpu->setup_device(torch::Device(torch::kCPU));
+  cpu->setup_device({torch::Device(torch::kCPU)});
   EXPECT_EQ(blas_info().threads, before.threads);
   ::unsetenv("OPENBLAS_NUM_THREADS");
-  cpu->setup_device(torch::Device(torch::kCPU));
+  cpu->setup_device({torch::Device(torch::kCPU)});
   EXPECT_EQ(blas_info().threads, 1);
   EXPECT_FALSE(limit_blas_threads());  // once is enough
 }
