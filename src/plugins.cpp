@@ -40,6 +40,8 @@ struct PluginLoad {
 };
 
 thread_local PluginLoad* current_load = nullptr;
+// What made the loader run, for the origin of what it registers.
+thread_local const char* loaded_by = "by load_accelerator_plugin";
 
 std::mutex& errors_mutex() {
   static std::mutex m;
@@ -50,17 +52,26 @@ std::vector<std::string>& load_time_errors() {
   return *errors;
 }
 
-// The shared object holding `creator`'s code: where an accelerator came from.
-std::string library_of(AcceleratorCreator creator) {
+// The shared object holding `address`: where an accelerator came from.
+std::string library_at(const void* address) {
   Dl_info info{};
-  if (dladdr(reinterpret_cast<void*>(creator), &info) != 0 && info.dli_fname != nullptr && info.dli_fname[0] != '\0')
-    return info.dli_fname;
+  if (dladdr(address, &info) != 0 && info.dli_fname != nullptr && info.dli_fname[0] != '\0') return info.dli_fname;
   return "the program";
 }
+std::string library_of(AcceleratorCreator creator) { return library_at(reinterpret_cast<const void*>(creator)); }
 
-RegistryAccess::Entry make_entry(const std::string& name, AcceleratorCreator creator) {
+// Where a registration outside the loader came from: libfulgor's built-ins, or
+// a library that registered as it loaded (linked into the program).
+std::string origin_at_load(AcceleratorCreator creator) {
+  const std::string library = library_of(creator);
+  static const char in_libfulgor = 0;
+  if (library == library_at(&in_libfulgor)) return fmt::format("fulgor's built-in accelerators in {}", library);
+  return fmt::format("{}, as it loaded (not through the plugin loader)", library);
+}
+
+RegistryAccess::Entry make_entry(const std::string& name, AcceleratorCreator creator, std::string origin) {
   RegisterOptions options;
-  options.origin = library_of(creator);
+  options.origin = std::move(origin);
   return RegistryAccess::make_entry(name, creator, std::move(options));
 }
 
@@ -84,9 +95,9 @@ void register_accelerator_at_load(int abi_version, const char* name, Accelerator
       error = abi_mismatch(fmt::format("accelerator '{}' in {}", name, library_of(creator)), abi_version);
     } else {
       std::vector<RegistryAccess::Entry> entries;
-      entries.push_back(make_entry(name, creator));
+      entries.push_back(make_entry(name, creator, origin_at_load(creator)));
       error = RegistryAccess::add_all(std::move(entries));
-      if (!error.empty()) error += fmt::format(" (registering again from {})", library_of(creator));
+      if (!error.empty()) error += fmt::format(", and {} registers it again", origin_at_load(creator));
     }
   } catch (const std::exception& e) {
     error = fmt::format("registering accelerator '{}' from {} failed: {}", name, library_of(creator), e.what());
@@ -114,11 +125,14 @@ void load_plugins_from_environment() {
       size_t colon = paths.find(':', start);
       std::string path = paths.substr(start, colon == std::string::npos ? std::string::npos : colon - start);
       if (!path.empty()) {
+        loaded_by = "from FULGOR_ACCELERATOR_PLUGINS";
         try {
           load_accelerator_plugin(path);
         } catch (const PluginError& e) {
+          loaded_by = "by load_accelerator_plugin";
           throw PluginError(fmt::format("FULGOR_ACCELERATOR_PLUGINS: {}", e.what()));
         }
+        loaded_by = "by load_accelerator_plugin";
       }
       if (colon == std::string::npos) break;
       start = colon + 1;
@@ -170,8 +184,9 @@ std::string load_failure(const std::string& path, const char* why) {
                        machine_name(program));
   std::string message = fmt::format("cannot load accelerator plugin '{}': {}", path, why ? why : "unknown error");
   if (path.find('/') == std::string::npos)
-    message += " (a name without a slash is looked up where the dynamic loader looks for libraries: "
-               "LD_LIBRARY_PATH, the ld.so cache and the system's library folders; give a path to load a file)";
+    message +=
+        " (a name without a slash is looked up where the dynamic loader looks for libraries: "
+        "LD_LIBRARY_PATH, the ld.so cache and the system's library folders; give a path to load a file)";
   return message;
 }
 
@@ -206,7 +221,8 @@ std::vector<std::string> load_accelerator_plugin(const std::string& path) {
         error = detail::abi_mismatch(fmt::format("accelerator plugin '{}'", path), s.abi_version);
         break;
       }
-      entries.push_back(detail::make_entry(s.name, s.creator));
+      entries.push_back(
+          detail::make_entry(s.name, s.creator, fmt::format("plugin '{}', loaded {}", path, detail::loaded_by)));
       names.push_back(s.name);
     }
     if (error.empty() && entries.empty())
@@ -214,7 +230,11 @@ std::vector<std::string> load_accelerator_plugin(const std::string& path) {
           fmt::format("accelerator plugin '{}' registers no accelerator (a plugin uses REGISTER_ACCELERATOR)", path);
     if (error.empty()) {
       error = detail::RegistryAccess::add_all(std::move(entries));
-      if (!error.empty()) error = fmt::format("accelerator plugin '{}' cannot be registered: {}", path, error);
+      if (!error.empty())
+        error = fmt::format(
+            "accelerator plugin '{}' cannot be registered: {}; a plugin cannot replace an accelerator: load one of "
+            "the two, or give one another name",
+            path, error);
     }
     if (!error.empty()) names.clear();
     known = outcomes->emplace(handle, std::make_pair(std::move(names), std::move(error))).first;

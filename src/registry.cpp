@@ -47,7 +47,7 @@ void AcceleratorRegistry::add(const std::string& name, AcceleratorFactory factor
   std::vector<Entry> one;
   one.push_back(make_entry(name, std::move(factory), std::move(options)));
   std::string clash = add_all(std::move(one));
-  if (!clash.empty()) throw RegistryError(clash);
+  if (!clash.empty()) throw RegistryError(clash + "; pass override to replace it");
 }
 
 AcceleratorRegistry::Entry AcceleratorRegistry::make_entry(const std::string& name, AcceleratorFactory factory,
@@ -75,7 +75,7 @@ std::string AcceleratorRegistry::add_all(std::vector<Entry> entries) {
     if (entry.options.override) continue;
     auto it = std::find_if(entries_.begin(), entries_.end(), [&](const Entry& e) { return e.name == entry.name; });
     if (it != entries_.end())
-      return fmt::format("accelerator '{}' is already registered (by {}); pass override to replace it", entry.name,
+      return fmt::format("accelerator '{}' is already registered (by {})", entry.name,
                          it->options.origin.empty() ? "an earlier registration" : it->options.origin);
   }
   for (Entry& entry : entries) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <mutex>
 
+#include "fulgor/distributed/backend.h"
 #include "fulgor/error.h"
 #include "fulgor/strategy.h"
 
@@ -31,7 +32,18 @@ bool runs_data_parallel(const std::string& strategy, const DistributedEnvironmen
 bool launches_ranks(const std::string& strategy, const DistributedEnvironment& environment,
                     const Accelerator& accelerator, const Devices& devices, size_t selected) {
   if (environment.is_distributed() || selected < 2) return false;
-  if (strategy != "single_device") return true;
+  if (strategy != "single_device") {
+    // Refused before any rank starts, rather than by every rank at once.
+    const std::string backend = accelerator.distributed_backend();
+    if (!has_distributed_backend(backend))
+      throw ConfigError(fmt::format(
+          "devices={} selects {} devices of accelerator '{}', so strategy '{}' trains on {} processes over its "
+          "distributed backend '{}', which is not registered (registered: {}): register it "
+          "(REGISTER_DISTRIBUTED_BACKEND), or use devices=1",
+          devices.str(), selected, accelerator.name(), strategy, selected, backend,
+          fmt::join(distributed_backend_names(), ", ")));
+    return true;
+  }
   throw ConfigError(fmt::format(
       "devices={} selects {} devices of accelerator '{}', but strategy 'single_device' runs on one device: use "
       "devices=1, or strategy 'auto' or 'ddp' to train on all {} (one process each)",

@@ -33,7 +33,8 @@ bool runs_data_parallel(const std::string& strategy, const DistributedEnvironmen
 /// [The Trainer's own launcher]): its devices select more than one device, in
 /// a process no launcher started, and the strategy is "auto" or "ddp", as
 /// Lightning's "auto" becomes "ddp" with its subprocess script launcher.
-/// Throws ConfigError for "single_device" with more than one device.
+/// Throws ConfigError for "single_device" with more than one device, and when
+/// the accelerator's distributed backend is not registered.
 bool launches_ranks(const std::string& strategy, const DistributedEnvironment& environment,
                     const Accelerator& accelerator, const Devices& devices, size_t selected);
 

@@ -9,6 +9,7 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <tuple>
@@ -24,14 +25,6 @@
 
 namespace fulgor::conformance {
 namespace {
-
-// Why a check failed; anything else a check throws is reported as thrown.
-class CheckFailure : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
-[[noreturn]] void fail(const std::string& why) { throw CheckFailure(why); }
 
 // LibTorch's messages carry a backtrace on later lines.
 std::string first_line(const std::exception& e) {
@@ -333,8 +326,10 @@ constexpr int64_t kFitEpochs = 2;
 constexpr int64_t kFitBatches = 4;
 
 // Fits a freshly seeded LossRecorder through the Trainer for kFitEpochs epochs
-// of kFitBatches shuffled batches.
-std::unique_ptr<LossRecorder> fit(const std::string& accelerator, Devices devices) {
+// of kFitBatches shuffled batches (shared among the ranks of a job), on
+// `devices` or at the Trainer's default.
+std::unique_ptr<LossRecorder> fit(const std::string& accelerator, std::optional<Devices> devices,
+                                  DefaultsFit* run = nullptr) {
   auto g = at::detail::createCPUGenerator(8);
   const torch::Tensor input = torch::randn({kFitBatches * 6, 8}, g);
   const torch::Tensor target = torch::randn({kFitBatches * 6, 4}, g);
@@ -348,7 +343,7 @@ std::unique_ptr<LossRecorder> fit(const std::string& accelerator, Devices device
   auto model = std::make_unique<LossRecorder>();
   TrainerOptions options;
   options.accelerator = accelerator;
-  options.devices = std::move(devices);
+  if (devices) options.devices = std::move(*devices);
   options.max_epochs = kFitEpochs;
   options.logger = false;
   options.enable_checkpointing = false;
@@ -356,6 +351,7 @@ std::unique_ptr<LossRecorder> fit(const std::string& accelerator, Devices device
   options.enable_model_summary = false;
   Trainer trainer(options);
   trainer.fit(*model, loader);
+  if (run) *run = {trainer.world_size(), trainer.is_global_zero(), model->losses.size(), model->losses.back()};
   return model;
 }
 
@@ -376,6 +372,21 @@ std::string check_fit(const Accelerator& accelerator, torch::Device device, cons
                     tolerance);
   return fmt::format("{} epochs x {} batches through fulgor::Trainer", kFitEpochs, kFitBatches);
 }
+
+}  // namespace
+
+DefaultsFit fit_at_defaults(const std::string& accelerator) {
+  DefaultsFit run;
+  fit(accelerator, std::nullopt, &run);
+  return run;
+}
+
+int64_t steps_at_defaults(int64_t world_size) {
+  const int64_t samples_per_rank = (kFitBatches * 6 + world_size - 1) / world_size;
+  return kFitEpochs * ((samples_per_rank + 5) / 6);
+}
+
+namespace {
 
 // ---- State, RNG, execution and memory -----------------------------------------
 
@@ -536,6 +547,7 @@ void run_checks(Accelerator& accelerator, const Options& options, Report& report
     report.check("memory_stats" + on, [&] { return check_memory_stats(a, device); });
     report.check("fit" + on, [&] { return check_fit(a, device, tolerance); });
   }
+  report.check("fit_at_defaults", [&] { return check_fit_at_defaults(a, options.command); });
 
   report.check("teardown", [&] {
     accelerator.teardown();

@@ -5,6 +5,9 @@
 //                      [--rtol X] [--atol X] [--skip-unavailable]
 //
 // Prints one PASS or FAIL line per check and then "N passed, N failed".
+// With --fit-at-defaults it only fits the conformance model with a Trainer at
+// its defaults on the accelerator and prints, from rank 0, what the check
+// fit_at_defaults reads (that check runs the program again so).
 // Exit status: 0 when every check passed, 1 when one failed, 2 when the checks
 // could not start (bad command line, a plugin that does not load, an unknown
 // accelerator), 77 when the accelerator is unavailable and --skip-unavailable
@@ -35,7 +38,8 @@ const char* kUsage =
     "  --devices SPEC       the devices the per-device checks run on (default \"auto\")\n"
     "  --rtol X, --atol X   tolerance against the CPU: |device - cpu| <= atol + rtol * |cpu|\n"
     "                       (defaults 1e-3 and 1e-4)\n"
-    "  --skip-unavailable   exit 77 instead of failing when the accelerator is unavailable\n";
+    "  --skip-unavailable   exit 77 instead of failing when the accelerator is unavailable\n"
+    "  --fit-at-defaults    only fit with a Trainer at its defaults, as the check fit_at_defaults does\n";
 
 int usage(const std::string& problem) {
   std::cerr << "fulgor-conformance: " << problem << '\n' << kUsage;
@@ -49,13 +53,29 @@ std::optional<double> parse_tolerance(const std::string& text) {
   return value;
 }
 
+int fit_at_defaults_only(const std::string& accelerator) {
+  try {
+    const auto run = fulgor::conformance::fit_at_defaults(accelerator);
+    if (run.global_zero)
+      std::cout << fmt::format("fit_at_defaults world_size {} steps {} last_loss {}", run.world_size, run.steps,
+                               run.last_loss)
+                << std::endl;
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "fulgor-conformance: " << e.what() << std::endl;
+    return kFailed;
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string name;
   std::vector<std::string> plugins;
   bool skip_unavailable = false;
+  bool fit_at_defaults = false;
   fulgor::conformance::Options options;
+  options.command.assign(argv, argv + argc);
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     auto value = [&]() -> std::optional<std::string> {
@@ -67,6 +87,8 @@ int main(int argc, char** argv) {
       return 0;
     } else if (arg == "--skip-unavailable") {
       skip_unavailable = true;
+    } else if (arg == "--fit-at-defaults") {
+      fit_at_defaults = true;
     } else if (arg == "--accelerator" || arg == "--plugin" || arg == "--devices" || arg == "--rtol" ||
                arg == "--atol") {
       const std::optional<std::string> v = value();
@@ -100,6 +122,7 @@ int main(int argc, char** argv) {
     return kCannotStart;
   }
 
+  if (fit_at_defaults) return fit_at_defaults_only(accelerator->name());
   std::cout << fmt::format("fulgor-conformance {}, LibTorch {}: accelerator '{}' ({})\n", fulgor::version(),
                            fulgor::torch_version(), accelerator->name(), accelerator->description());
   const fulgor::Availability availability = accelerator->availability();

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
@@ -29,6 +30,22 @@ Outcome run_info(const std::string& arguments, const std::string& environment = 
 
 bool has_row(const std::string& output, const std::string& row_pattern) {
   return std::regex_search(output, std::regex("(^|\n)" + row_pattern));
+}
+
+// A second registration of a name says where the first came from: here the
+// environment variable, with the plugin's path.
+TEST(FulgorInfo, ADuplicateNamesWhereTheFirstRegistrationCameFrom) {
+  const auto copy = std::filesystem::temp_directory_path() / ("fulgor-info-vcpu-" + std::to_string(getpid()) + ".so");
+  std::filesystem::copy_file(FULGOR_VCPU_PLUGIN, copy, std::filesystem::copy_options::overwrite_existing);
+  Outcome run = run_info("--plugin " + copy.string(), "FULGOR_ACCELERATOR_PLUGINS=" FULGOR_VCPU_PLUGIN);
+  std::filesystem::remove(copy);
+  EXPECT_NE(run.status, 0) << run.output;
+  EXPECT_NE(run.output.find("accelerator plugin '" + copy.string() +
+                            "' cannot be registered: accelerator 'vcpu' is already registered (by plugin '" +
+                            FULGOR_VCPU_PLUGIN "', loaded from FULGOR_ACCELERATOR_PLUGINS)"),
+            std::string::npos)
+      << run.output;
+  EXPECT_NE(run.output.find("load one of the two, or give one another name"), std::string::npos) << run.output;
 }
 
 TEST(FulgorInfo, ListsVersionsAndTheBuiltIns) {

@@ -1,5 +1,5 @@
 # Installs the fulgor build into a scratch prefix, builds the example plugin
-# against it with find_package(fulgor), and checks that the installed
+# installed with it (share/fulgor/examples) against it with find_package(fulgor), and checks that the installed
 # fulgor-info lists it and, when built, the installed fulgor-conformance passes
 # it, as a vendor would run both. Run with cmake -P; see tests/CMakeLists.txt.
 file(REMOVE_RECURSE ${WORK_DIR})
@@ -12,7 +12,7 @@ function(run)
 endfunction()
 
 run(${CMAKE_COMMAND} --install ${FULGOR_BINARY_DIR} --prefix ${WORK_DIR}/prefix)
-run(${CMAKE_COMMAND} -S ${FULGOR_SOURCE_DIR}/examples/custom_accelerator -B ${WORK_DIR}/build
+run(${CMAKE_COMMAND} -S ${WORK_DIR}/prefix/share/fulgor/examples/custom_accelerator -B ${WORK_DIR}/build
     -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix -DCMAKE_BUILD_TYPE=Release)
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
 run(${WORK_DIR}/prefix/bin/fulgor-info --plugin ${WORK_DIR}/build/libfulgor_vcpu.so)
