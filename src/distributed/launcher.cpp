@@ -2,13 +2,12 @@
 
 #include <ATen/Parallel.h>
 #include <fmt/format.h>
-#include <netinet/in.h>
 #include <sched.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cerrno>
@@ -25,6 +24,7 @@
 #include <vector>
 
 #include "fulgor/error.h"
+#include "processes.h"
 
 extern char** environ;
 
@@ -61,19 +61,6 @@ Launcher& state() {
   return *launcher;
 }
 
-std::string describe_status(int status) {
-  if (WIFEXITED(status)) return fmt::format("exited with status {}", WEXITSTATUS(status));
-  if (WIFSIGNALED(status))
-    return fmt::format("was killed by signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)));
-  return fmt::format("ended with wait status {}", status);
-}
-
-int exit_code_of(int status) {
-  if (WIFEXITED(status)) return WEXITSTATUS(status) != 0 ? WEXITSTATUS(status) : 1;
-  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
-  return 1;
-}
-
 // The program's arguments as the kernel keeps them: what Lightning's
 // launcher reads from sys.argv.
 std::vector<std::string> command_line() {
@@ -90,21 +77,6 @@ std::vector<std::string> command_line() {
         "cannot start the other ranks: /proc/self/cmdline gives no command line to run again; start the ranks with "
         "fulgor-run, torchrun or srun instead");
   return arguments;
-}
-
-// A port nothing listens on now, as fulgor-run and Lightning choose one.
-int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(address);
-  const bool ok = fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
-                  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0;
-  const std::string error = ok ? "" : std::strerror(errno);
-  if (fd >= 0) close(fd);
-  if (!ok) throw DistributedError(fmt::format("cannot start the other ranks: no free port for rank 0: {}", error));
-  return ntohs(address.sin_port);
 }
 
 // Lightning's _set_num_threads_if_needed: the cores shared among the ranks.
@@ -171,8 +143,8 @@ void on_rank_end(int64_t rank, int status) {
   l.ranks[rank].ended = true;
   const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
   if (failed && !l.stopping && l.failure.empty()) {
-    l.failure = fmt::format("rank {} (pid {}) {}", rank, l.ranks[rank].pid, describe_status(status));
-    l.failure_code = exit_code_of(status);
+    l.failure = fmt::format("rank {} (pid {}) {}", rank, l.ranks[rank].pid, describe_wait_status(status));
+    l.failure_code = std::max(1, exit_code_of(status));
     if (!l.joined) {
       // Rank 0 waits in the rendezvous for a rank that will never come.
       for (auto& pid : g_pids)
@@ -272,7 +244,11 @@ DistributedEnvironment launch_ranks(int64_t processes) {
   const auto argv = command_line();
   const char* address = std::getenv("MASTER_ADDR");
   const char* port = std::getenv("MASTER_PORT");
-  set_rank_zero_variables(processes, address ? address : "127.0.0.1", port ? port : std::to_string(free_port()));
+  const int chosen = port ? 0 : free_port();
+  if (chosen < 0)
+    throw DistributedError(
+        fmt::format("cannot start the other ranks: no free port for rank 0: {}", std::strerror(errno)));
+  set_rank_zero_variables(processes, address ? address : "127.0.0.1", port ? port : std::to_string(chosen));
   share_cores(processes);
   {
     std::lock_guard<std::mutex> lock(l.mutex);

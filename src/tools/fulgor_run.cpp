@@ -18,9 +18,7 @@
 // It starts no LibTorch itself, so it links neither libfulgor nor LibTorch.
 
 #include <fmt/format.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -32,6 +30,8 @@
 #include <map>
 #include <string>
 #include <vector>
+
+#include "distributed/processes.h"
 
 extern char** environ;
 
@@ -117,37 +117,10 @@ Options parse(int argc, char** argv) {
   return options;
 }
 
-// A port nothing listens on now. Rank 0 binds it moments later; another
-// program could take it in between, which rank 0 then reports.
 long free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) throw std::runtime_error(fmt::format("cannot open a socket: {}", std::strerror(errno)));
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_ANY);
-  address.sin_port = 0;
-  socklen_t length = sizeof(address);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-    const std::string error = std::strerror(errno);
-    close(fd);
-    throw std::runtime_error(fmt::format("cannot find a free port: {}", error));
-  }
-  close(fd);
-  return ntohs(address.sin_port);
-}
-
-std::string describe_status(int status) {
-  if (WIFEXITED(status)) return fmt::format("exited with status {}", WEXITSTATUS(status));
-  if (WIFSIGNALED(status))
-    return fmt::format("was killed by signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)));
-  return fmt::format("ended with wait status {}", status);
-}
-
-int exit_code_of(int status) {
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
-  return 1;
+  const int port = fulgor::detail::free_port();
+  if (port < 0) throw std::runtime_error(fmt::format("cannot find a free port: {}", std::strerror(errno)));
+  return port;
 }
 
 struct Child {
@@ -257,11 +230,11 @@ class Launcher {
       const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
       if (ok || stopping_) continue;
       failed_ = true;
-      failure_code_ = exit_code_of(status);
+      failure_code_ = fulgor::detail::exit_code_of(status);
       if (failure_code_ == 0) failure_code_ = 1;
       std::cerr << fmt::format("fulgor-run: rank {} (local rank {}, pid {}) {}; stopping the other {} rank{}\n",
-                               child.rank, child.local_rank, pid, describe_status(status), children_.size(),
-                               children_.size() == 1 ? "" : "s");
+                               child.rank, child.local_rank, pid, fulgor::detail::describe_wait_status(status),
+                               children_.size(), children_.size() == 1 ? "" : "s");
       begin_stopping(SIGTERM);
     }
   }
