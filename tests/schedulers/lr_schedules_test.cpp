@@ -16,6 +16,7 @@
 
 #include "../trainer/tiny.h"
 #include "fulgor/fulgor.h"
+#include "warmup_cosine.h"  // docs/training.md's LitWarmupCosine, as written there
 
 namespace fulgor::testing {
 namespace {
@@ -331,6 +332,27 @@ TEST(LRSchedules, WarmupCosineStepsInFitAndResumesExactly) {
   rest.fit(resumed, train, {.ckpt_path = path});
   EXPECT_EQ(resumed_log->lrs, std::vector<double>(expected.begin() + 16, expected.end()));
   EXPECT_TRUE(same_parameters(straight, resumed));
+}
+
+// docs/training.md's recipe: the rate rises for the warmup's steps, is the
+// optimizer's own at the milestone, and decays after it.
+TEST(LRSchedules, TheDocsWarmupCosineRecipeTrains) {
+  TempDir dir;
+  auto train = sequential_loader(32, 4);  // 8 steps an epoch
+  LitWarmupCosine model(4, 16);
+  std::vector<double> lrs;
+  LambdaHooks h;
+  h.on_train_batch_start = [&lrs](Trainer& t, ModuleBase&, int64_t) {
+    lrs.push_back(t.optimizers()[0]->param_groups()[0].options().get_lr());
+  };
+  Trainer trainer(quiet(dir, 2, {std::make_shared<LambdaCallback>(h)}));
+  trainer.fit(model, train);
+  ASSERT_EQ(lrs.size(), 16u);
+  EXPECT_DOUBLE_EQ(lrs[0], 1e-3 * 0.01);
+  EXPECT_DOUBLE_EQ(lrs[4], 1e-3);
+  for (size_t i = 1; i <= 4; ++i) EXPECT_GT(lrs[i], lrs[i - 1]) << i;
+  for (size_t i = 5; i < lrs.size(); ++i) EXPECT_LT(lrs[i], lrs[i - 1]) << i;
+  EXPECT_GT(lrs.back(), 1e-5);
 }
 
 }  // namespace
