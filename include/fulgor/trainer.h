@@ -219,6 +219,11 @@ class Trainer {
   /// Asks the loops to stop after the current batch; training first completes
   /// min_epochs epochs.
   void request_stop(std::string reason);
+  /// Batches whose gradients each optimizer step accumulates: the option
+  /// accumulate_grad_batches until a callback sets another (between epochs,
+  /// as GradientAccumulationScheduler does); ConfigError below 1.
+  int64_t accumulate_grad_batches() const;
+  void set_accumulate_grad_batches(int64_t batches);
   bool should_stop() const;
   const std::string& stop_reason() const;
   /// Whether the training batch being run sends its step values to the

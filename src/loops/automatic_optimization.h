@@ -87,7 +87,7 @@ struct AutomaticOptimization {
       return train.step(Stage::train, batch_idx);
     }();
     if (loss.defined() && FULGOR_UNLIKELY(loss.numel() != 1 || !loss.requires_grad())) throw_bad_loss(loss);
-    if (batch_idx % s.options.accumulate_grad_batches == 0) {
+    if (batch_idx % s.accumulate_grad_batches == 0) {
       auto& optimizer = *s.optim.optimizers.front();
       s.hooks.callbacks("on_before_zero_grad",
                       [&](Callback& cb) { cb.on_before_zero_grad(s.trainer, *s.module, optimizer); });
@@ -95,7 +95,7 @@ struct AutomaticOptimization {
       s.hooks.module("optimizer_zero_grad", [&] { s.module->optimizer_zero_grad(s.fit_loop.current_epoch(), batch_idx, optimizer); });
     }
     if (!loss.defined()) return loss;
-    const int64_t accumulate = s.options.accumulate_grad_batches;
+    const int64_t accumulate = s.accumulate_grad_batches;
     // The loss itself, not a copy, unless accumulating.
     const torch::Tensor divided =
         FULGOR_UNLIKELY(accumulate > 1) ? loss / static_cast<double>(accumulate) : torch::Tensor();

@@ -149,7 +149,7 @@ bool TrainingEpochLoop::advance() {
   s.metrics.current_batch_size = train_->batch_size();
   s.metrics.context = LogContext::train_step;
   // The epoch's last batch steps the optimizer even mid-window.
-  const bool steps_optimizer = (batch_idx + 1) % s.options.accumulate_grad_batches == 0 || reached_last_batch();
+  const bool steps_optimizer = (batch_idx + 1) % s.accumulate_grad_batches == 0 || reached_last_batch();
   s.metrics.step_log_due =
       steps_optimizer && ((logging_step() + 1) % s.options.log_every_n_steps == 0 || s.should_stop);
   s.hooks.callbacks("on_train_batch_start",
@@ -217,7 +217,7 @@ void TrainingEpochLoop::on_run_end() {
 void TrainingEpochLoop::validate() {
   if (!val_loop.setup_data()) return;
   // Lightning frees the gradients first, unless they are still accumulating.
-  if (batch_progress.current.processed % s.options.accumulate_grad_batches == 0 || reached_last_batch())
+  if (batch_progress.current.processed % s.accumulate_grad_batches == 0 || reached_last_batch())
     s.hooks.module("on_validation_model_zero_grad", [&] { s.module->on_validation_model_zero_grad(); });
   val_loop.run();
 }

@@ -65,6 +65,9 @@ struct TrainerState {
   Trainer& trainer;
   const TrainerOptions options;
   const LoopLimits limits{options};
+  // Lightning's trainer.accumulate_grad_batches: the options' value, which a
+  // callback (GradientAccumulationScheduler) may change between epochs.
+  int64_t accumulate_grad_batches = options.accumulate_grad_batches;
   std::vector<std::shared_ptr<Callback>> callbacks;
   std::vector<std::shared_ptr<Logger>> loggers;
   std::unique_ptr<Accelerator> accelerator;

@@ -67,6 +67,11 @@ std::optional<int64_t> Trainer::num_eval_batches() const {
 std::optional<int64_t> Trainer::num_val_batches() const {
   return (state_->stage == "validate" ? state_->validate_loop : state_->fit_loop.epoch_loop.val_loop).max_batches;
 }
+int64_t Trainer::accumulate_grad_batches() const { return state_->accumulate_grad_batches; }
+void Trainer::set_accumulate_grad_batches(int64_t batches) {
+  if (batches < 1) throw ConfigError(fmt::format("accumulate_grad_batches={}: expected an integer >= 1", batches));
+  state_->accumulate_grad_batches = batches;
+}
 int64_t Trainer::max_epochs() const { return state_->limits.max_epochs; }
 int64_t Trainer::max_steps() const { return state_->limits.max_steps; }
 int64_t Trainer::min_epochs() const { return state_->limits.min_epochs; }
