@@ -1,0 +1,195 @@
+"""Reference files for fulgor's torch.save reader and writer, made by PyTorch.
+
+  torch_files.py write DIR        writes DIR/*.pt and DIR/expected.json, which
+                                  says what each tensor holds, as PyTorch sees it
+  torch_files.py check FILE JSON  loads FILE with torch.load(weights_only=True)
+                                  and checks it against JSON (written by fulgor)
+
+Run with Debian's python3, which has python3-torch.
+"""
+
+import collections
+import io
+import json
+import os
+import pickle
+import sys
+import zipfile
+
+import torch
+
+DTYPES = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "int64": torch.int64,
+    "int32": torch.int32,
+    "int16": torch.int16,
+    "int8": torch.int8,
+    "uint8": torch.uint8,
+    "bool": torch.bool,
+}
+NAMES = {v: k for k, v in DTYPES.items()}
+
+
+def storage_ptr(t):
+    if hasattr(t, "untyped_storage"):
+        return t.untyped_storage().data_ptr()
+    return t.storage().data_ptr()
+
+
+def describe(tensors):
+    """What fulgor must find: dtype, shape, stride, offset, the values' bytes
+    in row-major order, and which tensors share a storage."""
+    groups = {}
+    out = {}
+    for name, t in tensors.items():
+        raw = t.detach().reshape(-1).contiguous()
+        raw = raw.view(torch.uint8) if raw.numel() else torch.empty(0, dtype=torch.uint8)
+        out[name] = {
+            "dtype": NAMES[t.dtype],
+            "shape": list(t.shape),
+            "stride": list(t.stride()),
+            "offset": t.storage_offset(),
+            "hex": bytes(raw.tolist()).hex(),
+            "storage": groups.setdefault(storage_ptr(t), len(groups)),
+            "requires_grad": t.requires_grad,
+        }
+    return out
+
+
+def values(dtype, n, seed):
+    g = torch.Generator().manual_seed(seed)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, (n,), generator=g).bool()
+    if dtype.is_floating_point:
+        return (torch.randn(n, generator=g, dtype=torch.float64) * 100).to(dtype)
+    info = torch.iinfo(dtype)
+    return torch.randint(info.min, info.max, (n,), generator=g, dtype=torch.int64).to(dtype)
+
+
+def state_dict():
+    sd = collections.OrderedDict()
+    for i, (name, dtype) in enumerate(DTYPES.items()):
+        sd[name] = values(dtype, 24, i).reshape(2, 3, 4)
+    base = values(torch.float32, 40, 99).reshape(5, 8)
+    sd["base"] = base
+    sd["transposed"] = base.t()                 # shares base's storage
+    sd["sliced"] = base[1:4, 2:7:2]             # an offset and strides
+    sd["row"] = base[3]
+    sd["scalar"] = torch.tensor(2.5, dtype=torch.float64)
+    sd["empty"] = torch.empty(0, 3, dtype=torch.int32)
+    sd["param"] = torch.nn.Parameter(values(torch.float32, 6, 7))
+    return sd
+
+
+class Evil:
+    def __init__(self, function, argument):
+        self.function, self.argument = function, argument
+
+    def __reduce__(self):
+        return (self.function, (self.argument,))
+
+
+class Pickler(pickle.Pickler):
+    """torch.save's pickling with a chosen storage location, for storages
+    saved on devices this machine lacks."""
+
+    def __init__(self, file, location):
+        super().__init__(file, protocol=2)
+        self.location, self.storages = location, {}
+
+    def persistent_id(self, obj):
+        if isinstance(obj, getattr(torch.storage, "TypedStorage", ())) or torch.is_storage(obj):
+            key = str(len(self.storages))
+            data = obj.cpu()
+            self.storages[key] = data
+            storage_type = getattr(obj, "_pickle_storage_type", None) or obj.pickle_storage_type
+            numel = obj._size() if hasattr(obj, "_size") else obj.size()
+            return ("storage", getattr(torch, storage_type()), key, self.location, numel)
+        return None
+
+
+def save_on(path, obj, location):
+    buffer = io.BytesIO()
+    pickler = Pickler(buffer, location)
+    pickler.dump(obj)
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("archive/data.pkl", buffer.getvalue())
+        for key, storage in pickler.storages.items():
+            t = torch.tensor([], dtype=storage.dtype).set_(storage)
+            raw = t.view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
+            z.writestr("archive/data/" + key, bytes(raw.tolist()))
+        z.writestr("archive/version", "3\n")
+
+
+def record_spans(path):
+    """Where each record's data lies in a zip file: [start, size]."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    spans = []
+    for info in zipfile.ZipFile(path).infolist():
+        at = info.header_offset
+        name_length = int.from_bytes(raw[at + 26:at + 28], "little")
+        extra_length = int.from_bytes(raw[at + 28:at + 30], "little")
+        spans.append([at + 30 + name_length + extra_length, info.file_size])
+    return spans
+
+
+def write(directory):
+    os.makedirs(directory, exist_ok=True)
+    sd = state_dict()
+    torch.save(sd, os.path.join(directory, "state_dict.pt"))
+    expected = {"torch": torch.__version__, "state_dict": describe(sd),
+                "state_dict_records": record_spans(os.path.join(directory, "state_dict.pt"))}
+    extras = {"epoch": 3, "lr": 0.125, "name": "net", "flags": [True, False, None],
+              "pair": (1, -2**40), "big": 2**70, "neg_big": -2**70, "blob": b"\x00\xffxy",
+              "shape": torch.Size([2, 3]), "dtype": torch.bfloat16, "members": {5}}
+    torch.save({"state_dict": sd, **extras}, os.path.join(directory, "container.pt"))
+    expected["extras"] = {"big": str(2**70), "neg_big": str(-2**70), "blob": b"\x00\xffxy".hex(),
+                          "dtype_bfloat16": int(torch.ones(1, dtype=torch.bfloat16).element_size())}
+    small = collections.OrderedDict(w=values(torch.float32, 6, 1).reshape(2, 3), b=values(torch.int64, 3, 2))
+    expected["devices"] = {}
+    for location in ["cuda:1", "npu:0", "privateuseone", "mps", "xpu"]:
+        save_on(os.path.join(directory, f"on_{location.replace(':', '_')}.pt"), small, location)
+    expected["devices"] = describe(small)
+    for label, function, argument in [("os_system", os.system, "touch " + os.path.join(directory, "pwned")),
+                                      ("builtins_eval", eval, "open('" + os.path.join(directory, "pwned") + "','w')")]:
+        torch.save({"weight": torch.ones(2), "payload": Evil(function, argument)},
+                   os.path.join(directory, label + ".pt"))
+        expected[label] = f"{function.__module__}.{function.__name__}"
+    with open(os.path.join(directory, "expected.json"), "w") as f:
+        json.dump(expected, f, indent=1)
+
+
+def check(path, expected_path):
+    with open(expected_path) as f:
+        expected = json.load(f)
+    loaded = torch.load(path, weights_only=True)
+    if isinstance(loaded, dict) and "state_dict" in expected:
+        loaded = loaded if "state_dict" not in loaded else loaded["state_dict"]
+    got = describe(loaded)
+    for name, want in expected["tensors"].items():
+        have = got.get(name)
+        if have is None:
+            sys.exit(f"{name}: missing from {path}")
+        for field in ["dtype", "shape", "hex"] + (["stride", "offset"] if expected.get("strided") else []):
+            if have[field] != want[field]:
+                sys.exit(f"{name}: {field} is {have[field]}, fulgor wrote {want[field]}")
+    if sorted(got) != sorted(expected["tensors"]):
+        sys.exit(f"keys differ: {sorted(got)} vs {sorted(expected['tensors'])}")
+    groups = {}
+    for name, want in expected["tensors"].items():
+        if "storage" in want and groups.setdefault(want["storage"], got[name]["storage"]) != got[name]["storage"]:
+            sys.exit(f"{name}: does not share the storage fulgor gave it")
+    print(f"torch {torch.__version__} loaded {len(got)} tensors from {path} with weights_only=True")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "write":
+        write(sys.argv[2])
+    elif len(sys.argv) == 4 and sys.argv[1] == "check":
+        check(sys.argv[2], sys.argv[3])
+    else:
+        sys.exit(__doc__)
