@@ -124,6 +124,46 @@ def save_on(path, obj, location):
         z.writestr("archive/version", "3\n")
 
 
+def network():
+    """The network the C++ tests build too: torch::nn::Sequential names its
+    children 0, 1, 2, 3 as Python's does."""
+    torch.manual_seed(5)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    net.train()
+    net(torch.randn(16, 4))  # running statistics and the batch count move
+    return net.eval()
+
+
+def lightning_checkpoint(state_dict, prefix):
+    """What Lightning's Trainer.save_checkpoint writes (its dump_checkpoint):
+    the LightningModule's state dict, whose keys carry the attribute that
+    holds the network."""
+    return {
+        "epoch": 2,
+        "global_step": 40,
+        "pytorch-lightning_version": "2.4.0",
+        "state_dict": collections.OrderedDict((prefix + k, v) for k, v in state_dict.items()),
+        "loops": {"fit_loop": {"state_dict": {}}},
+        "callbacks": {},
+        "optimizer_states": [],
+        "lr_schedulers": [],
+        "hparams_name": "kwargs",
+        "hyper_parameters": {"hidden": 8, "lr": 0.01},
+    }
+
+
+def write_networks(directory, expected):
+    net = network()
+    sd = net.state_dict()
+    torch.save(sd, os.path.join(directory, "net.pt"))
+    torch.save({"model": sd, "optimizer": {"state": {}, "param_groups": []}}, os.path.join(directory, "net_model.pt"))
+    torch.save(lightning_checkpoint(sd, "model."), os.path.join(directory, "net.ckpt"))
+    x = torch.randn(5, 4)
+    with torch.no_grad():
+        y = net(x)
+    expected["network"] = {"state_dict": describe(sd), "input": x.reshape(-1).tolist(), "output": y.reshape(-1).tolist()}
+
+
 def record_spans(path):
     """Where each record's data lies in a zip file: [start, size]."""
     with open(path, "rb") as f:
@@ -159,6 +199,7 @@ def write(directory):
         torch.save({"weight": torch.ones(2), "payload": Evil(function, argument)},
                    os.path.join(directory, label + ".pt"))
         expected[label] = f"{function.__module__}.{function.__name__}"
+    write_networks(directory, expected)
     with open(os.path.join(directory, "expected.json"), "w") as f:
         json.dump(expected, f, indent=1)
 
