@@ -2,8 +2,12 @@
 
   torch_files.py write DIR        writes DIR/*.pt and DIR/expected.json, which
                                   says what each tensor holds, as PyTorch sees it
-  torch_files.py check FILE JSON  loads FILE with torch.load(weights_only=True)
-                                  and checks it against JSON (written by fulgor)
+  torch_files.py check FILE JSON KEY
+                                  loads FILE (written by fulgor) with
+                                  torch.load(weights_only=True) and checks it
+                                  against what JSON has under KEY
+  torch_files.py network FILE OUT loads FILE into network() and writes its
+                                  outputs on a fixed input to OUT
 
 Run with Debian's python3, which has python3-torch.
 """
@@ -204,33 +208,43 @@ def write(directory):
         json.dump(expected, f, indent=1)
 
 
-def check(path, expected_path):
+def check(path, expected_path, key):
+    """Loads what fulgor wrote with weights_only=True and compares it with
+    what PyTorch described under `key` of expected.json: dtypes, shapes,
+    strides, offsets, bytes and shared storages."""
     with open(expected_path) as f:
-        expected = json.load(f)
+        want = json.load(f)[key]
     loaded = torch.load(path, weights_only=True)
-    if isinstance(loaded, dict) and "state_dict" in expected:
-        loaded = loaded if "state_dict" not in loaded else loaded["state_dict"]
+    if not isinstance(loaded, collections.OrderedDict):
+        sys.exit(f"{path} holds a {type(loaded).__name__}, not the OrderedDict of a state dict")
     got = describe(loaded)
-    for name, want in expected["tensors"].items():
-        have = got.get(name)
-        if have is None:
-            sys.exit(f"{name}: missing from {path}")
-        for field in ["dtype", "shape", "hex"] + (["stride", "offset"] if expected.get("strided") else []):
-            if have[field] != want[field]:
-                sys.exit(f"{name}: {field} is {have[field]}, fulgor wrote {want[field]}")
-    if sorted(got) != sorted(expected["tensors"]):
-        sys.exit(f"keys differ: {sorted(got)} vs {sorted(expected['tensors'])}")
-    groups = {}
-    for name, want in expected["tensors"].items():
-        if "storage" in want and groups.setdefault(want["storage"], got[name]["storage"]) != got[name]["storage"]:
-            sys.exit(f"{name}: does not share the storage fulgor gave it")
-    print(f"torch {torch.__version__} loaded {len(got)} tensors from {path} with weights_only=True")
+    if list(got) != list(want):
+        sys.exit(f"keys differ: {list(got)} vs {list(want)}")
+    for name in want:
+        for field in ["dtype", "shape", "stride", "offset", "hex", "storage"]:
+            if got[name][field] != want[name][field]:
+                sys.exit(f"{name}: {field} is {got[name][field]}, PyTorch wrote {want[name][field]}")
+    print(f"torch {torch.__version__} read {len(got)} tensors from {path} with weights_only=True")
+
+
+def run_network(path, out_path):
+    """Loads fulgor's weights into network() and writes its outputs."""
+    net = network()
+    net.load_state_dict(torch.load(path, weights_only=True))
+    torch.manual_seed(11)
+    x = torch.randn(5, 4)
+    with torch.no_grad():
+        y = net.eval()(x)
+    with open(out_path, "w") as f:
+        json.dump({"input": x.reshape(-1).tolist(), "output": y.reshape(-1).tolist()}, f)
 
 
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "write":
         write(sys.argv[2])
-    elif len(sys.argv) == 4 and sys.argv[1] == "check":
-        check(sys.argv[2], sys.argv[3])
+    elif len(sys.argv) == 5 and sys.argv[1] == "check":
+        check(sys.argv[2], sys.argv[3], sys.argv[4])
+    elif len(sys.argv) == 4 and sys.argv[1] == "network":
+        run_network(sys.argv[2], sys.argv[3])
     else:
         sys.exit(__doc__)
