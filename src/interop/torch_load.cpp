@@ -67,8 +67,6 @@ c10::IValue StorageLoader::operator()(const c10::IValue& id) {
   return it->second;
 }
 
-void release_mapping(void* context) { delete static_cast<std::shared_ptr<MappedFile>*>(context); }
-
 torch::Tensor StorageLoader::load(const std::string& key, c10::ScalarType dtype, int64_t numel) {
   const std::string& file = zip_.file()->name();
   size_t size = 0;
@@ -82,9 +80,7 @@ torch::Tensor StorageLoader::load(const std::string& key, c10::ScalarType dtype,
   if (reinterpret_cast<uintptr_t>(data) % element == 0) {
     // Note [Reading the zip ourselves]: the storage aliases the mapping, which
     // lives as long as any tensor over it.
-    auto* context = new std::shared_ptr<MappedFile>(zip_.file());
-    c10::DataPtr pointer(data, context, &release_mapping, c10::Device(c10::kCPU));
-    c10::Storage storage(c10::Storage::use_byte_size_t(), size, std::move(pointer), nullptr, false);
+    c10::Storage storage(c10::Storage::use_byte_size_t(), size, aliasing_data_ptr(zip_.file(), data), nullptr, false);
     flat = torch::empty({0}, options).set_(storage, 0, {numel}, {1});
   } else {  // a zip writer that does not align records, unlike torch's
     flat = torch::empty({numel}, options);

@@ -90,6 +90,11 @@ MappedFile::~MappedFile() {
   }
 }
 
+c10::DataPtr aliasing_data_ptr(const std::shared_ptr<MappedFile>& file, uint8_t* data) {
+  auto release = [](void* context) { delete static_cast<std::shared_ptr<MappedFile>*>(context); };
+  return c10::DataPtr(data, new std::shared_ptr<MappedFile>(file), release, c10::Device(c10::kCPU));
+}
+
 bool looks_like_zip(const uint8_t* data, size_t size) {
   return size >= 4 && little_endian(data, 4) == kLocalHeader;
 }

@@ -13,6 +13,8 @@
 // record's CRC-32 can be checked (all of them, as torch.load checks each one it
 // reads), so truncated and corrupted files are refused naming the record.
 
+#include <c10/core/Allocator.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -74,6 +76,10 @@ class ZipReader {
   std::shared_ptr<MappedFile> file_;
   std::map<std::string, ZipRecord> records_;
 };
+
+/// A CPU DataPtr to `data`, inside `file`, that keeps the file mapped for as
+/// long as a storage holds it.
+c10::DataPtr aliasing_data_ptr(const std::shared_ptr<MappedFile>& file, uint8_t* data);
 
 /// Whether `data` starts as a zip archive does.
 bool looks_like_zip(const uint8_t* data, size_t size);

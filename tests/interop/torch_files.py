@@ -6,6 +6,10 @@
                                   loads FILE (written by fulgor) with
                                   torch.load(weights_only=True) and checks it
                                   against what JSON has under KEY
+  torch_files.py safetensors FILE JSON
+                                  reads FILE (written by fulgor) by the
+                                  format's specification and checks it
+                                  against JSON's "safetensors"
   torch_files.py network FILE OUT loads FILE into network() and writes its
                                   outputs on a fixed input to OUT
 
@@ -168,6 +172,57 @@ def write_networks(directory, expected):
     expected["network"] = {"state_dict": describe(sd), "input": x.reshape(-1).tolist(), "output": y.reshape(-1).tolist()}
 
 
+SAFETENSORS_DTYPES = {"float32": "F32", "float64": "F64", "float16": "F16", "bfloat16": "BF16", "int64": "I64",
+                      "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL"}
+
+
+def raw_bytes(t):
+    t = t.detach().reshape(-1).contiguous()
+    return bytes((t.view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)).tolist())
+
+
+def write_safetensors(path, tensors, metadata):
+    """The format by its specification, as python3-safetensors would write it
+    (Debian has no such package): an 8-byte little-endian header length, the
+    JSON header, the tensors' bytes back to back."""
+    header, data = {"__metadata__": metadata}, b""
+    for name, t in tensors.items():
+        raw = raw_bytes(t)
+        header[name] = {"dtype": SAFETENSORS_DTYPES[NAMES[t.dtype]], "shape": list(t.shape),
+                        "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(len(text).to_bytes(8, "little") + text + data)
+
+
+def check_safetensors(path, expected_path):
+    """Reads fulgor's .safetensors by the specification and compares each
+    tensor's dtype, shape and bytes with expected.json's "safetensors"."""
+    with open(expected_path) as f:
+        expected = json.load(f)
+    with open(path, "rb") as f:
+        raw = f.read()
+    length = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + length])
+    data = raw[8 + length:]
+    if header.pop("__metadata__", None) != expected["safetensors_metadata"]:
+        sys.exit("__metadata__ differs")
+    ends = sorted((info["data_offsets"][0], info["data_offsets"][1]) for info in header.values())
+    if [b for b, _ in ends] != [0] + [e for _, e in ends[:-1]] or ends[-1][1] != len(data):
+        sys.exit(f"offsets not contiguous: {ends}")
+    want = expected["safetensors"]
+    if sorted(header) != sorted(want):
+        sys.exit(f"names differ: {sorted(header)} vs {sorted(want)}")
+    for name, info in header.items():
+        begin, end = info["data_offsets"]
+        if info["dtype"] != SAFETENSORS_DTYPES[want[name]["dtype"]] or info["shape"] != want[name]["shape"] \
+                or data[begin:end].hex() != want[name]["hex"]:
+            sys.exit(f"{name}: {info} differs from {want[name]}")
+    print(f"{len(header)} tensors as written")
+
+
 def record_spans(path):
     """Where each record's data lies in a zip file: [start, size]."""
     with open(path, "rb") as f:
@@ -204,6 +259,10 @@ def write(directory):
                    os.path.join(directory, label + ".pt"))
         expected[label] = f"{function.__module__}.{function.__name__}"
     write_networks(directory, expected)
+    plain = collections.OrderedDict((k, v.detach().contiguous()) for k, v in sd.items() if k not in ("transposed", "sliced", "row"))
+    write_safetensors(os.path.join(directory, "tensors.safetensors"), plain, {"format": "pt", "source": "torch_files.py"})
+    expected["safetensors"] = describe(plain)
+    expected["safetensors_metadata"] = {"format": "pt", "source": "torch_files.py"}
     with open(os.path.join(directory, "expected.json"), "w") as f:
         json.dump(expected, f, indent=1)
 
@@ -244,6 +303,8 @@ if __name__ == "__main__":
         write(sys.argv[2])
     elif len(sys.argv) == 5 and sys.argv[1] == "check":
         check(sys.argv[2], sys.argv[3], sys.argv[4])
+    elif len(sys.argv) == 4 and sys.argv[1] == "safetensors":
+        check_safetensors(sys.argv[2], sys.argv[3])
     elif len(sys.argv) == 4 and sys.argv[1] == "network":
         run_network(sys.argv[2], sys.argv[3])
     else:
