@@ -318,9 +318,12 @@ c10::IValue PickleReader::call(Callable callable, const std::vector<c10::IValue>
     case Callable::rebuild_from_type_v2: {
       // (function, type, args, state): the function must be one of the
       // rebuild functions, the type Tensor or Parameter, the state ignored.
-      auto function = args.size() == 4 && args[0].isString() ? callables().find(args[0].toStringRef()) : callables().end();
-      if (function == callables().end() || !args[2].isTuple() || !args[1].isString() ||
-          callables().at(args[1].toStringRef()) != Callable::tensor_type)
+      auto named = [&](size_t i) {
+        return args.size() == 4 && args[i].isString() ? callables().find(args[i].toStringRef()) : callables().end();
+      };
+      auto function = named(0), type = named(1);
+      if (function == callables().end() || type == callables().end() || type->second != Callable::tensor_type ||
+          !args[2].isTuple())
         fail("_rebuild_from_type_v2 of something other than a tensor");
       return call(function->second, args[2].toTupleRef().elements().vec());
     }
@@ -372,8 +375,9 @@ bool PickleReader::push_literal(uint8_t op) {
     case 'M': push(static_cast<int64_t>(little(2))); break;                        // BININT2
     case 0x8a: push_integer(little(1)); break;                                     // LONG1
     case 0x8b: {                                                                   // LONG4
+      // Its decimal digits take time quadratic in its length.
       uint64_t n = little(4);
-      if (n > size_) fail("LONG4 longer than the pickle");
+      if (n > 4096) fail(fmt::format("an integer of {} bytes; fulgor reads integers of up to 4096 bytes", n));
       push_integer(n);
       break;
     }

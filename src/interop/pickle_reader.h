@@ -11,7 +11,8 @@
 // What it builds are LibTorch values (c10::IValue): dicts (OrderedDict too)
 // keep their order, sets and frozensets become lists, bytes become strings,
 // torch.Size becomes a tuple of ints, dtypes become ints (c10::ScalarType),
-// and integers beyond int64 become their decimal string.
+// and integers beyond int64 become their decimal string (up to 4096 bytes of
+// them: longer ones are refused).
 
 #include <ATen/core/ivalue.h>
 

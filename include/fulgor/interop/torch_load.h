@@ -31,8 +31,8 @@ struct TorchLoadOptions {
 /// too) in their order, lists, tuples, strings, ints, floats, bools, None;
 /// sets become lists, bytes strings, torch.Size a tuple of ints, a dtype its
 /// c10::ScalarType as an int, a torch.device a c10::Device (or its string
-/// where this LibTorch cannot name it), ints beyond int64 their decimal
-/// string. Tensors that shared a storage in Python share one here, with their
+/// where this LibTorch cannot name it), ints beyond int64 (up to 4096
+/// bytes) their decimal string. Tensors that shared a storage in Python share one here, with their
 /// offsets and strides. On the CPU, storages alias the file, mapped
 /// copy-on-write: nothing is copied, and writing to a tensor never changes the
 /// file.
