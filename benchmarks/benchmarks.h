@@ -13,6 +13,7 @@ struct Settings {
 void data_benchmark(Report& report, const Settings& settings);
 void overhead_benchmark(Report& report, const Settings& settings);
 void checkpoint_benchmark(Report& report, const Settings& settings);
+void interop_benchmark(Report& report, const Settings& settings);
 void instructions_benchmark(Report& report, const Settings& settings);
 void precision_benchmark(Report& report, const Settings& settings);
 /// The instructions benchmark's child mode, run under callgrind.

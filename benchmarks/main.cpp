@@ -52,13 +52,13 @@ int main(int argc, char** argv) {
     } else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
       only.push_back(argv[++i]);
     } else {
-      std::cerr << "usage: fulgor-benchmarks [--quick] [--only overhead|instructions|data|checkpoint|precision]...\n";
+      std::cerr << "usage: fulgor-benchmarks [--quick] [--only overhead|instructions|data|checkpoint|interop|precision]...\n";
       return 2;
     }
   }
   const std::vector<std::pair<std::string, void (*)(Report&, const Settings&)>> benchmarks = {
       {"overhead", overhead_benchmark},     {"instructions", instructions_benchmark}, {"data", data_benchmark},
-      {"checkpoint", checkpoint_benchmark}, {"precision", precision_benchmark},
+      {"checkpoint", checkpoint_benchmark}, {"interop", interop_benchmark},           {"precision", precision_benchmark},
   };
   fulgor::BlasInfo blas = fulgor::blas_info();
   std::cout << fmt::format("fulgor {}, LibTorch {}, BLAS {}, {} LibTorch thread(s)\n", fulgor::version(),

@@ -14,6 +14,20 @@ std::string privateuse1_backend_name() {
 #endif
 }
 
+std::optional<c10::ScalarType> newer_safetensors_dtype(const std::string& name) {
+#if FULGOR_TORCH_AT_LEAST(2, 3)
+  if (name == "U16") return c10::ScalarType::UInt16;
+  if (name == "U32") return c10::ScalarType::UInt32;
+  if (name == "U64") return c10::ScalarType::UInt64;
+#endif
+#if FULGOR_TORCH_AT_LEAST(2, 1)
+  if (name == "F8_E4M3") return c10::ScalarType::Float8_e4m3fn;
+  if (name == "F8_E5M2") return c10::ScalarType::Float8_e5m2;
+#endif
+  (void)name;
+  return std::nullopt;
+}
+
 #if FULGOR_TORCH_AT_LEAST(2, 4)
 
 bool autocast_supported(c10::DeviceType device_type) { return at::autocast::is_autocast_available(device_type); }

@@ -50,4 +50,13 @@ class CheckpointError : public Error {
   using Error::Error;
 };
 
+/// A file in another framework's format (torch.save, Lightning, safetensors)
+/// cannot be read or written: it is malformed, truncated, corrupted, or holds
+/// something fulgor refuses to load (a pickled global outside the allow-list).
+/// The message names the file and what is wrong.
+class InteropError : public CheckpointError {
+ public:
+  using CheckpointError::CheckpointError;
+};
+
 }  // namespace fulgor

@@ -26,6 +26,11 @@ void options(const uint8_t* data, size_t size);
 /// otherwise valid (see checkpoint_fuzz.cpp).
 void checkpoint(const uint8_t* data, size_t size);
 
+/// The input as a torch.save file, or as a bare pickle (see torch_file_fuzz.cpp).
+void torch_file(const uint8_t* data, size_t size);
+/// The input as a .safetensors file, read and written back.
+void safetensors(const uint8_t* data, size_t size);
+
 /// Writes the valid checkpoint the checkpoint target's seeds start from: a
 /// one-parameter module after one epoch, with the callbacks' states.
 void write_checkpoint_seed(const std::string& path);

@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,11 @@ constexpr bool kHasNamedPrivateUse1 = FULGOR_TORCH_AT_LEAST(2, 1);
 /// The name PrivateUse1 was renamed to, or "" when no backend renamed it (and
 /// always "" where renaming does not exist).
 std::string privateuse1_backend_name();
+
+/// The dtypes safetensors names that LibTorch 1.13 lacks ("U16", "U32",
+/// "U64" from 2.3, "F8_E4M3", "F8_E5M2" from 2.1): the ScalarType where this
+/// LibTorch has it, nothing where not.
+std::optional<c10::ScalarType> newer_safetensors_dtype(const std::string& name);
 
 /// Whether LibTorch can autocast on `device_type`.
 bool autocast_supported(c10::DeviceType device_type);

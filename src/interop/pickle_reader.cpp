@@ -1,0 +1,519 @@
+#include "interop/pickle_reader.h"
+
+#include <ATen/core/Dict.h>
+#include <ATen/core/List.h>
+#include <c10/util/Exception.h>
+#include <fmt/format.h>
+#include <torch/types.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <unordered_map>
+#include <vector>
+
+#include "fulgor/error.h"
+
+namespace fulgor::detail {
+namespace {
+
+// The globals a pickle may name, each with fulgor's version of what calling
+// it does (Note [A pickle reader that runs nothing]).
+enum class Callable {
+  none,
+  ordered_dict,
+  rebuild_tensor,
+  rebuild_tensor_v2,
+  rebuild_tensor_v3,
+  rebuild_parameter,
+  rebuild_parameter_with_state,
+  rebuild_from_type_v2,
+  size,
+  device,
+  set,
+  frozenset,
+  bytearray,
+  codecs_encode,
+  tensor_type,
+};
+
+const std::map<std::string, Callable>& callables() {
+  static const std::map<std::string, Callable> table = {
+      {"collections.OrderedDict", Callable::ordered_dict},
+      {"torch._utils._rebuild_tensor", Callable::rebuild_tensor},
+      {"torch._utils._rebuild_tensor_v2", Callable::rebuild_tensor_v2},
+      {"torch._utils._rebuild_tensor_v3", Callable::rebuild_tensor_v3},
+      {"torch._utils._rebuild_parameter", Callable::rebuild_parameter},
+      {"torch._utils._rebuild_parameter_with_state", Callable::rebuild_parameter_with_state},
+      {"torch._tensor._rebuild_from_type_v2", Callable::rebuild_from_type_v2},
+      {"torch.Size", Callable::size},
+      {"torch.device", Callable::device},
+      {"builtins.set", Callable::set},
+      {"builtins.frozenset", Callable::frozenset},
+      {"builtins.bytearray", Callable::bytearray},
+      {"_codecs.encode", Callable::codecs_encode},
+      {"torch.Tensor", Callable::tensor_type},
+      {"torch.nn.parameter.Parameter", Callable::tensor_type},
+  };
+  return table;
+}
+
+const std::map<std::string, c10::ScalarType>& dtypes() {
+  using S = c10::ScalarType;
+  static const std::map<std::string, c10::ScalarType> table = {
+      {"float32", S::Float}, {"float", S::Float},          {"float64", S::Double},     {"double", S::Double},
+      {"float16", S::Half},  {"half", S::Half},            {"bfloat16", S::BFloat16},  {"int64", S::Long},
+      {"long", S::Long},     {"int32", S::Int},            {"int", S::Int},            {"int16", S::Short},
+      {"short", S::Short},   {"int8", S::Char},            {"uint8", S::Byte},         {"bool", S::Bool},
+      {"complex64", S::ComplexFloat}, {"cfloat", S::ComplexFloat}, {"complex128", S::ComplexDouble},
+      {"cdouble", S::ComplexDouble},
+  };
+  return table;
+}
+
+// One stack or memo entry: a value, or a global fulgor knows how to call
+// (whose value is then its qualified name).
+struct Item {
+  c10::IValue value;
+  Callable callable = Callable::none;
+};
+
+c10::impl::GenericDict new_dict() { return c10::impl::GenericDict(c10::AnyType::get(), c10::AnyType::get()); }
+c10::impl::GenericList new_list() { return c10::impl::GenericList(c10::AnyType::get()); }
+
+// The decimal digits of a little-endian two's-complement integer too wide for
+// int64, as Python prints it.
+std::string decimal_of(std::vector<uint8_t> bytes) {
+  bool negative = (bytes.back() & 0x80) != 0;
+  if (negative) {  // magnitude = ~x + 1
+    unsigned carry = 1;
+    for (uint8_t& b : bytes) {
+      unsigned v = static_cast<uint8_t>(~b) + carry;
+      b = static_cast<uint8_t>(v);
+      carry = v >> 8;
+    }
+  }
+  std::string digits;
+  while (std::any_of(bytes.begin(), bytes.end(), [](uint8_t b) { return b != 0; })) {
+    unsigned remainder = 0;
+    for (auto it = bytes.rbegin(); it != bytes.rend(); ++it) {
+      unsigned v = (remainder << 8) | *it;
+      *it = static_cast<uint8_t>(v / 10);
+      remainder = v % 10;
+    }
+    digits.push_back(static_cast<char>('0' + remainder));
+  }
+  if (digits.empty()) digits = "0";
+  if (negative) digits.push_back('-');
+  return {digits.rbegin(), digits.rend()};
+}
+
+// Python's str.encode('latin1'), which protocol 2 uses to carry bytes.
+std::string latin1_of(const std::string& utf8, const std::string& source) {
+  std::string out;
+  for (size_t i = 0; i < utf8.size(); ++i) {
+    auto c = static_cast<uint8_t>(utf8[i]);
+    if (c < 0x80) {
+      out.push_back(static_cast<char>(c));
+    } else if ((c & 0xE0) == 0xC0 && c <= 0xC3 && i + 1 < utf8.size()) {
+      out.push_back(static_cast<char>(((c & 0x1F) << 6) | (static_cast<uint8_t>(utf8[++i]) & 0x3F)));
+    } else {
+      throw InteropError(fmt::format("{}: _codecs.encode of a string that is not latin-1", source));
+    }
+  }
+  return out;
+}
+
+class PickleReader {
+ public:
+  PickleReader(const uint8_t* data, size_t size, const PersistentLoad& persistent_load, const std::string& source)
+      : data_(data), size_(size), persistent_load_(persistent_load), source_(source) {}
+
+  c10::IValue run();
+
+ private:
+  [[noreturn]] void fail(const std::string& what) const {
+    throw InteropError(fmt::format("{}: {} (at byte {} of the pickle)", source_, what, at_));
+  }
+  const uint8_t* take(size_t n) {
+    if (size_ - at_ < n) fail("the pickle is truncated");
+    const uint8_t* p = data_ + at_;
+    at_ += n;
+    return p;
+  }
+  uint64_t little(size_t n) {
+    const uint8_t* p = take(n);
+    uint64_t v = 0;
+    for (size_t i = n; i-- > 0;) v = (v << 8) | p[i];
+    return v;
+  }
+  std::string text(size_t n) {
+    const uint8_t* p = take(n);
+    return std::string(reinterpret_cast<const char*>(p), n);
+  }
+  std::string line() {
+    const void* end = std::memchr(data_ + at_, '\n', size_ - at_);
+    if (end == nullptr) fail("the pickle is truncated in a GLOBAL");
+    size_t n = static_cast<const uint8_t*>(end) - (data_ + at_);
+    std::string s = text(n);
+    ++at_;
+    return s;
+  }
+  Item pop() {
+    if (stack_.size() <= floor()) fail("an opcode pops an empty stack");
+    Item item = std::move(stack_.back());
+    stack_.pop_back();
+    return item;
+  }
+  c10::IValue pop_value() { return pop().value; }
+  Item& top() {
+    if (stack_.size() <= floor()) fail("an opcode needs a value on an empty stack");
+    return stack_.back();
+  }
+  size_t floor() const { return marks_.empty() ? 0 : marks_.back(); }
+  std::vector<c10::IValue> pop_to_mark();
+  void push(c10::IValue value) { stack_.push_back(Item{std::move(value)}); }
+  void push_integer(size_t bytes);
+  void push_global(const std::string& module, const std::string& name);
+  void memo_put(uint64_t index) { memo_[index] = top(); }
+  void memo_get(uint64_t index);
+  bool step(uint8_t op);
+  bool push_literal(uint8_t op);
+  bool build_container(uint8_t op);
+  void reduce();
+  c10::IValue call(Callable callable, const std::vector<c10::IValue>& args);
+  c10::IValue rebuild_tensor(const std::vector<c10::IValue>& args, size_t dtype_at);
+  std::vector<int64_t> ints(const c10::IValue& value, const char* what);
+
+  const uint8_t* data_;
+  size_t size_;
+  size_t at_ = 0;
+  const PersistentLoad& persistent_load_;
+  const std::string& source_;
+  std::vector<Item> stack_;
+  std::vector<size_t> marks_;
+  std::unordered_map<uint64_t, Item> memo_;
+};
+
+std::vector<c10::IValue> PickleReader::pop_to_mark() {
+  if (marks_.empty()) fail("an opcode needs a mark and there is none");
+  size_t mark = marks_.back();
+  marks_.pop_back();
+  std::vector<c10::IValue> items;
+  for (size_t i = mark; i < stack_.size(); ++i) items.push_back(std::move(stack_[i].value));
+  stack_.resize(mark);
+  return items;
+}
+
+void PickleReader::push_integer(size_t bytes) {
+  const uint8_t* p = take(bytes);
+  if (bytes == 0) return push(int64_t{0});
+  bool negative = (p[bytes - 1] & 0x80) != 0;
+  bool fits = true;
+  for (size_t i = 8; i < bytes; ++i) fits = fits && p[i] == (negative ? 0xFF : 0x00);
+  if (bytes > 8 && fits) fits = ((p[7] & 0x80) != 0) == negative;
+  if (!fits) return push(decimal_of(std::vector<uint8_t>(p, p + bytes)));
+  uint64_t v = negative ? ~uint64_t{0} : 0;
+  for (size_t i = std::min<size_t>(bytes, 8); i-- > 0;) v = (v << 8) | p[i];
+  push(static_cast<int64_t>(v));
+}
+
+void PickleReader::push_global(const std::string& raw_module, const std::string& name) {
+  // Protocol 2 writes Python 3's builtins under their Python 2 name.
+  std::string module = raw_module == "__builtin__" ? "builtins" : raw_module;
+  std::string qualified = module + "." + name;
+  auto callable = callables().find(qualified);
+  if (callable != callables().end()) {
+    stack_.push_back(Item{qualified, callable->second});
+    return;
+  }
+  if (module == "torch") {
+    auto dtype = dtypes().find(name);
+    if (dtype != dtypes().end()) return push(dtype->second);
+    if (name.size() > 7 && name.compare(name.size() - 7, 7, "Storage") == 0) return push(qualified);
+  }
+  fail(fmt::format("the pickle names the global '{}', which fulgor refuses to load: only tensors, storages, "
+                   "OrderedDict, set, bytes, torch.Size, torch.device and dtypes are accepted, as "
+                   "torch.load(weights_only=True) accepts",
+                   qualified));
+}
+
+void PickleReader::memo_get(uint64_t index) {
+  auto it = memo_.find(index);
+  if (it == memo_.end()) fail(fmt::format("memo entry {} is read before it is written", index));
+  stack_.push_back(it->second);
+}
+
+std::vector<int64_t> PickleReader::ints(const c10::IValue& value, const char* what) {
+  if (!value.isTuple()) fail(fmt::format("a tensor's {} is not a tuple", what));
+  std::vector<int64_t> out;
+  for (const auto& element : value.toTupleRef().elements()) {
+    if (!element.isInt()) fail(fmt::format("a tensor's {} holds something other than ints", what));
+    out.push_back(element.toInt());
+  }
+  return out;
+}
+
+// _rebuild_tensor(storage, offset, size, stride, ...), its dtype at
+// args[dtype_at] for _v3 (whose storage is untyped) and the storage's own
+// otherwise. Every element it reaches must lie inside the storage.
+c10::IValue PickleReader::rebuild_tensor(const std::vector<c10::IValue>& args, size_t dtype_at) {
+  if (args.size() < 4 || !args[0].isTensor() || !args[1].isInt())
+    fail("a tensor rebuild call does not have (storage, offset, size, stride)");
+  torch::Tensor storage = args[0].toTensor();
+  c10::ScalarType dtype = storage.scalar_type();
+  if (dtype_at != 0) {
+    if (args.size() <= dtype_at || !args[dtype_at].isInt()) fail("_rebuild_tensor_v3 without a dtype");
+    dtype = static_cast<c10::ScalarType>(args[dtype_at].toInt());
+    if (std::none_of(dtypes().begin(), dtypes().end(), [&](const auto& d) { return d.second == dtype; }))
+      fail(fmt::format("_rebuild_tensor_v3 with an unknown dtype {}", args[dtype_at].toInt()));
+  }
+  int64_t offset = args[1].toInt();
+  std::vector<int64_t> sizes = ints(args[2], "size"), strides = ints(args[3], "stride");
+  if (sizes.size() != strides.size()) fail("a tensor's size and stride differ in length");
+  int64_t capacity = static_cast<int64_t>(storage.nbytes() / c10::elementSize(dtype));
+  int64_t last = offset;
+  bool empty = false, overflow = offset < 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (sizes[i] < 0 || strides[i] < 0) fail("a tensor has a negative size or stride");
+    empty = empty || sizes[i] == 0;
+    int64_t reach = 0;
+    overflow = overflow || __builtin_mul_overflow(sizes[i] == 0 ? 0 : sizes[i] - 1, strides[i], &reach) ||
+               __builtin_add_overflow(last, reach, &last);
+  }
+  if (overflow || (!empty && last >= capacity) || offset > capacity)
+    fail(fmt::format("a tensor of size {} and stride {} at offset {} reaches past its storage of {} elements",
+                     fmt::join(sizes, "x"), fmt::join(strides, ","), offset, capacity));
+  return torch::empty({0}, storage.options().dtype(dtype)).set_(storage.storage(), offset, sizes, strides);
+}
+
+c10::IValue PickleReader::call(Callable callable, const std::vector<c10::IValue>& args) {
+  auto arg_string = [&](size_t i) {
+    if (args.size() <= i || !args[i].isString()) fail("a call's argument is not a string");
+    return args[i].toStringRef();
+  };
+  auto list_of = [&](const c10::IValue& v) {
+    auto out = new_list();
+    if (v.isList()) out.append(v.toList());
+    else if (v.isTuple()) for (const auto& e : v.toTupleRef().elements()) out.push_back(e);
+    else fail("set() of something that is not a list");
+    return out;
+  };
+  switch (callable) {
+    case Callable::ordered_dict:
+      if (!args.empty()) fail("OrderedDict called with arguments");
+      return new_dict();
+    case Callable::rebuild_tensor:
+    case Callable::rebuild_tensor_v2:
+      return rebuild_tensor(args, 0);
+    case Callable::rebuild_tensor_v3:
+      return rebuild_tensor(args, 6);
+    case Callable::rebuild_parameter:
+    case Callable::rebuild_parameter_with_state: {
+      if (args.size() < 2 || !args[0].isTensor() || !args[1].isBool()) fail("_rebuild_parameter without (data, requires_grad)");
+      torch::Tensor data = args[0].toTensor();
+      if (args[1].toBool()) data.set_requires_grad(true);
+      return data;
+    }
+    case Callable::rebuild_from_type_v2: {
+      // (function, type, args, state): the function must be one of the
+      // rebuild functions, the type Tensor or Parameter, the state ignored.
+      auto named = [&](size_t i) {
+        return args.size() == 4 && args[i].isString() ? callables().find(args[i].toStringRef()) : callables().end();
+      };
+      auto function = named(0), type = named(1);
+      if (function == callables().end() || type == callables().end() || type->second != Callable::tensor_type ||
+          !args[2].isTuple())
+        fail("_rebuild_from_type_v2 of something other than a tensor");
+      return call(function->second, args[2].toTupleRef().elements().vec());
+    }
+    case Callable::size: {
+      if (args.size() != 1) fail("torch.Size takes one tuple");
+      std::vector<c10::IValue> dims;
+      for (int64_t d : ints(args[0], "torch.Size")) dims.emplace_back(d);
+      return c10::ivalue::Tuple::create(std::move(dims));
+    }
+    case Callable::device: {
+      std::string name = arg_string(0);
+      if (args.size() == 2 && args[1].isInt()) name += ":" + std::to_string(args[1].toInt());
+      try {
+        return c10::Device(name);
+      } catch (const c10::Error&) {
+        return name;  // a device this LibTorch cannot name (npu, say), kept as its string
+      }
+    }
+    case Callable::set:
+    case Callable::frozenset:
+      return args.empty() ? new_list() : list_of(args[0]);
+    case Callable::bytearray:
+      return args.empty() ? std::string() : arg_string(0);
+    case Callable::codecs_encode:
+      return latin1_of(arg_string(0), source_);
+    case Callable::tensor_type:
+    case Callable::none:
+      break;
+  }
+  fail("a call of something that is not an accepted function");
+}
+
+void PickleReader::reduce() {
+  c10::IValue args = pop_value();
+  Item function = pop();
+  if (function.callable == Callable::none || !args.isTuple())
+    fail("REDUCE of something other than an accepted global and a tuple of arguments");
+  push(call(function.callable, args.toTupleRef().elements().vec()));
+}
+
+// The opcodes that push a constant.
+bool PickleReader::push_literal(uint8_t op) {
+  switch (op) {
+    case 'N': push(c10::IValue()); break;
+    case 0x88: push(true); break;   // NEWTRUE
+    case 0x89: push(false); break;  // NEWFALSE
+    case 'J': push(static_cast<int64_t>(static_cast<int32_t>(little(4)))); break;  // BININT
+    case 'K': push(static_cast<int64_t>(little(1))); break;                        // BININT1
+    case 'M': push(static_cast<int64_t>(little(2))); break;                        // BININT2
+    case 0x8a: push_integer(little(1)); break;                                     // LONG1
+    case 0x8b: {                                                                   // LONG4
+      // Its decimal digits take time quadratic in its length.
+      uint64_t n = little(4);
+      if (n > 4096) fail(fmt::format("an integer of {} bytes; fulgor reads integers of up to 4096 bytes", n));
+      push_integer(n);
+      break;
+    }
+    case 'G': {  // BINFLOAT, big-endian
+      const uint8_t* p = take(8);
+      uint64_t bits = 0;
+      for (int i = 0; i < 8; ++i) bits = (bits << 8) | p[i];
+      double v;
+      std::memcpy(&v, &bits, 8);
+      push(v);
+      break;
+    }
+    case 'X': case 'T': case 'B': push(text(little(4))); break;  // BINUNICODE, BINSTRING, BINBYTES
+    case 0x8c: case 'U': case 'C': push(text(little(1))); break;  // SHORT_BINUNICODE, SHORT_BINSTRING, SHORT_BINBYTES
+    case 0x8d: case 0x8e: case 0x96: {                            // BINUNICODE8, BINBYTES8, BYTEARRAY8
+      uint64_t n = little(8);
+      if (n > size_) fail("a string longer than the pickle");
+      push(text(n));
+      break;
+    }
+    default: return false;
+  }
+  return true;
+}
+
+// The opcodes that make or fill tuples, lists, dicts and sets.
+bool PickleReader::build_container(uint8_t op) {
+  auto tuple_of = [&](size_t n) {
+    std::vector<c10::IValue> items(n);
+    for (size_t i = n; i-- > 0;) items[i] = pop_value();
+    push(c10::ivalue::Tuple::create(std::move(items)));
+  };
+  auto list_at_top = [&](const std::vector<c10::IValue>& items) {
+    if (!top().value.isList() || top().callable != Callable::none) fail("APPEND to something that is not a list");
+    auto list = top().value.toList();
+    for (const auto& item : items) list.push_back(item);
+  };
+  auto dict_at_top = [&](const std::vector<c10::IValue>& items) {
+    if (!top().value.isGenericDict() || items.size() % 2 != 0) fail("SETITEM on something that is not a dict");
+    auto dict = top().value.toGenericDict();
+    for (size_t i = 0; i < items.size(); i += 2) dict.insert_or_assign(items[i], items[i + 1]);
+  };
+  switch (op) {
+    case ')': tuple_of(0); break;                                        // EMPTY_TUPLE
+    case 0x85: case 0x86: case 0x87: tuple_of(op - 0x84); break;         // TUPLE1..3
+    case 't': push(c10::ivalue::Tuple::create(pop_to_mark())); break;   // TUPLE
+    case ']': case 0x8f: push(new_list()); break;                        // EMPTY_LIST, EMPTY_SET
+    case 'l': case 0x91: {                                               // LIST, FROZENSET
+      auto list = new_list();
+      for (auto& item : pop_to_mark()) list.push_back(std::move(item));
+      push(list);
+      break;
+    }
+    case 'a': { c10::IValue v = pop_value(); list_at_top({v}); break; }  // APPEND
+    case 'e': case 0x90: { auto items = pop_to_mark(); list_at_top(items); break; }  // APPENDS, ADDITEMS
+    case '}': push(new_dict()); break;                                   // EMPTY_DICT
+    case 'd': { auto items = pop_to_mark(); push(new_dict()); dict_at_top(items); break; }  // DICT
+    case 's': { c10::IValue v = pop_value(), k = pop_value(); dict_at_top({k, v}); break; }  // SETITEM
+    case 'u': { auto items = pop_to_mark(); dict_at_top(items); break; }  // SETITEMS
+    default: return false;
+  }
+  return true;
+}
+
+// One opcode; false at STOP.
+bool PickleReader::step(uint8_t op) {
+  if (push_literal(op) || build_container(op)) return true;
+  switch (op) {
+    case 0x80: take(1); break;   // PROTO
+    case 0x95: take(8); break;   // FRAME: framing changes nothing for a reader of the whole pickle
+    case '.': return false;      // STOP
+    case '(': marks_.push_back(stack_.size()); break;  // MARK
+    case '0': pop(); break;                            // POP
+    case '1': pop_to_mark(); break;                    // POP_MARK
+    case '2': { Item copy = top(); stack_.push_back(std::move(copy)); break; }  // DUP
+    case 'h': memo_get(little(1)); break;              // BINGET
+    case 'j': memo_get(little(4)); break;              // LONG_BINGET
+    case 'q': memo_put(little(1)); break;              // BINPUT
+    case 'r': memo_put(little(4)); break;              // LONG_BINPUT
+    case 0x94: memo_put(memo_.size()); break;          // MEMOIZE
+    case 'c': { std::string module = line(); push_global(module, line()); break; }  // GLOBAL
+    case 0x93: {                                                                     // STACK_GLOBAL
+      c10::IValue name = pop_value(), module = pop_value();
+      if (!name.isString() || !module.isString()) fail("STACK_GLOBAL of something other than two strings");
+      push_global(module.toStringRef(), name.toStringRef());
+      break;
+    }
+    case 'R': reduce(); break;
+    case 'b': {  // BUILD: the state of a dict (its _metadata) or a tensor is not kept
+      pop_value();
+      if (!top().value.isGenericDict() && !top().value.isTensor()) fail("BUILD on something other than a dict or tensor");
+      break;
+    }
+    case 'Q': push(persistent_load_(pop_value())); break;  // BINPERSID
+    default:
+      fail(fmt::format("opcode 0x{:02x} ('{}') is not one fulgor reads; accepted: the opcodes of protocols 2 to 5 "
+                       "that torch.save writes",
+                       op, std::isprint(op) ? static_cast<char>(op) : '?'));
+  }
+  return true;
+}
+
+c10::IValue PickleReader::run() {
+  while (true) {
+    uint8_t op = *take(1);
+    if (!step(op)) break;
+  }
+  if (stack_.size() != 1 || !marks_.empty()) fail("STOP with other than one value on the stack");
+  return stack_.back().value;
+}
+
+}  // namespace
+
+c10::IValue read_pickle(const uint8_t* data, size_t size, const PersistentLoad& persistent_load,
+                        const std::string& source) {
+  try {
+    return PickleReader(data, size, persistent_load, source).run();
+  } catch (const c10::Error& e) {
+    throw InteropError(fmt::format("{}: malformed pickle: {}", source, e.what_without_backtrace()));
+  }
+}
+
+c10::ScalarType storage_dtype(const std::string& storage_type, const std::string& source) {
+  using S = c10::ScalarType;
+  static const std::map<std::string, c10::ScalarType> table = {
+      {"torch.FloatStorage", S::Float},   {"torch.DoubleStorage", S::Double}, {"torch.HalfStorage", S::Half},
+      {"torch.BFloat16Storage", S::BFloat16}, {"torch.LongStorage", S::Long}, {"torch.IntStorage", S::Int},
+      {"torch.ShortStorage", S::Short},   {"torch.CharStorage", S::Char},     {"torch.ByteStorage", S::Byte},
+      {"torch.BoolStorage", S::Bool},     {"torch.ComplexFloatStorage", S::ComplexFloat},
+      {"torch.ComplexDoubleStorage", S::ComplexDouble}, {"torch.UntypedStorage", S::Byte},
+  };
+  auto it = table.find(storage_type);
+  if (it == table.end())
+    throw InteropError(fmt::format("{}: storage type '{}' is not one fulgor reads (quantized storages are not)",
+                                   source, storage_type));
+  return it->second;
+}
+
+}  // namespace fulgor::detail

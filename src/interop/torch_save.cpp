@@ -1,0 +1,65 @@
+#include "fulgor/interop/torch_save.h"
+
+#include <caffe2/serialize/inline_container.h>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "fulgor/error.h"
+#include "interop/pickle_writer.h"
+
+namespace fulgor {
+namespace {
+
+// The records, by LibTorch's zip writer, into a temporary file renamed over
+// `path` once complete.
+void write_archive(detail::PickleWriter& writer, const std::filesystem::path& path) {
+  std::string pickle = writer.finish();
+  std::filesystem::path temporary = path;
+  temporary += fmt::format(".tmp{}", getpid());
+  std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
+  if (!out) throw InteropError(fmt::format("cannot write '{}': cannot create '{}'", path.string(), temporary.string()));
+  try {
+    caffe2::serialize::PyTorchStreamWriter zip([&](const void* data, size_t size) {
+      out.write(static_cast<const char*>(data), static_cast<std::streamsize>(size));
+      return out ? size : 0;
+    });
+    zip.writeRecord("data.pkl", pickle.data(), pickle.size());
+    zip.writeRecord("byteorder", "little", 6);
+    for (const auto& storage : writer.storages())
+      zip.writeRecord("data/" + storage.key, storage.flat.data_ptr(), storage.flat.nbytes());
+    zip.writeEndOfFile();
+    out.close();
+    if (!out) throw InteropError(fmt::format("cannot write '{}': the disk refused the data", path.string()));
+    std::filesystem::rename(temporary, path);
+  } catch (const c10::Error& e) {
+    std::filesystem::remove(temporary);
+    throw InteropError(fmt::format("cannot write '{}': {}", path.string(), e.what_without_backtrace()));
+  } catch (...) {
+    std::error_code ignored;
+    std::filesystem::remove(temporary, ignored);
+    throw;
+  }
+}
+
+}  // namespace
+
+void torch_save(const c10::IValue& value, const std::filesystem::path& path) {
+  detail::PickleWriter writer;
+  writer.write(value);
+  write_archive(writer, path);
+}
+
+void save_state_dict(const StateDict& state, const std::filesystem::path& path) {
+  detail::PickleWriter writer;
+  writer.write_ordered(state);
+  write_archive(writer, path);
+}
+
+void save_state_dict(const torch::nn::Module& module, const std::filesystem::path& path) {
+  save_state_dict(state_dict_of(module), path);
+}
+
+}  // namespace fulgor

@@ -1,0 +1,114 @@
+// fulgor-convert, run as a user runs it, between Python's files and back.
+
+#include <fmt/format.h>
+#include <fulgor/checkpoint.h>
+#include <fulgor/interop/safetensors.h>
+#include <fulgor/interop/torch_load.h>
+#include <fulgor/interop/weights_file.h>
+
+#include <sstream>
+
+#include "interop_support.h"
+
+namespace fulgor::interop_test {
+namespace {
+
+int run(const std::string& command, std::string* output) {
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  char buffer[4096];
+  output->clear();
+  while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) output->append(buffer, n);
+  int status = pclose(pipe);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+int convert(const std::string& arguments, std::string* output) {
+  return run(std::string(FULGOR_CONVERT) + " " + arguments, output);
+}
+
+// Values, dtypes and shapes as Python described them (a conversion makes
+// views contiguous).
+void expect_values(const StateDict& state, const nlohmann::json& want) {
+  ASSERT_EQ(state.size(), want.size());
+  for (const auto& [name, w] : want.items()) {
+    SCOPED_TRACE(name);
+    ASSERT_NE(state.find(name), nullptr);
+    EXPECT_EQ(dtype_name(state[name].scalar_type()), w["dtype"].get<std::string>());
+    EXPECT_EQ(state[name].sizes().vec(), w["shape"].get<std::vector<int64_t>>());
+    EXPECT_EQ(hex_of(state[name]), w["hex"].get<std::string>());
+  }
+}
+
+TEST(FulgorConvert, TorchSaveToSafetensorsAndBackForPython) {
+  ScratchDir dir("convert_round");
+  std::string output;
+  auto st = dir.path() / "sd.safetensors";
+  ASSERT_EQ(convert(fmt::format("{} {}", (reference_dir() / "state_dict.pt").string(), st.string()), &output), 0) << output;
+  EXPECT_NE(output.find("(torch.save)"), std::string::npos) << output;
+  expect_values(read_safetensors(st).tensors, expected()["state_dict"]);
+
+  auto pt = dir.path() / "back.pt";
+  ASSERT_EQ(convert(fmt::format("{} {}", (reference_dir() / "tensors.safetensors").string(), pt.string()), &output), 0)
+      << output;
+  EXPECT_NE(output.find("(safetensors)"), std::string::npos) << output;
+  EXPECT_EQ(run_python(fmt::format("{}/torch_files.py check {} {} safetensors", FULGOR_INTEROP_SCRIPTS, pt.string(),
+                                   (reference_dir() / "expected.json").string()),
+                       &output),
+            0)
+      << output;
+}
+
+TEST(FulgorConvert, ReadsLightningAndFulgorCheckpoints) {
+  ScratchDir dir("convert_checkpoints");
+  std::string output;
+  ASSERT_EQ(convert(fmt::format("{} {}", (reference_dir() / "net.ckpt").string(), (dir.path() / "n.pt").string()),
+                    &output),
+            0)
+      << output;
+  EXPECT_NE(output.find("(Lightning checkpoint)"), std::string::npos) << output;
+  StateDict lightning = read_weights(dir.path() / "n.pt");
+  EXPECT_NE(lightning.find("model.1.running_mean"), nullptr);
+
+  // A fulgor checkpoint's model archive, nested by submodule.
+  auto net = torch::nn::Sequential(torch::nn::Linear(4, 8), torch::nn::BatchNorm1d(8));
+  torch::serialize::OutputArchive archive, model;
+  net->save(model);
+  archive.write("model", model);
+  write_checkpoint_file((dir.path() / "f.ckpt").string(), archive);
+  ASSERT_EQ(convert(fmt::format("{} {}", (dir.path() / "f.ckpt").string(), (dir.path() / "f.safetensors").string()),
+                    &output),
+            0)
+      << output;
+  EXPECT_NE(output.find("(fulgor checkpoint)"), std::string::npos) << output;
+  StateDict converted = read_safetensors(dir.path() / "f.safetensors").tensors;
+  for (const auto& p : net->named_parameters()) EXPECT_TRUE(torch::equal(converted[p.key()], p.value())) << p.key();
+  for (const auto& b : net->named_buffers()) EXPECT_TRUE(torch::equal(converted[b.key()], b.value())) << b.key();
+  EXPECT_EQ(converted.size(), net->named_parameters().size() + net->named_buffers().size());
+}
+
+TEST(FulgorConvert, ListsNamesDtypesShapesAndChecksumsXxhsumAgreesWith) {
+  ScratchDir dir("convert_list");
+  std::string output;
+  ASSERT_EQ(convert("--list --checksum " + (reference_dir() / "state_dict.pt").string(), &output), 0) << output;
+  StateDict state = read_weights(reference_dir() / "state_dict.pt");
+  const torch::Tensor& t = state["sliced"];
+  torch::Tensor c = t.contiguous();
+  std::ofstream(dir.path() / "bytes", std::ios::binary).write(static_cast<const char*>(c.data_ptr()), c.nbytes());
+  std::string hash;
+  ASSERT_EQ(run("xxhsum -H3 " + (dir.path() / "bytes").string(), &hash), 0) << hash;
+  // "XXH3 (FILE) = HASH" (BSD style) or "[XXH3_]HASH  FILE", by xxhsum's version.
+  std::string digits = hash.find(" = ") != std::string::npos ? hash.substr(hash.find(" = ") + 3, 16)
+                       : hash.rfind("XXH3_", 0) == 0       ? hash.substr(5, 16)
+                                                            : hash.substr(0, 16);
+  EXPECT_NE(output.find("sliced\tFloat\t[3, 3]\t" + digits), std::string::npos) << output << hash;
+  EXPECT_NE(output.find("bfloat16\tBFloat16\t[2, 3, 4]\t"), std::string::npos) << output;
+
+  EXPECT_EQ(convert(fmt::format("{} {}", (reference_dir() / "state_dict.pt").string(), (dir.path() / "x.onnx").string()),
+                    &output),
+            1);
+  EXPECT_NE(output.find("accepted: .safetensors, .pt, .pth, .bin"), std::string::npos) << output;
+  EXPECT_EQ(convert("--list", &output), 2);
+}
+
+}  // namespace
+}  // namespace fulgor::interop_test

@@ -1,0 +1,45 @@
+// The journeys of docs/interop.md, compiled as written and run on the files
+// Python wrote.
+
+#include <fmt/format.h>
+
+#include "docs/interop_journeys.h"
+#include "interop_support.h"
+
+namespace fulgor::interop_test {
+namespace {
+
+TEST(InteropDocs, FineTuneInCppFromPythonWeightsAndHandThemBack) {
+  ScratchDir dir("interop_docs");
+  Regressor model;
+  finetune_from_python(model, (reference_dir() / "net.ckpt").string(), dir.path().string());
+  // Trained from Python's weights: they moved, from where Python left them.
+  auto first = model.net[0]->as<torch::nn::Linear>()->weight;
+  EXPECT_NE(hex_of(first), expected()["network"]["state_dict"]["0.weight"]["hex"].get<std::string>());
+  hand_back_to_python(model, (dir.path() / "net.pt").string());
+  std::string output;
+  ASSERT_EQ(run_python(fmt::format("{}/torch_files.py network {} {}", FULGOR_INTEROP_SCRIPTS,
+                                   (dir.path() / "net.pt").string(), (dir.path() / "out.json").string()),
+                       &output),
+            0)
+      << output;
+  std::ifstream in(dir.path() / "out.json");
+  auto python = nlohmann::json::parse(in);
+  auto input = torch::tensor(python["input"].get<std::vector<float>>()).reshape({5, 4});
+  model.net->eval();
+  torch::NoGradGuard no_grad;
+  EXPECT_TRUE(torch::allclose(model.net->forward(input),
+                              torch::tensor(python["output"].get<std::vector<float>>()).reshape({5, 2}), 1e-5, 1e-6));
+}
+
+TEST(InteropDocs, ContinueALightningRun) {
+  Regressor model;
+  LightningProgress progress = continue_lightning_run(model, (reference_dir() / "net.ckpt").string());
+  EXPECT_EQ(progress.epoch, 2);
+  EXPECT_EQ(progress.global_step, 40);
+  EXPECT_EQ(hex_of(model.net[3]->as<torch::nn::Linear>()->bias),
+            expected()["network"]["state_dict"]["3.bias"]["hex"].get<std::string>());
+}
+
+}  // namespace
+}  // namespace fulgor::interop_test
