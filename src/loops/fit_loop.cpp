@@ -97,6 +97,7 @@ void FitLoop::setup_data() {
   s.open_loader(*train_, Stage::train);
   train_->bind(*s.accelerator, *s.device, s.precision.precision());
   s.distribute(*train_, /*even=*/true);
+  s.warn_if_empty(*train_, Stage::train);
   const auto& l = s.limits;
   if (l.overfit) {
     num_training_batches = TrainerState::resolve_limit(l.limit_train_batches, *train_, "overfit_batches");

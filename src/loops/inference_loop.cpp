@@ -50,6 +50,7 @@ bool InferenceLoop::setup_data() {
   opened_ = true;
   runner_->bind(*s.accelerator, *s.device, s.precision.precision());
   s.distribute(*runner_, /*even=*/false);
+  s.warn_if_empty(*runner_, stage_);
   const LoopLimits& l = s.limits;
   if (stage_ == Stage::validate && l.overfit) stop_shuffling(s, *runner_, "val");
   const Limit& limit = stage_ == Stage::validate ? l.limit_val_batches

@@ -70,6 +70,29 @@ TEST(LightningParity, AStopMidEpochValidatesBeforeLeaving) {
   EXPECT_EQ(result.message, "enough");
 }
 
+// has_len_all_ranks: an empty loader is named, for training and validation
+// alike, and its loop runs no step.
+TEST(LightningParity, AnEmptyLoaderIsWarnedAbout) {
+  TempDir dir;
+  TinyNet model;
+  auto train = sequential_loader(0, 8);
+  auto val = sequential_loader(0, 8);
+  Trainer trainer(quiet(dir, 2));
+  const auto [out, err] = parity_output_of([&] { trainer.fit(model, train, val); });
+  EXPECT_EQ(trainer.global_step(), 0);
+  EXPECT_NE(err.find("The train_loader has no batches: the training loop runs no step. Please make sure this was "
+                     "your intention.\n"),
+            std::string::npos)
+      << err;
+  const auto [val_out, val_err] = parity_output_of([&] { trainer.validate(model, val); });
+  EXPECT_NE(val_err.find("The val_loader has no batches: the validation loop runs no step."), std::string::npos)
+      << val_err;
+  EXPECT_EQ(model.validation_runs, 0);
+  auto full = sequential_loader(16, 8);
+  const auto [out2, quiet_err] = parity_output_of([&] { Trainer(quiet(dir, 1)).fit(model, full); });
+  EXPECT_EQ(quiet_err.find("has no batches"), std::string::npos) << quiet_err;
+}
+
 // FitLoop.on_advance_end steps the epoch-interval schedulers only when the
 // epoch reached its last batch: not after on_train_batch_start's -1.
 TEST(LightningParity, AnEpochEndedByMinusOneDoesNotStepEpochSchedulers) {
