@@ -22,6 +22,7 @@
 #include "fulgor/data/image_folder.h"
 #include "fulgor/data/image_loader.h"
 #include "fulgor/data/image_transforms.h"
+#include "fulgor/data/tar_shards.h"
 #include "fulgor/data/prefetcher.h"
 #include "fulgor/data/tensor_loader.h"
 #include "fulgor/data_module.h"

@@ -47,7 +47,7 @@ struct ImageLoader::Run {
     std::vector<std::string> failures;  // per row; empty: decoded
   };
 
-  Run(const ImageLoader& loader, std::vector<size_t> positions, int64_t epoch_)
+  Run(const ImageLoader& loader, std::vector<size_t> positions, int64_t epoch_, int64_t first_batch)
       : dataset(loader.dataset_),
         transforms(loader.transforms_),
         options(loader.options_),
@@ -57,6 +57,8 @@ struct ImageLoader::Run {
         slots(static_cast<size_t>(options.prefetch_batches)) {
     const auto n = static_cast<int64_t>(order.size()), b = options.batch_size;
     total = options.drop_last ? n / b * b : n;
+    consumed = std::min(first_batch, (total + b - 1) / b);
+    next_position = std::min(consumed * b, total);
     for (int64_t i = 0; i < std::min<int64_t>(options.num_workers, total); ++i) threads.emplace_back([this] { work(); });
   }
 
@@ -253,6 +255,12 @@ bool ImageLoader::distribute(const DistributedShard& shard) {
   return true;
 }
 
+bool ImageLoader::start_at(int64_t batch) {
+  if (batch < 0) throw ConfigError(fmt::format("ImageLoader start_at({}) is not valid: a batch index >= 0", batch));
+  start_batch_ = batch;
+  return true;
+}
+
 bool ImageLoader::disable_shuffle() { return std::exchange(options_.shuffle, false); }
 
 void ImageLoader::pin_memory() {
@@ -271,7 +279,7 @@ ImageLoader::Iterator ImageLoader::begin() {
   DistributedSampler sampler(static_cast<size_t>(dataset_->size()), shard_.num_replicas, shard_.rank, sampling);
   sampler.set_epoch(static_cast<uint64_t>(epoch));
   sampler.reset();
-  run_ = std::make_unique<Run>(*this, sampler.indices(), epoch);
+  run_ = std::make_unique<Run>(*this, sampler.indices(), epoch, std::exchange(start_batch_, 0));
   return Iterator(this);
 }
 

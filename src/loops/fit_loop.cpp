@@ -161,8 +161,8 @@ void FitLoop::on_run_start() {
 // A shuffling sampler draws its order from the CPU generator when the epoch
 // begins. The checkpoint holds that generator's state from the epoch's start
 // as well as its current state: the epoch is begun again from the first, the
-// batches already trained on are fetched and dropped, and then the current
-// state is put back. Lightning does not start again an epoch resumed in its
+// batches already trained on are fetched and dropped (or, by a loader with
+// start_at, not made at all), and then the current state is put back. Lightning does not start again an epoch resumed in its
 // middle: its start hooks are not called.
 void FitLoop::on_advance_start() {
   const bool resuming = epoch_progress.unit_unfinished();
@@ -177,8 +177,10 @@ void FitLoop::on_advance_start() {
   if (resume_) s.checkpoints.restore_rng(*resume_, resuming ? "rng_epoch_start" : "rng_cpu");
   s.checkpoints.rng_epoch_start = cpu_rng_state();
   train_->set_epoch(current_epoch());  // Note [Loader epochs] in step_runner.h
+  // A loader that can begin mid-epoch skips the batches trained on unmade.
+  const bool begun_there = resuming && train_->start_at(epoch_loop.batch_progress.current.processed);
   train_->start_epoch();
-  epoch_loop.reset(resuming);
+  epoch_loop.reset(resuming, begun_there);
   if (resume_ && resuming) s.checkpoints.restore_rng(*resume_, "rng_cpu");
   resume_ = nullptr;
 }

@@ -86,10 +86,10 @@ void TrainingEpochLoop::setup(std::optional<int64_t> num_training_batches) {
   schedule_.emplace(s.limits, val_loop.enabled(), num_training_batches);
 }
 
-void TrainingEpochLoop::reset(bool resuming) {
+void TrainingEpochLoop::reset(bool resuming, bool begun_there) {
   if (!resuming) batch_progress.reset_on_run();
   optimization_->window = 0;
-  if (!resuming) return;
+  if (!resuming || begun_there) return;
   // A checkpoint may count more batches than this loader has.
   for (int64_t i = 0; i < batch_progress.current.processed; ++i)
     if (!train_->next(false)) {

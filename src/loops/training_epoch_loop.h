@@ -66,7 +66,8 @@ class TrainingEpochLoop {
   void setup(std::optional<int64_t> num_training_batches);
   // Lightning's reset: a fresh epoch counts its batches from zero; one
   // resumed in its middle fetches and drops the batches it had done.
-  void reset(bool resuming);
+  // `begun_there`: the loader starts at the checkpoint's batch already.
+  void reset(bool resuming, bool begun_there = false);
   void run();
 
   // Lightning's _num_ready_batches_reached: the epoch's last batch is

@@ -4,13 +4,17 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <atomic>
 #include <filesystem>
 #include <memory>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "fulgor/callback.h"
 #include "fulgor/data/image_loader.h"
+#include "fulgor/module.h"
+#include "fulgor/trainer.h"
 #include "image_encode.h"
 
 namespace fulgor::testing {
@@ -184,6 +188,89 @@ TEST(ImageLoader, RejectsBadOptions) {
   EXPECT_THROW(with([](auto& o) { o.prefetch_batches = 0; })(), ConfigError);
   EXPECT_THROW(with([](auto& o) { o.num_workers = -1; })(), ConfigError);
   EXPECT_THROW(ImageLoader(nullptr, ImageTransforms({CenterCrop{{8}}})), ConfigError);
+}
+
+// An ImageFolder that counts the samples read.
+struct CountedFolder final : ImageDataset {
+  explicit CountedFolder(std::shared_ptr<ImageFolder> inner) : inner(std::move(inner)) {}
+  int64_t size() const override { return inner->size(); }
+  void read(int64_t index, std::vector<uint8_t>& bytes) const override {
+    ++reads;
+    inner->read(index, bytes);
+  }
+  int64_t target(int64_t index) const override { return inner->target(index); }
+  std::string name(int64_t index) const override { return inner->name(index); }
+  const std::vector<std::string>& classes() const override { return inner->classes(); }
+  std::shared_ptr<ImageFolder> inner;
+  mutable std::atomic<int64_t> reads{0};
+};
+
+// Records what each training step saw.
+struct SeeingNet : fulgor::Module {
+  SeeingNet() { fc = register_module("fc", torch::nn::Linear(3 * 8 * 8, 3)); }
+  torch::Tensor training_step(torch::data::Example<> batch, int64_t) override {
+    seen.push_back(batch.data.sum().item<double>() + 1000.0 * batch.target.sum().item<double>());
+    return torch::cross_entropy_loss(fc(batch.data.flatten(1)), batch.target);
+  }
+  fulgor::OptimizerConfig configure_optimizers() override {
+    return std::make_shared<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.01));
+  }
+  torch::nn::Linear fc{nullptr};
+  std::vector<double> seen;
+};
+
+struct StopMidEpoch : fulgor::Callback {
+  explicit StopMidEpoch(std::string path) : path(std::move(path)) {}
+  void on_train_batch_end(Trainer& t, ModuleBase&, const torch::Tensor&, int64_t) override {
+    if (t.current_epoch() != 1 || t.batches_in_epoch() != 2) return;
+    t.save_checkpoint(path);
+    t.request_stop("test stop");
+  }
+  std::string path;
+};
+
+// A run resumed from a checkpoint saved mid-epoch trains on exactly the
+// batches the uninterrupted run did from there, and decodes none of the
+// batches before it.
+TEST(ImageLoader, AResumedFitSeesTheUninterruptedRunsBatches) {
+  LoaderFolder folder;
+  ImageLoaderOptions options;
+  options.batch_size = 5;
+  options.shuffle = true;
+  options.seed = 3;
+  auto loader_on = [&](std::shared_ptr<const ImageDataset> data) {
+    return ImageLoader(std::move(data), ImageTransforms({RandomResizedCrop{{8}}, RandomHorizontalFlip{}}), options);
+  };
+  TrainerOptions trainer_options;
+  trainer_options.accelerator = "cpu";
+  trainer_options.devices = 1;
+  trainer_options.logger = false;
+  trainer_options.enable_checkpointing = false;
+  trainer_options.enable_progress_bar = false;
+  trainer_options.enable_model_summary = false;
+  trainer_options.max_epochs = 3;
+  trainer_options.default_root_dir = (folder.root / "runs").string();
+
+  SeeingNet straight;
+  auto straight_loader = loader_on(folder.dataset);
+  Trainer(trainer_options).fit(straight, straight_loader);
+  ASSERT_EQ(straight.seen.size(), 15u);
+
+  const std::string checkpoint = (folder.root / "mid.ckpt").string();
+  auto stopping = trainer_options;
+  stopping.callbacks = {std::make_shared<StopMidEpoch>(checkpoint)};
+  SeeingNet first;
+  auto first_loader = loader_on(folder.dataset);
+  Trainer(stopping).fit(first, first_loader);
+  ASSERT_EQ(first.seen.size(), 7u);
+
+  SeeingNet resumed;
+  auto counted = std::make_shared<CountedFolder>(folder.dataset);
+  auto resumed_loader = loader_on(counted);
+  Trainer(trainer_options).fit(resumed, resumed_loader, {.ckpt_path = checkpoint});
+  std::vector<double> expected(straight.seen.begin() + 7, straight.seen.end());
+  EXPECT_EQ(resumed.seen, expected);
+  EXPECT_EQ(counted->reads.load(), 23 - 2 * 5 + 23) << "the rest of epoch 1, then epoch 2";
 }
 
 }  // namespace

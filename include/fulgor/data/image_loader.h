@@ -54,8 +54,8 @@ struct ImageLoaderOptions {
 /// Speaks the loader protocol (Note [The loader protocol]): size(),
 /// set_epoch, distribute (a DistributedSampler's shards of each epoch's
 /// order, even for training, unrepeated for evaluation), disable_shuffle and
-/// pin_memory. A resumed run's Trainer sets the epoch and fetches the batches
-/// already trained on again: the same ones.
+/// pin_memory, and start_at, which lets a Trainer resumed mid-epoch go on at
+/// the checkpoint's batch with exactly the batches the uninterrupted run had.
 ///
 /// Requires: batch_size >= 1, prefetch_batches >= 1, num_workers >= 0
 /// (ConfigError otherwise). One iteration at a time; starting another, or
@@ -84,6 +84,10 @@ class ImageLoader {
   bool distribute(const DistributedShard& shard);
   bool disable_shuffle();
   void pin_memory();
+  /// The next iteration begins at batch `batch` of its epoch (its order and
+  /// every sample's transforms as they would be), the ones before it unmade:
+  /// how a Trainer resumes mid-epoch. Always true; ConfigError when negative.
+  bool start_at(int64_t batch);
 
   class Iterator {
    public:
@@ -120,6 +124,7 @@ class ImageLoader {
   ImageLoaderOptions options_;
   DistributedShard shard_;
   int64_t epoch_ = 0;
+  int64_t start_batch_ = 0;
   std::shared_ptr<std::atomic<int64_t>> skipped_;
   std::unique_ptr<Run> run_;
 };
