@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <chrono>
 #include <iostream>
 #include <memory>
@@ -27,6 +28,8 @@ double seconds_since(Clock::time_point start) { return std::chrono::duration<dou
 
 struct Split {
   double read = 0, decode = 0, transform = 0;
+  double full_decode = 0;  // decoding whole images, as a plain decoder would
+  int64_t samples = 0;
 };
 
 // One thread through the pipeline's stages, timed apart, over up to `limit` samples.
@@ -48,6 +51,10 @@ Split split_stages(const fulgor::ImageDataset& data, const fulgor::ImageTransfor
     t = Clock::now();
     transforms.apply(image, crop, out.data());
     split.transform += seconds_since(t);
+    t = Clock::now();
+    decoder.decode(bytes.data(), bytes.size(), data.name(i), {transforms.channels()}, image);
+    split.full_decode += seconds_since(t);
+    ++split.samples;
   }
   return split;
 }
@@ -107,14 +114,20 @@ int run(const std::vector<std::string>& args) {
   std::cout << fmt::format("{} images ({} {}) in {:.2f} s: {:.1f} images/s with {} workers, batch {}\n", images,
                            data->size(), shards ? "samples in shards" : "files", elapsed, rate, workers, batch);
   std::cout << fmt::format("first batch after {:.3f} s; peak memory {:.0f} MB\n", first_batch, peak_mb);
+  // The limit of a loader that decodes whole images: one thread's full-decode rate times the threads.
+  const double full_rate = static_cast<double>(split.samples) / split.full_decode;
+  const double limit = full_rate * static_cast<double>(std::max<int64_t>(workers, 1));
   std::cout << fmt::format("one thread: read {:.0f}%, decode {:.0f}%, transform {:.0f}%\n", 100 * split.read / total,
                            100 * split.decode / total, 100 * split.transform / total);
+  std::cout << fmt::format("full decode on one thread: {:.1f} images/s; x {} threads = {:.1f}, ratio {:.2f}\n",
+                           full_rate, std::max<int64_t>(workers, 1), limit, rate / limit);
   std::cout << fmt::format(
       "{{\"images_per_second\": {:.2f}, \"images\": {}, \"seconds\": {:.3f}, \"time_to_first_batch_s\": {:.4f}, "
       "\"peak_rss_mb\": {:.1f}, \"workers\": {}, \"batch_size\": {}, \"crop\": {}, \"read_share\": {:.3f}, "
-      "\"decode_share\": {:.3f}, \"transform_share\": {:.3f}, \"skipped\": {}}}\n",
+      "\"decode_share\": {:.3f}, \"transform_share\": {:.3f}, \"full_decode_per_second\": {:.2f}, "
+      "\"full_decode_limit\": {:.2f}, \"skipped\": {}}}\n",
       rate, images, elapsed, first_batch, peak_mb, workers, batch, crop, split.read / total, split.decode / total,
-      split.transform / total, loader.skipped());
+      split.transform / total, full_rate, limit, loader.skipped());
   return 0;
 }
 
