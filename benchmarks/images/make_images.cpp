@@ -33,7 +33,9 @@ int main(int argc, char** argv) {
       slope[c][0] = (u(rng) - 0.5f) * 0.4f;
       slope[c][1] = (u(rng) - 0.5f) * 0.4f;
     }
-    struct Blob { float x, y, r, color[3]; };
+    struct Blob {
+      float x, y, r, color[3];
+    };
     std::vector<Blob> blobs(6);
     for (auto& b : blobs) b = {u(rng) * w, u(rng) * h, 20 + 80 * u(rng), {255 * u(rng), 255 * u(rng), 255 * u(rng)}};
     std::normal_distribution<float> grain(0.0f, 3.0f);

@@ -97,16 +97,19 @@ int main(int argc, char** argv) {
   std::string resume;
   for (int i = 3; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
-    if (a == "--epochs") epochs = std::stoll(argv[i + 1]);
-    else if (a == "--stop-at") stop_at = std::stoll(argv[i + 1]);
-    else if (a == "--resume") resume = argv[i + 1];
+    if (a == "--epochs")
+      epochs = std::stoll(argv[i + 1]);
+    else if (a == "--stop-at")
+      stop_at = std::stoll(argv[i + 1]);
+    else if (a == "--resume")
+      resume = argv[i + 1];
   }
   if (!std::filesystem::exists(data)) write_generated_folder(data);
   torch::manual_seed(0);
 
   auto folder = std::make_shared<fulgor::ImageFolder>(data);
-  fulgor::ImageTransforms augment({fulgor::RandomResizedCrop{{32}, {0.6, 1.0}}, fulgor::RandomHorizontalFlip{},
-                                   fulgor::Normalize{{0.5}, {0.25}}});
+  fulgor::ImageTransforms augment(
+      {fulgor::RandomResizedCrop{{32}, {0.6, 1.0}}, fulgor::RandomHorizontalFlip{}, fulgor::Normalize{{0.5}, {0.25}}});
   fulgor::ImageLoaderOptions options;
   options.batch_size = 16;
   options.shuffle = true;

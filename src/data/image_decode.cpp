@@ -14,9 +14,7 @@ bool has_jpeg_signature(const uint8_t* data, size_t size) {
   return size >= 3 && data[0] == 0xFF && data[1] == 0xD8 && data[2] == 0xFF;
 }
 
-bool has_png_signature(const uint8_t* data, size_t size) {
-  return size >= 8 && png_sig_cmp(data, 0, 8) == 0;
-}
+bool has_png_signature(const uint8_t* data, size_t size) { return size >= 8 && png_sig_cmp(data, 0, 8) == 0; }
 
 void require_channels(int64_t channels) {
   if (channels != 1 && channels != 3)
@@ -39,7 +37,8 @@ tjscalingfactor jpeg_scaling(int width, int height, const DecodeRequest& request
     const tjscalingfactor f = factors[i];
     const double s = static_cast<double>(f.num) / f.denom;
     if (s >= static_cast<double>(best.num) / best.denom) continue;
-    if (region_w * s >= static_cast<double>(request.out_width) && region_h * s >= static_cast<double>(request.out_height))
+    if (region_w * s >= static_cast<double>(request.out_width) &&
+        region_h * s >= static_cast<double>(request.out_height))
       best = f;
   }
   return best;

@@ -59,8 +59,7 @@ std::vector<std::string> class_files(const std::string& folder) {
 }  // namespace
 
 const std::vector<std::string>& ImageFolder::extensions() {
-  static const std::vector<std::string> list{".jpg", ".jpeg", ".png", ".ppm", ".bmp",
-                                             ".pgm", ".tif",  ".tiff", ".webp"};
+  static const std::vector<std::string> list{".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp"};
   return list;
 }
 
@@ -84,9 +83,10 @@ ImageFolder::ImageFolder(const std::string& root) {
     }
   }
   if (!empty.empty())
-    throw DataError(fmt::format("ImageFolder: found no valid file for the classes {} in '{}'. Supported extensions "
-                                "are: {}",
-                                fmt::join(empty, ", "), root, fmt::join(extensions(), ", ")));
+    throw DataError(
+        fmt::format("ImageFolder: found no valid file for the classes {} in '{}'. Supported extensions "
+                    "are: {}",
+                    fmt::join(empty, ", "), root, fmt::join(extensions(), ", ")));
 }
 
 void ImageFolder::read(int64_t index, std::vector<uint8_t>& bytes) const { read_file(name(index), bytes); }

@@ -22,9 +22,10 @@ void require_pinnable() {
   try {
     torch::empty({1}, torch::TensorOptions().pinned_memory(true));
   } catch (const c10::Error& e) {
-    throw ConfigError(fmt::format("ImageLoader pin_memory: this LibTorch cannot pin host memory ({}); pinned "
-                                  "batches need a LibTorch with CUDA",
-                                  e.what_without_backtrace()));
+    throw ConfigError(
+        fmt::format("ImageLoader pin_memory: this LibTorch cannot pin host memory ({}); pinned "
+                    "batches need a LibTorch with CUDA",
+                    e.what_without_backtrace()));
   }
 }
 
@@ -59,7 +60,8 @@ struct ImageLoader::Run {
     total = options.drop_last ? n / b * b : n;
     consumed = std::min(first_batch, (total + b - 1) / b);
     next_position = std::min(consumed * b, total);
-    for (int64_t i = 0; i < std::min<int64_t>(options.num_workers, total); ++i) threads.emplace_back([this] { work(); });
+    for (int64_t i = 0; i < std::min<int64_t>(options.num_workers, total); ++i)
+      threads.emplace_back([this] { work(); });
   }
 
   ~Run() {
@@ -226,9 +228,9 @@ ImageLoader::ImageLoader(std::shared_ptr<const ImageDataset> dataset, ImageTrans
     throw ConfigError(
         fmt::format("ImageLoader prefetch_batches={} is not valid: it must be >= 1", options_.prefetch_batches));
   if (options_.num_workers < 0)
-    throw ConfigError(fmt::format(
-        "ImageLoader num_workers={} is not valid: 0 (decode on the iterating thread) or more threads",
-        options_.num_workers));
+    throw ConfigError(
+        fmt::format("ImageLoader num_workers={} is not valid: 0 (decode on the iterating thread) or more threads",
+                    options_.num_workers));
   if (options_.pin_memory) require_pinnable();
 }
 

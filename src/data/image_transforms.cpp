@@ -97,8 +97,8 @@ ImageTransforms::ImageTransforms(std::vector<ImageTransform> steps, ImageOutput 
   if (output_.channels != 1 && output_.channels != 3)
     throw ConfigError(fmt::format("ImageOutput channels={} is not valid: 1 (gray) or 3 (RGB)", output_.channels));
   if (output_.dtype != torch::kFloat && output_.dtype != torch::kByte)
-    throw ConfigError(fmt::format("ImageOutput dtype={} is not valid: torch::kFloat or torch::kByte",
-                                  c10::toString(output_.dtype)));
+    throw ConfigError(
+        fmt::format("ImageOutput dtype={} is not valid: torch::kFloat or torch::kByte", c10::toString(output_.dtype)));
   bool fixed = false, normalized = false;
   for (const auto& step : steps_) {
     if (normalized && !std::holds_alternative<Normalize>(step))
@@ -112,9 +112,10 @@ ImageTransforms::ImageTransforms(std::vector<ImageTransform> steps, ImageOutput 
     } else if (const auto* r = std::get_if<RandomResizedCrop>(&step)) {
       check_size(r->size, "RandomResizedCrop");
       if (!(r->scale[0] > 0 && r->scale[0] <= r->scale[1] && r->ratio[0] > 0 && r->ratio[0] <= r->ratio[1]))
-        throw ConfigError(fmt::format("RandomResizedCrop scale=({}, {}) ratio=({}, {}) is not valid: each a range "
-                                      "(low <= high) of positive numbers",
-                                      r->scale[0], r->scale[1], r->ratio[0], r->ratio[1]));
+        throw ConfigError(
+            fmt::format("RandomResizedCrop scale=({}, {}) ratio=({}, {}) is not valid: each a range "
+                        "(low <= high) of positive numbers",
+                        r->scale[0], r->scale[1], r->ratio[0], r->ratio[1]));
       fixed = true;
     } else if (const auto* f = std::get_if<RandomHorizontalFlip>(&step)) {
       if (!(f->p >= 0.0 && f->p <= 1.0))
@@ -195,7 +196,8 @@ void ImageTransforms::apply(const DecodedImage& image, const ImageCrop& crop, vo
   std::vector<float> values(static_cast<size_t>(n));
   detail::resample(image.pixels.data(), image.width, image.channels, xs, ys, crop.flip, values.data());
   auto* b = static_cast<uint8_t*>(out);
-  for (int64_t i = 0; i < n; ++i) b[i] = static_cast<uint8_t>(std::clamp(std::nearbyint(values[static_cast<size_t>(i)]), 0.0f, 255.0f));
+  for (int64_t i = 0; i < n; ++i)
+    b[i] = static_cast<uint8_t>(std::clamp(std::nearbyint(values[static_cast<size_t>(i)]), 0.0f, 255.0f));
 }
 
 torch::Tensor ImageTransforms::operator()(const DecodedImage& image, const ImageCrop& crop) const {

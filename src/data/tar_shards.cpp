@@ -118,7 +118,8 @@ void TarShards::scan(size_t shard) {
   std::optional<int64_t> target;
   auto finish = [&] {
     if (key.empty()) return;
-    if (!image) throw DataError(fmt::format("tar shard '{}': sample '{}' has no .jpg, .jpeg or .png member", path, key));
+    if (!image)
+      throw DataError(fmt::format("tar shard '{}': sample '{}' has no .jpg, .jpeg or .png member", path, key));
     if (!target) throw DataError(fmt::format("tar shard '{}': sample '{}' has no .cls member", path, key));
     image->target = *target;
     samples_.push_back(std::move(*image));

@@ -32,9 +32,10 @@ const char* limit_name(Stage stage) {
 // same batches throughout.
 void stop_shuffling(TrainerState& s, StepRunner& runner, const char* prefix) {
   if (runner.disable_shuffle())
-    s.warn(fmt::format("You requested to overfit but enabled {0} dataloader shuffling. We are turning off the {0} "
-                       "dataloader shuffling for you.",
-                       prefix));
+    s.warn(
+        fmt::format("You requested to overfit but enabled {0} dataloader shuffling. We are turning off the {0} "
+                    "dataloader shuffling for you.",
+                    prefix));
 }
 
 void InferenceLoop::use(StepRunner* runner) {

@@ -25,9 +25,7 @@ class ValidationSchedule {
  public:
   ValidationSchedule(const LoopLimits& limits, bool validating, std::optional<int64_t> train_batches);
 
-  bool in_epoch(int64_t epoch) const {
-    return validating_ && (!every_n_epoch_ || (epoch + 1) % *every_n_epoch_ == 0);
-  }
+  bool in_epoch(int64_t epoch) const { return validating_ && (!every_n_epoch_ || (epoch + 1) % *every_n_epoch_ == 0); }
   // Whether to validate in `epoch` after `done_in_epoch` batches (`total` in
   // the fit), or at the epoch's end.
   bool due(int64_t epoch, int64_t done_in_epoch, int64_t total, bool epoch_end) const {

@@ -70,11 +70,16 @@ int run(const std::vector<std::string>& args) {
     }
     if (a.rfind("--", 0) == 0 && i + 1 < args.size()) {
       const int64_t v = std::stoll(args[++i]);
-      if (a == "--batch-size") batch = v;
-      else if (a == "--workers") workers = v;
-      else if (a == "--crop") crop = v;
-      else if (a == "--epochs") epochs = v;
-      else throw fulgor::ConfigError(fmt::format("unknown option {}", a));
+      if (a == "--batch-size")
+        batch = v;
+      else if (a == "--workers")
+        workers = v;
+      else if (a == "--crop")
+        crop = v;
+      else if (a == "--epochs")
+        epochs = v;
+      else
+        throw fulgor::ConfigError(fmt::format("unknown option {}", a));
     } else if (path.empty()) {
       path = a;
     } else {
@@ -88,8 +93,10 @@ int run(const std::vector<std::string>& args) {
   }
   const bool shards = path.size() >= 4 && path.compare(path.size() - 4, 4, ".tar") == 0;
   std::shared_ptr<const fulgor::ImageDataset> data;
-  if (shards) data = std::make_shared<fulgor::TarShards>(std::vector<std::string>{path});
-  else data = std::make_shared<fulgor::ImageFolder>(path);
+  if (shards)
+    data = std::make_shared<fulgor::TarShards>(std::vector<std::string>{path});
+  else
+    data = std::make_shared<fulgor::ImageFolder>(path);
   const fulgor::ImageTransforms transforms({fulgor::RandomResizedCrop{{crop}}, fulgor::RandomHorizontalFlip{},
                                             fulgor::Normalize{{0.485, 0.456, 0.406}, {0.229, 0.224, 0.225}}});
   fulgor::ImageLoaderOptions options;

@@ -63,8 +63,10 @@ int run(const std::vector<std::string>& args) {
   std::string prefix = "shard";
   for (size_t i = 0; i < args.size(); ++i) {
     if ((args[i] == "--shard-size" || args[i] == "--prefix") && i + 1 < args.size()) {
-      if (args[i] == "--prefix") prefix = args[++i];
-      else shard_mb = std::stod(args[++i]);
+      if (args[i] == "--prefix")
+        prefix = args[++i];
+      else
+        shard_mb = std::stod(args[++i]);
     } else if (args[i] == "-h" || args[i] == "--help") {
       std::cout << usage;
       return 0;

@@ -32,7 +32,10 @@ Limit debug_limit(const TrainerOptions& o, const Limit& limit) {
 }  // namespace
 
 LoopLimits::LoopLimits(const TrainerOptions& o)
-    : max_epochs(o.fast_dev_run > 0 ? 1 : o.max_epochs ? *o.max_epochs : o.max_steps == -1 ? 1000 : -1),
+    : max_epochs(o.fast_dev_run > 0  ? 1
+                 : o.max_epochs      ? *o.max_epochs
+                 : o.max_steps == -1 ? 1000
+                                     : -1),
       max_steps(o.fast_dev_run > 0 ? o.fast_dev_run : o.max_steps),
       // min_steps alone asks for one epoch, as Lightning's _parse_loop_limits.
       min_epochs(o.min_epochs.value_or(o.min_steps ? 1 : 0)),

@@ -182,11 +182,13 @@ TEST(ImageTransforms, RandomChoicesDependOnSeedEpochAndIndexOnly) {
 TEST(ImageTransforms, FlipAndNormalizeAsTorchvision) {
   DecodedImage image{8, 6, 3, 1.0, test_picture(8, 6, 3)};
   ImageTransforms plain({CenterCrop{{6, 8}}});
-  ImageTransforms flipped({CenterCrop{{6, 8}}, RandomHorizontalFlip{1.0}, Normalize{{0.5, 0.4, 0.3}, {0.2, 0.25, 0.5}}});
+  ImageTransforms flipped(
+      {CenterCrop{{6, 8}}, RandomHorizontalFlip{1.0}, Normalize{{0.5, 0.4, 0.3}, {0.2, 0.25, 0.5}}});
   const auto a = plain(image, plain.plan(8, 6, 0, 0, 0));
   EXPECT_TRUE(torch::allclose(a, hwc(image.pixels, 8, 6, 3).permute({2, 0, 1}).to(torch::kFloat) / 255.0));
   const auto b = flipped(image, flipped.plan(8, 6, 0, 0, 0));
-  const auto mean = torch::tensor({0.5, 0.4, 0.3}).view({3, 1, 1}), std = torch::tensor({0.2, 0.25, 0.5}).view({3, 1, 1});
+  const auto mean = torch::tensor({0.5, 0.4, 0.3}).view({3, 1, 1}),
+             std = torch::tensor({0.2, 0.25, 0.5}).view({3, 1, 1});
   EXPECT_TRUE(torch::allclose(b, (a.flip({2}) - mean) / std, 1e-5, 1e-5));
 }
 
@@ -207,8 +209,8 @@ TEST(ImageTransforms, RejectsWhatABatchCannotHold) {
 TEST(ImageFolder, FindsClassesAndFilesInTorchvisionsOrder) {
   ImageTempDir dir;
   const auto png = encode_png(test_picture(4, 4, 3), 4, 4, 3);
-  for (const char* name : {"dog/b.png", "dog/a.PNG", "dog/z/c.jpg", "dog/notes.txt", "cat/x.jpeg", "cat/y.bmp",
-                           "ant/1.png"})
+  for (const char* name :
+       {"dog/b.png", "dog/a.PNG", "dog/z/c.jpg", "dog/notes.txt", "cat/x.jpeg", "cat/y.bmp", "ant/1.png"})
     write_bytes(dir.file(name), png);
   ImageFolder folder(dir.path.string());
   EXPECT_EQ(folder.classes(), (std::vector<std::string>{"ant", "cat", "dog"}));

@@ -134,8 +134,7 @@ TEST(MakeDataLoader, RefusesBatchSizeZero) {
     numbers(10, 0);
     FAIL() << "batch_size 0 accepted";
   } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("batch_size=0 is not valid: it must be >= 1"), std::string::npos)
-        << e.what();
+    EXPECT_NE(std::string(e.what()).find("batch_size=0 is not valid: it must be >= 1"), std::string::npos) << e.what();
   }
 }
 

@@ -129,8 +129,9 @@ TEST(TarShards, AMissingShardOrATruncatedMemberIsNamed) {
   const size_t members_end = (bytes.find_last_not_of('\0') / 512 + 1) * 512;
   fs::copy_file(data.root / "shard-0.tar", cut, fs::copy_options::overwrite_existing);
   fs::resize_file(cut, members_end);
-  EXPECT_NE(error_of({cut.string()}).find(fmt::format("cut.tar' is truncated: it ends at byte {} without", members_end)),
-            std::string::npos)
+  EXPECT_NE(
+      error_of({cut.string()}).find(fmt::format("cut.tar' is truncated: it ends at byte {} without", members_end)),
+      std::string::npos)
       << error_of({cut.string()});
   write_bytes((data.root / "text.tar").string(), std::vector<uint8_t>(1024, 'a'));
   EXPECT_NE(error_of({(data.root / "text.tar").string()}).find("not a tar archive"), std::string::npos);

@@ -33,8 +33,8 @@ TEST(LightningParity, AStopBeforeMinStepsKeepsValidatingUntilTheyAreMet) {
   TempDir dir;
   TinyNet model;
   model.scripted_val = {0.01};
-  auto stopper = std::make_shared<EarlyStopping>(
-      EarlyStoppingOptions{.monitor = "val_loss", .stopping_threshold = 0.1});
+  auto stopper =
+      std::make_shared<EarlyStopping>(EarlyStoppingOptions{.monitor = "val_loss", .stopping_threshold = 0.1});
   auto options = quiet(dir, 10, {stopper});
   options.min_steps = 20;
   auto train = sequential_loader(64, 8);

@@ -64,8 +64,7 @@ class ImageLoader {
  public:
   using Batch = torch::data::Example<>;
 
-  ImageLoader(std::shared_ptr<const ImageDataset> dataset, ImageTransforms transforms,
-              ImageLoaderOptions options = {});
+  ImageLoader(std::shared_ptr<const ImageDataset> dataset, ImageTransforms transforms, ImageLoaderOptions options = {});
   ~ImageLoader();
   ImageLoader(ImageLoader&&) noexcept;
   ImageLoader& operator=(ImageLoader&&) noexcept;

@@ -98,9 +98,8 @@ struct has_batches_on<L, std::void_t<decltype(std::declval<const L&>().batches_o
 template <typename L, typename = void>
 struct has_bind_device : std::false_type {};
 template <typename L>
-struct has_bind_device<L, std::void_t<decltype(std::declval<L&>().bind_device(std::declval<const Accelerator&>(),
-                                                                               std::declval<torch::Device>()))>>
-    : std::true_type {};
+struct has_bind_device<L, std::void_t<decltype(std::declval<L&>().bind_device(
+                              std::declval<const Accelerator&>(), std::declval<torch::Device>()))>> : std::true_type {};
 
 template <typename L, typename = void>
 struct has_pin_memory : std::false_type {};
