@@ -131,9 +131,9 @@ class SizedDataLoader {
  public:
   SizedDataLoader(std::unique_ptr<Loader> loader, int64_t batches) : loader_(std::move(loader)), batches_(batches) {}
   SizedDataLoader(std::unique_ptr<Loader> loader, std::shared_ptr<detail::ShardingState<Sampler>> sharding,
-                  int64_t batch_size, bool drop_last)
+                  size_t batch_size, bool drop_last)
       : loader_(std::move(loader)), sharding_(std::move(sharding)), batch_size_(batch_size), drop_last_(drop_last) {
-    batches_ = batches_of(static_cast<int64_t>(sharding_->dataset_size));
+    batches_ = batches_of(sharding_->dataset_size);
   }
   auto begin() { return loader_->begin(); }
   auto end() { return loader_->end(); }
@@ -155,20 +155,22 @@ class SizedDataLoader {
   bool distribute(const DistributedShard& shard) {
     sharding_->distribute(shard);
     const size_t n = sharding_->dataset_size;
-    batches_ = batches_of(
-        static_cast<int64_t>(sharding_->is_sharded() ? shard_size(n, shard.num_replicas, shard.rank, shard.even) : n));
+    batches_ = batches_of(sharding_->is_sharded() ? shard_size(n, shard.num_replicas, shard.rank, shard.even) : n);
     return true;
   }
 
  private:
-  int64_t batches_of(int64_t samples) const {
-    return drop_last_ ? samples / batch_size_ : (samples + batch_size_ - 1) / batch_size_;
+  // In size_t, as LibTorch takes the batch size: one near SIZE_MAX is one
+  // batch of everything, not an overflow.
+  int64_t batches_of(size_t samples) const {
+    const size_t whole = samples / batch_size_;
+    return static_cast<int64_t>(drop_last_ || samples % batch_size_ == 0 ? whole : whole + 1);
   }
 
   std::unique_ptr<Loader> loader_;
   std::shared_ptr<detail::ShardingState<Sampler>> sharding_;
   int64_t batches_ = 0;
-  int64_t batch_size_ = 1;
+  size_t batch_size_ = 1;
   bool drop_last_ = false;
 };
 
@@ -176,14 +178,19 @@ class SizedDataLoader {
 /// can be sharded over the ranks of a ddp job (SizedDataLoader::distribute).
 /// `Sampler` is constructed with the data set's size (RandomSampler: a new
 /// order each epoch from LibTorch's generator; SequentialSampler: in order).
-/// Requires a dataset whose size() is known.
+/// Requires a dataset whose size() is known and a batch_size >= 1 (throws
+/// ConfigError otherwise).
 template <typename Sampler = torch::data::samplers::RandomSampler, typename Dataset>
 SizedDataLoader<torch::data::StatelessDataLoader<Dataset, detail::ShardingSampler<Sampler>>, Sampler> make_data_loader(
     Dataset dataset, torch::data::DataLoaderOptions options) {
   auto size = dataset.size();
   if (!size) throw ConfigError("fulgor::make_data_loader needs a dataset with a known size()");
+  // size() divides by it, and LibTorch's samplers would hand out empty
+  // batches without end.
+  if (options.batch_size() == 0)
+    throw ConfigError("fulgor::make_data_loader batch_size=0 is not valid: it must be >= 1");
   auto state = std::make_shared<detail::ShardingState<Sampler>>(Sampler(*size), *size);
-  const auto batch = static_cast<int64_t>(options.batch_size());
+  const size_t batch = options.batch_size();
   const bool drop_last = options.drop_last();
   return {
       torch::data::make_data_loader(std::move(dataset), detail::ShardingSampler<Sampler>(state), std::move(options)),

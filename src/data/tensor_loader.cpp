@@ -107,7 +107,9 @@ int64_t TensorLoader::size() const {
     restored.load_from(buffer);
     sampler_->load(restored);
   }
-  return options_.drop_last ? samples / options_.batch_size : (samples + options_.batch_size - 1) / options_.batch_size;
+  // Not (samples + batch_size - 1) / batch_size, which overflows for the largest batch sizes.
+  const int64_t whole = samples / options_.batch_size;
+  return options_.drop_last || samples % options_.batch_size == 0 ? whole : whole + 1;
 }
 
 void TensorLoader::pin_memory() {

@@ -48,8 +48,10 @@ void FitLoop::load_state_dict(LoadedCheckpoint& ckpt) {
   const auto in_epoch = loop.at("batches_in_epoch").get<int64_t>();
   const bool finished = loop.at("epoch_finished").get<bool>();
   epoch_progress.current = {epoch, epoch, epoch, epoch};
-  if (finished) epoch_progress.current = {epoch + 1, epoch + 1, epoch + 1, epoch};
-  else if (in_epoch > 0) epoch_progress.current = {epoch + 1, epoch + 1, epoch, epoch};
+  if (finished)
+    epoch_progress.current = {epoch + 1, epoch + 1, epoch + 1, epoch};
+  else if (in_epoch > 0)
+    epoch_progress.current = {epoch + 1, epoch + 1, epoch, epoch};
   epoch_progress.total = epoch_progress.current;
   auto& batches = epoch_loop.batch_progress;
   batches.current = {in_epoch, in_epoch, in_epoch, in_epoch};
@@ -97,6 +99,7 @@ void FitLoop::setup_data() {
   s.open_loader(*train_, Stage::train);
   train_->bind(*s.accelerator, *s.device, s.precision.precision());
   s.distribute(*train_, /*even=*/true);
+  s.warn_if_empty(*train_, Stage::train);
   const auto& l = s.limits;
   if (l.overfit) {
     num_training_batches = TrainerState::resolve_limit(l.limit_train_batches, *train_, "overfit_batches");
@@ -108,10 +111,11 @@ void FitLoop::setup_data() {
   }
   epoch_loop.setup(num_training_batches);
   if (!s.loggers.empty() && num_training_batches && *num_training_batches < s.options.log_every_n_steps)
-    s.warn(fmt::format("The number of training batches ({}) is smaller than the logging interval "
-                       "Trainer(log_every_n_steps={}). Set a lower value for log_every_n_steps if you want to see "
-                       "logs for the training epoch.",
-                       *num_training_batches, s.options.log_every_n_steps));
+    s.warn(
+        fmt::format("The number of training batches ({}) is smaller than the logging interval "
+                    "Trainer(log_every_n_steps={}). Set a lower value for log_every_n_steps if you want to see "
+                    "logs for the training epoch.",
+                    *num_training_batches, s.options.log_every_n_steps));
 }
 
 void FitLoop::stop(StopReason reason, std::string message) {
@@ -160,9 +164,9 @@ void FitLoop::on_run_start() {
 // A shuffling sampler draws its order from the CPU generator when the epoch
 // begins. The checkpoint holds that generator's state from the epoch's start
 // as well as its current state: the epoch is begun again from the first, the
-// batches already trained on are fetched and dropped, and then the current
-// state is put back. Lightning does not start again an epoch resumed in its
-// middle: its start hooks are not called.
+// batches already trained on are fetched and dropped (or, by a loader with
+// start_at, not made at all), and then the current state is put back. Lightning does not start again an epoch resumed
+// in its middle: its start hooks are not called.
 void FitLoop::on_advance_start() {
   const bool resuming = epoch_progress.unit_unfinished();
   s.running = RunningStage::training;
@@ -176,8 +180,10 @@ void FitLoop::on_advance_start() {
   if (resume_) s.checkpoints.restore_rng(*resume_, resuming ? "rng_epoch_start" : "rng_cpu");
   s.checkpoints.rng_epoch_start = cpu_rng_state();
   train_->set_epoch(current_epoch());  // Note [Loader epochs] in step_runner.h
+  // A loader that can begin mid-epoch skips the batches trained on unmade.
+  const bool begun_there = resuming && train_->start_at(epoch_loop.batch_progress.current.processed);
   train_->start_epoch();
-  epoch_loop.reset(resuming);
+  epoch_loop.reset(resuming, begun_there);
   if (resume_ && resuming) s.checkpoints.restore_rng(*resume_, "rng_cpu");
   resume_ = nullptr;
 }
@@ -200,11 +206,9 @@ void FitLoop::on_advance_end() {
   s.metrics.context = LogContext::none;
   s.metrics.refresh(s.metrics.train_accumulators);
   // Under manual optimization the module steps its schedulers.
-  if (epoch_loop.reached_last_batch() && !s.manual)
-    epoch_loop.step_epoch_schedulers(epoch_progress.current.processed);
+  if (epoch_loop.reached_last_batch() && !s.manual) epoch_loop.step_epoch_schedulers(epoch_progress.current.processed);
   s.hooks.callbacks(
-      "on_train_epoch_end", [&](Callback& cb) { cb.on_train_epoch_end(s.trainer, model); },
-      Hooks::Which::monitoring);
+      "on_train_epoch_end", [&](Callback& cb) { cb.on_train_epoch_end(s.trainer, model); }, Hooks::Which::monitoring);
   {
     ProfileScope timed(s.hooks.stage("[_LoggerConnector].update_train_epoch_metrics"));
     s.metrics.aggregate(s.metrics.train_accumulators, s.metrics.log_step - 1);  // Note [Logged steps]

@@ -32,9 +32,10 @@ const char* limit_name(Stage stage) {
 // same batches throughout.
 void stop_shuffling(TrainerState& s, StepRunner& runner, const char* prefix) {
   if (runner.disable_shuffle())
-    s.warn(fmt::format("You requested to overfit but enabled {0} dataloader shuffling. We are turning off the {0} "
-                       "dataloader shuffling for you.",
-                       prefix));
+    s.warn(
+        fmt::format("You requested to overfit but enabled {0} dataloader shuffling. We are turning off the {0} "
+                    "dataloader shuffling for you.",
+                    prefix));
 }
 
 void InferenceLoop::use(StepRunner* runner) {
@@ -50,6 +51,7 @@ bool InferenceLoop::setup_data() {
   opened_ = true;
   runner_->bind(*s.accelerator, *s.device, s.precision.precision());
   s.distribute(*runner_, /*even=*/false);
+  s.warn_if_empty(*runner_, stage_);
   const LoopLimits& l = s.limits;
   if (stage_ == Stage::validate && l.overfit) stop_shuffling(s, *runner_, "val");
   const Limit& limit = stage_ == Stage::validate ? l.limit_val_batches

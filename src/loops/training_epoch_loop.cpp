@@ -86,10 +86,10 @@ void TrainingEpochLoop::setup(std::optional<int64_t> num_training_batches) {
   schedule_.emplace(s.limits, val_loop.enabled(), num_training_batches);
 }
 
-void TrainingEpochLoop::reset(bool resuming) {
+void TrainingEpochLoop::reset(bool resuming, bool begun_there) {
   if (!resuming) batch_progress.reset_on_run();
   optimization_->window = 0;
-  if (!resuming) return;
+  if (!resuming || begun_there) return;
   // A checkpoint may count more batches than this loader has.
   for (int64_t i = 0; i < batch_progress.current.processed; ++i)
     if (!train_->next(false)) {
@@ -103,7 +103,9 @@ bool TrainingEpochLoop::reached_last_batch() const {
          (num_training_batches_ && batch_progress.current.ready >= *num_training_batches_);
 }
 
-void TrainingEpochLoop::step_epoch_schedulers(int64_t epochs) { optimization_->step_schedulers(Interval::epoch, epochs); }
+void TrainingEpochLoop::step_epoch_schedulers(int64_t epochs) {
+  optimization_->step_schedulers(Interval::epoch, epochs);
+}
 
 int64_t TrainingEpochLoop::logging_step() const { return s.manual ? batches_that_stepped : global_step; }
 
@@ -123,10 +125,10 @@ bool TrainingEpochLoop::done() {
   if (FULGOR_UNLIKELY(s.should_stop)) {
     if (fit_.can_stop_early()) return true;
     const auto& l = s.limits;
-    s.info_once(fmt::format(
-        "Trainer was signaled to stop but the required `min_epochs={}` or `min_steps={}` has not been met. "
-        "Training will continue...",
-        l.min_epochs, l.min_steps ? std::to_string(*l.min_steps) : std::string("None")));
+    s.info_once(
+        fmt::format("Trainer was signaled to stop but the required `min_epochs={}` or `min_steps={}` has not been met. "
+                    "Training will continue...",
+                    l.min_epochs, l.min_steps ? std::to_string(*l.min_steps) : std::string("None")));
   }
   return false;
 }
@@ -154,8 +156,8 @@ bool TrainingEpochLoop::advance() {
       steps_optimizer && ((logging_step() + 1) % s.options.log_every_n_steps == 0 || s.should_stop);
   s.hooks.callbacks("on_train_batch_start",
                     [&](Callback& cb) { cb.on_train_batch_start(s.trainer, model, batch_idx); });
-  if (FULGOR_UNLIKELY(s.hooks.module("on_train_batch_start",
-                                     [&] { return model.on_train_batch_start(batch_idx); }) == -1)) {
+  if (FULGOR_UNLIKELY(s.hooks.module("on_train_batch_start", [&] { return model.on_train_batch_start(batch_idx); }) ==
+                      -1)) {
     s.metrics.context = LogContext::none;
     s.metrics.step_log_due = true;
     return false;
@@ -192,8 +194,8 @@ bool TrainingEpochLoop::advance() {
 void TrainingEpochLoop::on_advance_end() {
   const int64_t epoch = fit_.current_epoch();
   const bool stopping = FULGOR_UNLIKELY(s.should_stop) && fit_.can_stop_early() && schedule_->in_epoch(epoch);
-  if (FULGOR_UNLIKELY(stopping || schedule_->due(epoch, batch_progress.current.processed,
-                                                 batch_progress.total.processed, false)))
+  if (FULGOR_UNLIKELY(stopping ||
+                      schedule_->due(epoch, batch_progress.current.processed, batch_progress.total.processed, false)))
     validate();
   s.metrics.log_step = logging_step();
   if (int sig = s.agree_on_stop(SignalTrap::pending()); FULGOR_UNLIKELY(sig != 0)) fit_.stop_for_signal(sig);
@@ -209,8 +211,8 @@ void TrainingEpochLoop::on_run_end() {
   }
   o.window = 0;
   s.metrics.log_step = logging_step();
-  if (reached_last_batch() && schedule_->due(fit_.current_epoch(), batch_progress.current.processed,
-                                             batch_progress.total.processed, true))
+  if (reached_last_batch() &&
+      schedule_->due(fit_.current_epoch(), batch_progress.current.processed, batch_progress.total.processed, true))
     validate();
 }
 

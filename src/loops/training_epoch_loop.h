@@ -25,9 +25,7 @@ class ValidationSchedule {
  public:
   ValidationSchedule(const LoopLimits& limits, bool validating, std::optional<int64_t> train_batches);
 
-  bool in_epoch(int64_t epoch) const {
-    return validating_ && (!every_n_epoch_ || (epoch + 1) % *every_n_epoch_ == 0);
-  }
+  bool in_epoch(int64_t epoch) const { return validating_ && (!every_n_epoch_ || (epoch + 1) % *every_n_epoch_ == 0); }
   // Whether to validate in `epoch` after `done_in_epoch` batches (`total` in
   // the fit), or at the epoch's end.
   bool due(int64_t epoch, int64_t done_in_epoch, int64_t total, bool epoch_end) const {
@@ -66,7 +64,8 @@ class TrainingEpochLoop {
   void setup(std::optional<int64_t> num_training_batches);
   // Lightning's reset: a fresh epoch counts its batches from zero; one
   // resumed in its middle fetches and drops the batches it had done.
-  void reset(bool resuming);
+  // `begun_there`: the loader starts at the checkpoint's batch already.
+  void reset(bool resuming, bool begun_there = false);
   void run();
 
   // Lightning's _num_ready_batches_reached: the epoch's last batch is

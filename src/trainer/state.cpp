@@ -219,6 +219,21 @@ int TrainerState::agree_on_stop(int signal) {
   return static_cast<int>(agreed / 2);
 }
 
+namespace {
+const char* stage_loader_name(Stage which) {
+  return which == Stage::train      ? "train_loader"
+         : which == Stage::validate ? "val_loader"
+         : which == Stage::test     ? "test_loader"
+                                    : "predict_loader";
+}
+const char* stage_loop_name(Stage which) {
+  return which == Stage::train      ? "training"
+         : which == Stage::validate ? "validation"
+         : which == Stage::test     ? "test"
+                                    : "prediction";
+}
+}  // namespace
+
 // Note [Distributed sampling]
 // Lightning's use_distributed_sampler: under ddp each rank reads its own shard
 // of a loader, so that the job reads the data set once per epoch rather than
@@ -243,6 +258,17 @@ void TrainerState::distribute(StepRunner& runner, bool even) {
   }
   shard.even = even;
   runner.distribute(shard);
+}
+
+// Lightning's has_len_all_ranks warns likewise: a loop over an empty loader
+// runs no step, which otherwise passes without a word (an epoch of no
+// training steps, a validation mean over nothing).
+void TrainerState::warn_if_empty(const StepRunner& runner, Stage which) const {
+  if (runner.length() != 0) return;
+  const bool sharded = ddp && options.use_distributed_sampler && ddp->environment().world_size > 1;
+  warn(fmt::format("The {} has no batches{}: the {} loop runs no step. Please make sure this was your intention.",
+                   stage_loader_name(which), sharded ? fmt::format(" on rank {}", ddp->environment().rank) : "",
+                   stage_loop_name(which)));
 }
 
 std::optional<int64_t> TrainerState::resolve_limit(const Limit& limit, const StepRunner& runner, const char* name) {
@@ -285,10 +311,7 @@ void TrainerState::open_loader(StepRunner& runner, Stage which) {
 }
 
 void TrainerState::no_loader(const StepRunner& runner, Stage which) const {
-  const char* loader = which == Stage::train      ? "train_loader"
-                       : which == Stage::validate ? "val_loader"
-                       : which == Stage::test     ? "test_loader"
-                                                  : "predict_loader";
+  const char* loader = stage_loader_name(which);
   throw ConfigError(fmt::format("{}::{} returned no loader: {} must override it", runner.source_name(), loader,
                                 datamodule ? fmt::format("a data module given to {}", stage)
                                            : fmt::format("a module given to {} without loaders", stage)));

@@ -141,6 +141,8 @@ struct TrainerState {
   // Gives the loader of `runner` this rank's shard, `even` or not, as a loop
   // starts (Note [Distributed sampling] in state.cpp).
   void distribute(StepRunner& runner, bool even);
+  // Warns where the loader tells that it has no batch.
+  void warn_if_empty(const StepRunner& runner, Stage which) const;
   // Lightning's rank_zero_info and rank_zero_warn: a line on standard output
   // or standard error, from rank 0 only.
   void info(const std::string& message) const;

@@ -5,9 +5,12 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <limits>
+#include <string>
 #include <vector>
 
 #include "fulgor/data.h"
+#include "fulgor/error.h"
 #include "fulgor/seed.h"
 
 namespace fulgor {
@@ -124,6 +127,32 @@ TEST(MakeDataLoader, ShardsOtherSamplersIndices) {
   }
   // 9 places for 8 samples: the first is repeated to pad.
   EXPECT_EQ(sorted(together), (std::vector<int64_t>{0, 0, 1, 2, 3, 4, 5, 6, 7}));
+}
+
+TEST(MakeDataLoader, RefusesBatchSizeZero) {
+  try {
+    numbers(10, 0);
+    FAIL() << "batch_size 0 accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("batch_size=0 is not valid: it must be >= 1"), std::string::npos) << e.what();
+  }
+}
+
+// A batch size beyond the data set is one batch of all of it, even near SIZE_MAX.
+TEST(MakeDataLoader, BatchSizeNearSizeMaxIsOneBatch) {
+  const size_t huge = std::numeric_limits<size_t>::max() - 1;
+  auto loader = numbers<torch::data::samplers::SequentialSampler>(10, huge);
+  EXPECT_EQ(loader.size(), 1);
+  std::vector<int64_t> sizes;
+  EXPECT_EQ(epoch_of(loader, &sizes), range(10));
+  EXPECT_EQ(sizes, std::vector<int64_t>{10});
+  EXPECT_TRUE(loader.distribute({2, 1, true}));
+  EXPECT_EQ(loader.size(), 1);
+  auto dropped = fulgor::make_data_loader<torch::data::samplers::SequentialSampler>(
+      Numbers(10).map(torch::data::transforms::Stack<torch::data::TensorExample>()),
+      torch::data::DataLoaderOptions(huge).drop_last(true));
+  EXPECT_EQ(dropped.size(), 0);
+  EXPECT_TRUE(epoch_of(dropped).empty());
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <limits>
 #include <optional>
 #include <set>
 
@@ -64,6 +65,18 @@ TEST(TensorLoader, DropLastDropsTheShortBatch) {
   epoch_targets(loader, &sizes);
   EXPECT_EQ(sizes, (std::vector<int64_t>{4, 4}));
   EXPECT_EQ(loader.size(), 2);
+}
+
+TEST(TensorLoader, TheLargestBatchSizeIsOneBatch) {
+  TensorLoaderOptions options;
+  options.batch_size = std::numeric_limits<int64_t>::max();
+  auto loader = make_loader(10, options);
+  EXPECT_EQ(loader.size(), 1);
+  std::vector<int64_t> sizes;
+  epoch_targets(loader, &sizes);
+  EXPECT_EQ(sizes, std::vector<int64_t>{10});
+  options.drop_last = true;
+  EXPECT_EQ(make_loader(10, options).size(), 0);
 }
 
 TEST(TensorLoader, ShuffleIsAPermutationThatChangesPerEpochAndReplays) {

@@ -33,8 +33,8 @@ TEST(LightningParity, AStopBeforeMinStepsKeepsValidatingUntilTheyAreMet) {
   TempDir dir;
   TinyNet model;
   model.scripted_val = {0.01};
-  auto stopper = std::make_shared<EarlyStopping>(
-      EarlyStoppingOptions{.monitor = "val_loss", .stopping_threshold = 0.1});
+  auto stopper =
+      std::make_shared<EarlyStopping>(EarlyStoppingOptions{.monitor = "val_loss", .stopping_threshold = 0.1});
   auto options = quiet(dir, 10, {stopper});
   options.min_steps = 20;
   auto train = sequential_loader(64, 8);
@@ -68,6 +68,29 @@ TEST(LightningParity, AStopMidEpochValidatesBeforeLeaving) {
   EXPECT_EQ(model.validation_runs, 1);
   EXPECT_EQ(result.reason, StopReason::requested);
   EXPECT_EQ(result.message, "enough");
+}
+
+// has_len_all_ranks: an empty loader is named, for training and validation
+// alike, and its loop runs no step.
+TEST(LightningParity, AnEmptyLoaderIsWarnedAbout) {
+  TempDir dir;
+  TinyNet model;
+  auto train = sequential_loader(0, 8);
+  auto val = sequential_loader(0, 8);
+  Trainer trainer(quiet(dir, 2));
+  const auto [out, err] = parity_output_of([&] { trainer.fit(model, train, val); });
+  EXPECT_EQ(trainer.global_step(), 0);
+  EXPECT_NE(err.find("The train_loader has no batches: the training loop runs no step. Please make sure this was "
+                     "your intention.\n"),
+            std::string::npos)
+      << err;
+  const auto [val_out, val_err] = parity_output_of([&] { trainer.validate(model, val); });
+  EXPECT_NE(val_err.find("The val_loader has no batches: the validation loop runs no step."), std::string::npos)
+      << val_err;
+  EXPECT_EQ(model.validation_runs, 0);
+  auto full = sequential_loader(16, 8);
+  const auto [out2, quiet_err] = parity_output_of([&] { Trainer(quiet(dir, 1)).fit(model, full); });
+  EXPECT_EQ(quiet_err.find("has no batches"), std::string::npos) << quiet_err;
 }
 
 // FitLoop.on_advance_end steps the epoch-interval schedulers only when the

@@ -70,6 +70,7 @@ class AnyLoader {
     virtual void bind_device(const Accelerator& accelerator, torch::Device device) = 0;
     virtual void pin_memory() = 0;
     virtual bool distribute(const DistributedShard& shard) = 0;
+    virtual bool start_at(int64_t batch) = 0;
   };
 
   template <typename Holder>
@@ -114,6 +115,10 @@ class AnyLoader {
     }
     bool distribute(const DistributedShard& shard) override {
       if constexpr (detail::has_distribute<Loader>::value) return detail::held_loader(holder_).distribute(shard);
+      return false;
+    }
+    bool start_at(int64_t batch) override {
+      if constexpr (detail::has_start_at<Loader>::value) return detail::held_loader(holder_).start_at(batch);
       return false;
     }
 
@@ -178,6 +183,7 @@ class AnyLoader {
   void bind_device(const Accelerator& accelerator, torch::Device device) { loader_->bind_device(accelerator, device); }
   void pin_memory() { loader_->pin_memory(); }
   bool distribute(const DistributedShard& shard) { return loader_->distribute(shard); }
+  bool start_at(int64_t batch) { return loader_->start_at(batch); }
 
  private:
   std::unique_ptr<Concept> loader_;

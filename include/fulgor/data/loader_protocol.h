@@ -37,8 +37,16 @@
 //                                 is false (Note [Distributed sampling] in
 //                                 src/trainer/state.cpp). size() reports the
 //                                 shard's batches afterwards.
+//   bool start_at(int64_t batch)  begins the next iteration at that batch of
+//                                 its epoch, without making the ones before;
+//                                 returns false when it cannot. A Trainer
+//                                 resuming mid-epoch calls it after set_epoch,
+//                                 where it would otherwise fetch and drop the
+//                                 batches already trained on (Note [Resuming
+//                                 mid-epoch] in src/loops/fit_loop.cpp).
 //
-// fulgor::TensorLoader offers all but bind_device; fulgor::make_data_loader's
+// fulgor::ImageLoader offers all but bind_device and batches_on;
+// fulgor::TensorLoader offers all but bind_device and start_at; fulgor::make_data_loader's
 // loaders offer size(), set_epoch and distribute; a DevicePrefetcher forwards
 // what its loader offers. docs/training.md ("Loaders") says the same for users.
 
@@ -90,9 +98,8 @@ struct has_batches_on<L, std::void_t<decltype(std::declval<const L&>().batches_o
 template <typename L, typename = void>
 struct has_bind_device : std::false_type {};
 template <typename L>
-struct has_bind_device<L, std::void_t<decltype(std::declval<L&>().bind_device(std::declval<const Accelerator&>(),
-                                                                               std::declval<torch::Device>()))>>
-    : std::true_type {};
+struct has_bind_device<L, std::void_t<decltype(std::declval<L&>().bind_device(
+                              std::declval<const Accelerator&>(), std::declval<torch::Device>()))>> : std::true_type {};
 
 template <typename L, typename = void>
 struct has_pin_memory : std::false_type {};
@@ -105,6 +112,11 @@ template <typename L>
 struct has_distribute<
     L, std::void_t<decltype(bool{std::declval<L&>().distribute(std::declval<const DistributedShard&>())})>>
     : std::true_type {};
+
+template <typename L, typename = void>
+struct has_start_at : std::false_type {};
+template <typename L>
+struct has_start_at<L, std::void_t<decltype(bool{std::declval<L&>().start_at(int64_t{})})>> : std::true_type {};
 
 }  // namespace detail
 

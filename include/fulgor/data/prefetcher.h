@@ -26,8 +26,8 @@ namespace fulgor {
 ///   fulgor::DevicePrefetcher prefetched(train_loader);
 ///   trainer.fit(model, prefetched, val_loader);
 ///
-/// It tells the Trainer the loader's length and passes set_epoch and
-/// distribute on, where the loader has them.
+/// It tells the Trainer the loader's length and passes set_epoch, distribute
+/// and start_at on, where the loader has them.
 ///
 /// Requires: loader, accelerator outlive the prefetcher; one iteration at a
 /// time; an accelerator and device (given here or by a Trainer) before begin().
@@ -59,6 +59,10 @@ class DevicePrefetcher {
   template <typename L = Loader, typename = decltype(std::declval<L&>().distribute(DistributedShard{}))>
   bool distribute(const DistributedShard& shard) {
     return loader_->distribute(shard);
+  }
+  template <typename L = Loader, typename = decltype(std::declval<L&>().start_at(int64_t{}))>
+  bool start_at(int64_t batch) {
+    return loader_->start_at(batch);
   }
 
   class Iterator {

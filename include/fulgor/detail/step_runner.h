@@ -59,6 +59,10 @@ class StepRunner {
   // Turns off a loader's shuffling where it can (TensorLoader::disable_shuffle):
   // returns whether it was shuffling.
   virtual bool disable_shuffle() = 0;
+  // Makes the next epoch begin at `batch` where the loader can
+  // (ImageLoader::start_at): false where the loop must fetch and drop the
+  // batches before it.
+  virtual bool start_at(int64_t batch) = 0;
   virtual void start_epoch() = 0;
   // Fetches the next batch, onto the device when `move`; false at the end.
   virtual bool next(bool move) = 0;
@@ -111,6 +115,13 @@ class LoaderRunner : public StepRunner {
 
   bool disable_shuffle() override {
     if constexpr (has_disable_shuffle<Loader>::value) return loader_.disable_shuffle();
+    return false;
+  }
+
+  bool start_at(int64_t batch) override {
+    // overfit_batches replays its cache, which the loader does not know of.
+    if constexpr (has_start_at<Loader>::value)
+      if (cache_limit_ == 0) return loader_.start_at(batch);
     return false;
   }
 

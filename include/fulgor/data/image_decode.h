@@ -1,0 +1,84 @@
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fulgor/error.h"
+
+namespace fulgor {
+
+/// A sample that cannot be read or decoded: a corrupt or truncated image, a
+/// format fulgor does not decode, a file or shard member that is missing.
+/// The message names the sample.
+class DataError : public Error {
+ public:
+  using Error::Error;
+};
+
+enum class ImageFormat { jpeg, png };
+
+/// What an encoded image's header says.
+struct ImageHeader {
+  ImageFormat format = ImageFormat::jpeg;
+  int64_t width = 0;
+  int64_t height = 0;
+};
+
+/// Pixels as rows of interleaved channels (HWC), 8 bits a channel: 1
+/// (gray) or 3 (RGB). A decoder may scale while decoding (a JPEG's DCT
+/// scaling): `scale` is decoded pixels per pixel of the full image, so that
+/// pixel (x, y) of the full image is at (x * scale, y * scale) here.
+struct DecodedImage {
+  int64_t width = 0;
+  int64_t height = 0;
+  int64_t channels = 0;
+  double scale = 1.0;
+  std::vector<uint8_t> pixels;
+};
+
+/// What a decode is for: the image will be resampled to out_width x
+/// out_height from a region of at least that size, so a JPEG may be decoded
+/// at 1/2, 1/4 or 1/8 of its size (in the DCT, far cheaper than decoding it
+/// whole) as long as the region stays at least the output's size.
+struct DecodeRequest {
+  int64_t channels = 3;  ///< 1 (gray) or 3 (RGB)
+  /// The region's size in pixels of the full image; 0: the whole image.
+  double region_width = 0;
+  double region_height = 0;
+  /// The size it is resampled to; 0: no scaling while decoding.
+  int64_t out_width = 0;
+  int64_t out_height = 0;
+};
+
+/// Decodes JPEG (libjpeg-turbo's TurboJPEG API) and PNG (libpng) from memory.
+/// A corrupt or truncated image, or data in another format, is a DataError
+/// naming `name`; libjpeg-turbo's warnings (corrupt data it would decode as
+/// gray) count as errors, as PIL refuses truncated images.
+///
+/// Not thread-safe: one decoder per thread (it keeps TurboJPEG's handle and
+/// its buffers).
+class ImageDecoder {
+ public:
+  ImageDecoder();
+  ~ImageDecoder();
+  ImageDecoder(const ImageDecoder&) = delete;
+  ImageDecoder& operator=(const ImageDecoder&) = delete;
+
+  /// The format and size, from the header alone.
+  ImageHeader header(const uint8_t* data, size_t size, const std::string& name);
+  /// Decodes into `out` (its buffer reused).
+  void decode(const uint8_t* data, size_t size, const std::string& name, const DecodeRequest& request,
+              DecodedImage& out);
+
+ private:
+  void* turbojpeg_;  // tjhandle
+};
+
+/// The format of encoded bytes, from their signature; DataError naming
+/// `name` for anything but JPEG and PNG.
+ImageFormat image_format(const uint8_t* data, size_t size, const std::string& name);
+
+}  // namespace fulgor

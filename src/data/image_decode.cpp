@@ -1,0 +1,119 @@
+#include "fulgor/data/image_decode.h"
+
+#include <fmt/format.h>
+#include <png.h>
+#include <turbojpeg.h>
+
+#include <algorithm>
+#include <cstring>
+
+namespace fulgor {
+namespace {
+
+bool has_jpeg_signature(const uint8_t* data, size_t size) {
+  return size >= 3 && data[0] == 0xFF && data[1] == 0xD8 && data[2] == 0xFF;
+}
+
+bool has_png_signature(const uint8_t* data, size_t size) { return size >= 8 && png_sig_cmp(data, 0, 8) == 0; }
+
+void require_channels(int64_t channels) {
+  if (channels != 1 && channels != 3)
+    throw ConfigError(fmt::format("image channels={} is not valid: 1 (gray) or 3 (RGB)", channels));
+}
+
+// Note [Decoding at a smaller scale]
+// libjpeg-turbo can scale by n/8 inside the inverse DCT, skipping most of its
+// work at 1/2, 1/4 or 1/8. The smallest such scale that keeps the region at
+// least the output's size loses nothing the resampling after it would keep
+// (it averages those pixels away), as FFCV and DALI decode.
+tjscalingfactor jpeg_scaling(int width, int height, const DecodeRequest& request) {
+  tjscalingfactor best{1, 1};
+  if (request.out_width <= 0 || request.out_height <= 0) return best;
+  const double region_w = request.region_width > 0 ? request.region_width : width;
+  const double region_h = request.region_height > 0 ? request.region_height : height;
+  int count = 0;
+  const tjscalingfactor* factors = tjGetScalingFactors(&count);
+  for (int i = 0; i < count; ++i) {
+    const tjscalingfactor f = factors[i];
+    const double s = static_cast<double>(f.num) / f.denom;
+    if (s >= static_cast<double>(best.num) / best.denom) continue;
+    if (region_w * s >= static_cast<double>(request.out_width) &&
+        region_h * s >= static_cast<double>(request.out_height))
+      best = f;
+  }
+  return best;
+}
+
+ImageHeader png_header(const uint8_t* data, size_t size, const std::string& name) {
+  png_image image;
+  std::memset(&image, 0, sizeof image);
+  image.version = PNG_IMAGE_VERSION;
+  if (!png_image_begin_read_from_memory(&image, data, size))
+    throw DataError(fmt::format("{}: not a valid PNG image ({})", name, image.message));
+  png_image_free(&image);
+  return {ImageFormat::png, image.width, image.height};
+}
+
+void decode_png(const uint8_t* data, size_t size, const std::string& name, int64_t channels, DecodedImage& out) {
+  png_image image;
+  std::memset(&image, 0, sizeof image);
+  image.version = PNG_IMAGE_VERSION;
+  if (!png_image_begin_read_from_memory(&image, data, size))
+    throw DataError(fmt::format("{}: not a valid PNG image ({})", name, image.message));
+  image.format = channels == 1 ? PNG_FORMAT_GRAY : PNG_FORMAT_RGB;
+  // An alpha channel is composited onto the buffer: zeroed, onto black.
+  out.pixels.assign(PNG_IMAGE_SIZE(image), 0);
+  if (!png_image_finish_read(&image, nullptr, out.pixels.data(), 0, nullptr)) {
+    const std::string why = image.message;
+    png_image_free(&image);
+    throw DataError(fmt::format("{}: corrupt or truncated PNG image ({})", name, why));
+  }
+  out.width = image.width;
+  out.height = image.height;
+  out.channels = channels;
+  out.scale = 1.0;
+}
+
+}  // namespace
+
+ImageFormat image_format(const uint8_t* data, size_t size, const std::string& name) {
+  if (has_jpeg_signature(data, size)) return ImageFormat::jpeg;
+  if (has_png_signature(data, size)) return ImageFormat::png;
+  throw DataError(fmt::format("{}: not a JPEG or PNG image ({} bytes; fulgor decodes JPEG and PNG)", name, size));
+}
+
+ImageDecoder::ImageDecoder() : turbojpeg_(tjInitDecompress()) {
+  if (!turbojpeg_) throw Error(fmt::format("TurboJPEG could not start a decompressor: {}", tjGetErrorStr2(nullptr)));
+}
+
+ImageDecoder::~ImageDecoder() { tjDestroy(turbojpeg_); }
+
+ImageHeader ImageDecoder::header(const uint8_t* data, size_t size, const std::string& name) {
+  if (image_format(data, size, name) == ImageFormat::png) return png_header(data, size, name);
+  int width = 0, height = 0, subsampling = 0, colorspace = 0;
+  if (tjDecompressHeader3(turbojpeg_, data, static_cast<unsigned long>(size), &width, &height, &subsampling,
+                          &colorspace) != 0)
+    throw DataError(fmt::format("{}: not a valid JPEG image ({})", name, tjGetErrorStr2(turbojpeg_)));
+  return {ImageFormat::jpeg, width, height};
+}
+
+void ImageDecoder::decode(const uint8_t* data, size_t size, const std::string& name, const DecodeRequest& request,
+                          DecodedImage& out) {
+  require_channels(request.channels);
+  const ImageHeader head = header(data, size, name);
+  if (head.format == ImageFormat::png) return decode_png(data, size, name, request.channels, out);
+  const int width = static_cast<int>(head.width), height = static_cast<int>(head.height);
+  const tjscalingfactor scaling = jpeg_scaling(width, height, request);
+  const int scaled_w = TJSCALED(width, scaling), scaled_h = TJSCALED(height, scaling);
+  out.pixels.resize(static_cast<size_t>(scaled_w) * scaled_h * request.channels);
+  const int format = request.channels == 1 ? TJPF_GRAY : TJPF_RGB;
+  if (tjDecompress2(turbojpeg_, data, static_cast<unsigned long>(size), out.pixels.data(), scaled_w, 0, scaled_h,
+                    format, TJFLAG_STOPONWARNING) != 0)
+    throw DataError(fmt::format("{}: corrupt or truncated JPEG image ({})", name, tjGetErrorStr2(turbojpeg_)));
+  out.width = scaled_w;
+  out.height = scaled_h;
+  out.channels = request.channels;
+  out.scale = static_cast<double>(scaling.num) / scaling.denom;
+}
+
+}  // namespace fulgor

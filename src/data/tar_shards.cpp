@@ -1,0 +1,193 @@
+#include "fulgor/data/tar_shards.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <optional>
+
+#include "fulgor/data/image_decode.h"
+
+namespace fulgor {
+namespace {
+
+using File = std::unique_ptr<FILE, int (*)(FILE*)>;
+
+File open_shard(const std::string& path) {
+  File file(std::fopen(path.c_str(), "rb"), &std::fclose);
+  if (!file) throw DataError(fmt::format("tar shard '{}' cannot be opened ({})", path, std::strerror(errno)));
+  return file;
+}
+
+// A header's numeric field: octal text, or base-256 (GNU, for large sizes).
+uint64_t tar_number(const char* field, size_t width) {
+  if (static_cast<unsigned char>(field[0]) & 0x80) {
+    uint64_t v = 0;
+    for (size_t i = 1; i < width; ++i) v = (v << 8) | static_cast<unsigned char>(field[i]);
+    return v;
+  }
+  uint64_t v = 0;
+  for (size_t i = 0; i < width && field[i]; ++i)
+    if (field[i] >= '0' && field[i] <= '7') v = v * 8 + static_cast<uint64_t>(field[i] - '0');
+  return v;
+}
+
+std::string tar_text(const char* field, size_t width) { return std::string(field, strnlen(field, width)); }
+
+// A pax extended header's path record, if any ("LEN path=VALUE\n").
+std::optional<std::string> pax_path(const std::string& records) {
+  size_t at = 0;
+  while (at < records.size()) {
+    const size_t space = records.find(' ', at);
+    if (space == std::string::npos) break;
+    const size_t length = std::strtoull(records.c_str() + at, nullptr, 10);
+    if (length == 0 || at + length > records.size()) break;
+    const std::string record = records.substr(space + 1, at + length - space - 2);
+    if (record.rfind("path=", 0) == 0) return record.substr(5);
+    at += length;
+  }
+  return std::nullopt;
+}
+
+// WebDataset's base_plus_ext: the key is the path up to the first dot of its file name.
+std::pair<std::string, std::string> key_and_extension(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  const size_t dot = path.find('.', slash == std::string::npos ? 0 : slash + 1);
+  if (dot == std::string::npos) return {path, ""};
+  std::string ext = path.substr(dot + 1);
+  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return std::tolower(c); });
+  return {path.substr(0, dot), ext};
+}
+
+}  // namespace
+
+std::vector<std::string> TarShards::expand(const std::string& pattern) {
+  const size_t open = pattern.find('{');
+  if (open == std::string::npos) return {pattern};
+  const size_t close = pattern.find('}', open);
+  if (close == std::string::npos)
+    throw ConfigError(fmt::format("shard pattern '{}' has a '{{' without its '}}'", pattern));
+  const std::string inside = pattern.substr(open + 1, close - open - 1), head = pattern.substr(0, open);
+  std::vector<std::string> choices;
+  if (const size_t dots = inside.find(".."); dots != std::string::npos) {
+    const std::string from = inside.substr(0, dots), to = inside.substr(dots + 2);
+    char* end1 = nullptr;
+    char* end2 = nullptr;
+    const long long a = std::strtoll(from.c_str(), &end1, 10), b = std::strtoll(to.c_str(), &end2, 10);
+    if (from.empty() || to.empty() || *end1 || *end2 || a > b)
+      throw ConfigError(fmt::format("shard pattern '{}': {{{}}} is not a range FIRST..LAST of integers, FIRST <= LAST",
+                                    pattern, inside));
+    for (long long i = a; i <= b; ++i) choices.push_back(fmt::format("{:0{}d}", i, from.size()));
+  } else {
+    size_t at = 0;
+    for (size_t comma; (comma = inside.find(',', at)) != std::string::npos; at = comma + 1)
+      choices.push_back(inside.substr(at, comma - at));
+    choices.push_back(inside.substr(at));
+  }
+  std::vector<std::string> paths;
+  for (const auto& choice : choices)
+    for (auto& rest : expand(pattern.substr(close + 1))) paths.push_back(head + choice + rest);
+  return paths;
+}
+
+TarShards::TarShards(const std::vector<std::string>& shards) {
+  for (const auto& pattern : shards)
+    for (auto& path : expand(pattern)) shards_.push_back(std::move(path));
+  if (shards_.empty()) throw ConfigError("TarShards needs at least one shard");
+  for (size_t s = 0; s < shards_.size(); ++s) scan(s);
+  int64_t classes = 0;
+  for (const auto& sample : samples_) classes = std::max(classes, sample.target + 1);
+  for (int64_t c = 0; c < classes; ++c) classes_.push_back(std::to_string(c));
+}
+
+// Note [Reading a shard's index]
+// Only the 512-byte headers and the small .cls members are read; an image
+// member's data is skipped by seeking, so indexing costs one read per member.
+void TarShards::scan(size_t shard) {
+  const std::string& path = shards_[shard];
+  File file = open_shard(path);
+  std::fseek(file.get(), 0, SEEK_END);
+  const auto file_size = static_cast<uint64_t>(std::ftell(file.get()));
+  std::fseek(file.get(), 0, SEEK_SET);
+  std::optional<std::string> long_name;
+  std::string key;
+  std::optional<Sample> image;
+  std::optional<int64_t> target;
+  auto finish = [&] {
+    if (key.empty()) return;
+    if (!image)
+      throw DataError(fmt::format("tar shard '{}': sample '{}' has no .jpg, .jpeg or .png member", path, key));
+    if (!target) throw DataError(fmt::format("tar shard '{}': sample '{}' has no .cls member", path, key));
+    image->target = *target;
+    samples_.push_back(std::move(*image));
+    image.reset();
+    target.reset();
+  };
+  uint64_t offset = 0;
+  char header[512];
+  for (;;) {
+    // Archives end with zero blocks: one cut at a member's end lacks them.
+    if (std::fread(header, 1, 512, file.get()) != 512)
+      throw DataError(fmt::format("tar shard '{}' is truncated: it ends at byte {} without the end-of-archive blocks",
+                                  path, file_size));
+    if (std::all_of(header, header + 512, [](char c) { return c == 0; })) break;  // the archive's end
+    if (std::memcmp(header + 257, "ustar", 5) != 0)
+      throw DataError(fmt::format("tar shard '{}': not a tar archive (no ustar header at byte {})", path, offset));
+    const uint64_t size = tar_number(header + 124, 12), data = offset + 512;
+    std::string name = tar_text(header + 345, 155);
+    name = (name.empty() ? "" : name + "/") + tar_text(header, 100);
+    if (long_name) name = *std::exchange(long_name, std::nullopt);
+    if (data + (size + 511) / 512 * 512 > file_size)
+      throw DataError(fmt::format("tar shard '{}': member '{}' is truncated ({} of its {} bytes)", path, name,
+                                  file_size - std::min(file_size, data), size));
+    const char type = header[156];
+    std::string content;
+    const auto [member_key, ext] = key_and_extension(name);
+    const bool regular = type == '0' || type == '\0';
+    if (type == 'L' || type == 'x' || (regular && ext == "cls")) {
+      content.resize(size);
+      if (std::fread(content.data(), 1, size, file.get()) != size)
+        throw DataError(fmt::format("tar shard '{}': member '{}' cannot be read", path, name));
+    }
+    if (type == 'L') long_name = tar_text(content.data(), content.size());
+    if (type == 'x') long_name = pax_path(content);
+    if (regular) {
+      if (member_key != key) {
+        finish();
+        key = member_key;
+      }
+      if ((ext == "jpg" || ext == "jpeg" || ext == "png") && !image) image = Sample{shard, data, size, 0, name};
+      if (ext == "cls") {
+        char* end = nullptr;
+        const long long v = std::strtoll(content.c_str(), &end, 10);
+        while (end && (*end == '\n' || *end == ' ' || *end == '\r')) ++end;
+        if (content.empty() || !end || *end || v < 0)
+          throw DataError(fmt::format("tar shard '{}': member '{}' holds '{}', not a class index (an integer >= 0)",
+                                      path, name, content));
+        target = v;
+      }
+    }
+    offset = data + (size + 511) / 512 * 512;
+    std::fseek(file.get(), static_cast<long>(offset), SEEK_SET);
+  }
+  finish();
+}
+
+void TarShards::read(int64_t index, std::vector<uint8_t>& bytes) const {
+  const Sample& s = samples_[static_cast<size_t>(index)];
+  File file = open_shard(shards_[s.shard]);
+  bytes.resize(s.size);
+  if (std::fseek(file.get(), static_cast<long>(s.offset), SEEK_SET) != 0 ||
+      std::fread(bytes.data(), 1, s.size, file.get()) != s.size)
+    throw DataError(fmt::format("{}: cannot be read", name(index)));
+}
+
+std::string TarShards::name(int64_t index) const {
+  const Sample& s = samples_[static_cast<size_t>(index)];
+  return shards_[s.shard] + ":" + s.member;
+}
+
+}  // namespace fulgor

@@ -1,0 +1,141 @@
+// fulgor::TarShards: WebDataset shards that Python's tarfile wrote.
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fulgor/data/image_loader.h"
+#include "fulgor/data/tar_shards.h"
+#include "image_encode.h"
+
+namespace fulgor::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+// 10 images in 2 classes as a folder, and the same samples in two shards
+// that Python's tarfile writes (PAX format, its default), each sample a
+// .png or .jpg, its .cls and a .json.
+struct ShardedFolder {
+  ShardedFolder() {
+    root = fs::temp_directory_path() / ("fulgor_shards_test_" + std::to_string(::getpid()) + "_" +
+                                        std::to_string(reinterpret_cast<uintptr_t>(this)));
+    for (int i = 0; i < 10; ++i) {
+      const auto dir = root / "images" / ("c" + std::to_string(i / 5));
+      fs::create_directories(dir);
+      const auto pixels = test_picture(24, 20, 3, i);
+      if (i % 2)
+        write_bytes((dir / (std::to_string(i) + ".jpg")).string(), encode_jpeg(pixels, 24, 20, 3));
+      else
+        write_bytes((dir / (std::to_string(i) + ".png")).string(), encode_png(pixels, 24, 20, 3));
+    }
+    folder = std::make_shared<ImageFolder>((root / "images").string());
+    std::ofstream script(root / "write.py");
+    script << "import io, json, sys, tarfile\n"
+              "root, samples = sys.argv[1], sys.argv[2:]\n"
+              "for shard in range(2):\n"
+              "    with tarfile.open(f'{root}/shard-{shard}.tar', 'w') as tar:\n"
+              "        for i in range(shard * 5, shard * 5 + 5):\n"
+              "            path, target = samples[2 * i], samples[2 * i + 1]\n"
+              "            key = f'sample{i:04d}'\n"
+              "            tar.add(path, arcname=key + path[path.rfind('.'):])\n"
+              "            for ext, text in (('cls', target), ('json', json.dumps({'i': i}))):\n"
+              "                data = text.encode()\n"
+              "                info = tarfile.TarInfo(f'{key}.{ext}')\n"
+              "                info.size = len(data)\n"
+              "                tar.addfile(info, io.BytesIO(data))\n";
+    script.close();
+    std::string command = "python3 " + (root / "write.py").string() + " " + root.string();
+    for (int64_t i = 0; i < folder->size(); ++i)
+      command += " " + folder->name(i) + " " + std::to_string(folder->target(i));
+    written = std::system(command.c_str()) == 0;
+  }
+  ~ShardedFolder() { fs::remove_all(root); }
+  fs::path root;
+  std::shared_ptr<ImageFolder> folder;
+  bool written = false;
+};
+
+TEST(TarShards, ExpandsBracePatterns) {
+  EXPECT_EQ(TarShards::expand("a-{08..10}.tar"), (std::vector<std::string>{"a-08.tar", "a-09.tar", "a-10.tar"}));
+  EXPECT_EQ(TarShards::expand("{x,y}-{1..2}"), (std::vector<std::string>{"x-1", "x-2", "y-1", "y-2"}));
+  EXPECT_EQ(TarShards::expand("plain.tar"), std::vector<std::string>{"plain.tar"});
+  EXPECT_THROW(TarShards::expand("a-{3..1}.tar"), ConfigError);
+  EXPECT_THROW(TarShards::expand("a-{1..2.tar"), ConfigError);
+}
+
+TEST(TarShards, ReadsWhatPythonsTarfileWroteAsTheFolderHoldsIt) {
+  ShardedFolder data;
+  ASSERT_TRUE(data.written) << "python3 could not write the shards";
+  TarShards shards({(data.root / "shard-{0..1}.tar").string()});
+  ASSERT_EQ(shards.size(), 10);
+  EXPECT_EQ(shards.classes(), (std::vector<std::string>{"0", "1"}));
+  std::vector<uint8_t> from_tar, from_file;
+  for (int64_t i = 0; i < 10; ++i) {
+    EXPECT_EQ(shards.target(i), data.folder->target(i));
+    shards.read(i, from_tar);
+    data.folder->read(i, from_file);
+    EXPECT_EQ(from_tar, from_file) << shards.name(i);
+  }
+  EXPECT_NE(shards.name(6).find("shard-1.tar:sample0006.png"), std::string::npos) << shards.name(6);
+  // Through a loader, the same batches as from the folder.
+  ImageLoaderOptions options;
+  options.batch_size = 4;
+  options.shuffle = true;
+  ImageLoader a(std::make_shared<TarShards>(shards), ImageTransforms({RandomResizedCrop{{8}}}), options);
+  ImageLoader b(data.folder, ImageTransforms({RandomResizedCrop{{8}}}), options);
+  auto ib = b.begin();
+  int64_t batches = 0;
+  for (auto& batch : a) {
+    EXPECT_TRUE(torch::equal(batch.data, ib->data));
+    EXPECT_TRUE(torch::equal(batch.target, ib->target));
+    ++ib;
+    ++batches;
+  }
+  EXPECT_EQ(batches, 3);
+}
+
+TEST(TarShards, AMissingShardOrATruncatedMemberIsNamed) {
+  ShardedFolder data;
+  ASSERT_TRUE(data.written) << "python3 could not write the shards";
+  auto error_of = [](const std::vector<std::string>& shards) {
+    try {
+      TarShards read(shards);
+    } catch (const DataError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const std::string missing = (data.root / "shard-{0..2}.tar").string();
+  EXPECT_NE(error_of({missing}).find("shard-2.tar' cannot be opened"), std::string::npos) << error_of({missing});
+  const auto cut = data.root / "cut.tar";
+  fs::copy_file(data.root / "shard-0.tar", cut);
+  // Python's tarfile writes a pax header (512 + 512 bytes) before the first image.
+  fs::resize_file(cut, 1024 + 512 + 100);
+  const std::string message = error_of({cut.string()});
+  EXPECT_NE(message.find("is truncated"), std::string::npos) << message;
+  EXPECT_NE(message.find("cut.tar': member 'sample0000.png' is truncated (100 of its"), std::string::npos) << message;
+  // Cut after the last member, before the end-of-archive blocks.
+  std::ifstream whole(data.root / "shard-0.tar", std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(whole)), std::istreambuf_iterator<char>());
+  const size_t members_end = (bytes.find_last_not_of('\0') / 512 + 1) * 512;
+  fs::copy_file(data.root / "shard-0.tar", cut, fs::copy_options::overwrite_existing);
+  fs::resize_file(cut, members_end);
+  EXPECT_NE(
+      error_of({cut.string()}).find(fmt::format("cut.tar' is truncated: it ends at byte {} without", members_end)),
+      std::string::npos)
+      << error_of({cut.string()});
+  write_bytes((data.root / "text.tar").string(), std::vector<uint8_t>(1024, 'a'));
+  EXPECT_NE(error_of({(data.root / "text.tar").string()}).find("not a tar archive"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace fulgor::testing
