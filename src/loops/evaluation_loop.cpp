@@ -67,7 +67,7 @@ std::map<std::string, double> EvaluationLoop::run_limited(std::optional<int64_t>
 void EvaluationLoop::sanity_check() {
   const int64_t steps = s.limits.num_sanity_val_steps;
   if (steps == 0 || !enabled()) return;
-  const torch::Tensor cpu_state = cpu_rng_state(), device_state = s.accelerator->get_rng_state(*s.device);
+  const torch::Tensor cpu_state = cpu_rng_state(), device_state = s.accelerator->get_rng_state(s.device_setup->device);
   s.metrics.clear();
   const RunningStage previous = s.running;
   s.running = RunningStage::sanity_checking;
@@ -82,7 +82,7 @@ void EvaluationLoop::sanity_check() {
   s.running = previous;
   s.metrics.clear();
   set_cpu_rng_state(cpu_state);
-  s.accelerator->set_rng_state(*s.device, device_state);
+  s.accelerator->set_rng_state(s.device_setup->device, device_state);
 }
 
 }  // namespace fulgor::detail

@@ -97,7 +97,7 @@ void FitLoop::run() {
 // per epoch after limits.
 void FitLoop::setup_data() {
   s.open_loader(*train_, Stage::train);
-  train_->bind(*s.accelerator, *s.device, s.precision.precision());
+  train_->bind(*s.accelerator, s.device_setup->device, s.precision.precision());
   s.distribute(*train_, /*even=*/true);
   s.warn_if_empty(*train_, Stage::train);
   const auto& l = s.limits;

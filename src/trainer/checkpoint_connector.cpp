@@ -151,7 +151,7 @@ void CheckpointConnector::restore_training_state(LoadedCheckpoint& ckpt) {
       throw CheckpointError(fmt::format("checkpoint '{}': optimizer {} state does not fit: {}", ckpt.path, i,
                                         e.what_without_backtrace()));
     }
-    move_archive_tensors(archive, *s.accelerator, *s.device, fmt::format("optimizer {} state", i));
+    move_archive_tensors(archive, *s.accelerator, s.device_setup->device, fmt::format("optimizer {} state", i));
   }
   const auto& schedulers = meta.at("schedulers");
   if (schedulers.size() != s.optim.schedulers.size())
@@ -171,7 +171,7 @@ void CheckpointConnector::restore_rng(LoadedCheckpoint& ckpt, const char* cpu_ke
   // leaves the device's generator as it is.
   const bool same_accelerator = ckpt.meta.value("accelerator", std::string()) == s.accelerator->name();
   if (std::string(cpu_key) == "rng_cpu" && same_accelerator && ckpt.archive.try_read("rng_device", device_state))
-    s.accelerator->set_rng_state(*s.device, device_state);
+    s.accelerator->set_rng_state(s.device_setup->device, device_state);
 }
 
 void CheckpointConnector::save(const std::string& path) {
@@ -209,8 +209,8 @@ void CheckpointConnector::save(const std::string& path) {
     archive.write("optimizer_" + std::to_string(i), o);
   }
   archive.write("rng_cpu", cpu_rng_state());
-  if (s.accelerator && s.device) {
-    torch::Tensor device_state = s.accelerator->get_rng_state(*s.device);
+  if (s.accelerator && s.device_setup) {
+    torch::Tensor device_state = s.accelerator->get_rng_state(s.device_setup->device);
     if (device_state.defined()) archive.write("rng_device", device_state);
   }
   if (rng_epoch_start.defined()) archive.write("rng_epoch_start", rng_epoch_start);

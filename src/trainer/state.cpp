@@ -86,10 +86,10 @@ void TrainerState::begin(const std::string& name) {
   auto environment = detect_distributed_environment();
   if (launches_ranks(options.strategy, environment, *accelerator, options.devices, devices.size()))
     environment = launch_ranks(static_cast<int64_t>(devices.size()));
-  device_setup = detail::device_setup(*accelerator, options.devices, devices, environment);
-  if (runs_data_parallel(options.strategy, environment) && !ddp) start_ddp(environment);
+  const DeviceSetup setup = detail::device_setup(*accelerator, options.devices, devices, environment);
+  if (runs_data_parallel(options.strategy, environment) && !ddp) start_ddp(environment, setup);
   precision.setup(options.precision, *accelerator);
-  device = device_setup.device;
+  device_setup = setup;
   stage = name;
   if (profiling) profiling->forget_owners();
   metrics.eval_log_step = 0;
@@ -108,7 +108,7 @@ void TrainerState::launch(ModuleBase& model) {
     context.setDeterministicAlgorithms(true, /*warn_only=*/false);
   }
   module = &model;
-  accelerator->setup_device(device_setup);
+  accelerator->setup_device(*device_setup);
   if (options.seed) seed_accelerator(*accelerator, *options.seed);
   place_module(model);
   ModuleAccess::attach(model, &metrics, &trainer);
@@ -125,7 +125,7 @@ void TrainerState::configure_model(ModuleBase& model) {
 
 // The module onto the device, in the precision's type.
 void TrainerState::place_module(ModuleBase& model) {
-  accelerator->move_module(model, *device);
+  accelerator->move_module(model, device_setup->device);
   precision.precision().convert_module(model);
 }
 
@@ -194,12 +194,12 @@ void TrainerState::on_exception(ModuleBase& model, const std::exception& e) {
 }
 
 // Joins the job. Only rank 0 prints (progress, model summary) and writes logs.
-void TrainerState::start_ddp(const DistributedEnvironment& environment) {
-  accelerator->setup_device(device_setup);
+void TrainerState::start_ddp(const DistributedEnvironment& environment, const DeviceSetup& setup) {
+  accelerator->setup_device(setup);
   ProcessGroupOptions group_options;
   if (options.ddp_timeout)
     group_options.timeout = std::chrono::milliseconds(static_cast<int64_t>(std::ceil(*options.ddp_timeout * 1000)));
-  ddp = std::make_unique<DdpStrategy>(environment, *accelerator, device_setup.device, group_options);
+  ddp = std::make_unique<DdpStrategy>(environment, *accelerator, setup.device, group_options);
   if (launched_ranks()) launched_ranks_joined();
   if (ddp->is_global_zero()) return;
   callbacks.erase(std::remove_if(callbacks.begin(), callbacks.end(),

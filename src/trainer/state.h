@@ -73,8 +73,8 @@ struct TrainerState {
   std::unique_ptr<Accelerator> accelerator;
   // Strategy "ddp": made by the first loop, kept for the Trainer's others.
   std::unique_ptr<DdpStrategy> ddp;
-  std::optional<torch::Device> device;
-  DeviceSetup device_setup;
+  // The device of the loop running or last run; empty before the first.
+  std::optional<DeviceSetup> device_setup;
   ModuleBase* module = nullptr;
   // The data module of the loop running or last run (nullptr: it had none).
   DataModuleBase* datamodule = nullptr;
@@ -158,7 +158,7 @@ struct TrainerState {
   void setup_hooks(ModuleBase& model);
   void configure_model(ModuleBase& model);
   void place_module(ModuleBase& model);
-  void start_ddp(const DistributedEnvironment& environment);
+  void start_ddp(const DistributedEnvironment& environment, const DeviceSetup& setup);
 };
 
 }  // namespace detail

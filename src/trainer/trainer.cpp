@@ -145,8 +145,8 @@ const Accelerator& Trainer::accelerator() const {
   return *state_->accelerator;
 }
 torch::Device Trainer::device() const {
-  if (!state_->device) throw Error("the Trainer has not run a loop yet, so it has no device");
-  return *state_->device;
+  if (!state_->device_setup) throw Error("the Trainer has not run a loop yet, so it has no device");
+  return state_->device_setup->device;
 }
 
 const Precision& Trainer::precision() const { return state_->precision.precision(); }
