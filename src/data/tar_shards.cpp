@@ -2,11 +2,13 @@
 
 #include <fmt/format.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <algorithm>
+
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
-#include <memory>
 #include <optional>
 
 #include "fulgor/data/image_decode.h"
@@ -14,12 +16,25 @@
 namespace fulgor {
 namespace {
 
-using File = std::unique_ptr<FILE, int (*)(FILE*)>;
+int open_shard(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw DataError(fmt::format("tar shard '{}' cannot be opened ({})", path, std::strerror(errno)));
+  return fd;
+}
 
-File open_shard(const std::string& path) {
-  File file(std::fopen(path.c_str(), "rb"), &std::fclose);
-  if (!file) throw DataError(fmt::format("tar shard '{}' cannot be opened ({})", path, std::strerror(errno)));
-  return file;
+// Reads `size` bytes at `offset`; false at the file's end or on an error.
+bool read_at(int fd, uint64_t offset, void* out, uint64_t size) {
+  auto* at = static_cast<char*>(out);
+  while (size > 0) {
+    const ssize_t n = ::pread(fd, at, size, static_cast<off_t>(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n == 0) errno = 0;  // the file ends early
+    if (n <= 0) return false;
+    at += n;
+    offset += static_cast<uint64_t>(n);
+    size -= static_cast<uint64_t>(n);
+  }
+  return true;
 }
 
 // A header's numeric field: octal text, or base-256 (GNU, for large sizes).
@@ -64,6 +79,21 @@ std::pair<std::string, std::string> key_and_extension(const std::string& path) {
 
 }  // namespace
 
+// Note [Shards kept open]
+// A sample's read is one pread of its member at the offset the scan found,
+// on a descriptor opened once: no open, seek and close per sample (which cost
+// more than the read itself for small images), no shared file position, so
+// the workers read concurrently without a lock.
+struct TarShards::Files {
+  std::vector<int> fds;
+  Files() = default;
+  Files(const Files&) = delete;
+  Files& operator=(const Files&) = delete;
+  ~Files() {
+    for (const int fd : fds) ::close(fd);
+  }
+};
+
 std::vector<std::string> TarShards::expand(const std::string& pattern) {
   const size_t open = pattern.find('{');
   if (open == std::string::npos) return {pattern};
@@ -97,7 +127,11 @@ TarShards::TarShards(const std::vector<std::string>& shards) {
   for (const auto& pattern : shards)
     for (auto& path : expand(pattern)) shards_.push_back(std::move(path));
   if (shards_.empty()) throw ConfigError("TarShards needs at least one shard");
-  for (size_t s = 0; s < shards_.size(); ++s) scan(s);
+  files_ = std::make_shared<Files>();
+  for (size_t s = 0; s < shards_.size(); ++s) {
+    files_->fds.push_back(open_shard(shards_[s]));
+    scan(s);
+  }
   int64_t classes = 0;
   for (const auto& sample : samples_) classes = std::max(classes, sample.target + 1);
   for (int64_t c = 0; c < classes; ++c) classes_.push_back(std::to_string(c));
@@ -105,13 +139,14 @@ TarShards::TarShards(const std::vector<std::string>& shards) {
 
 // Note [Reading a shard's index]
 // Only the 512-byte headers and the small .cls members are read; an image
-// member's data is skipped by seeking, so indexing costs one read per member.
+// member's data is skipped, so indexing costs one read per member.
 void TarShards::scan(size_t shard) {
   const std::string& path = shards_[shard];
-  File file = open_shard(path);
-  std::fseek(file.get(), 0, SEEK_END);
-  const auto file_size = static_cast<uint64_t>(std::ftell(file.get()));
-  std::fseek(file.get(), 0, SEEK_SET);
+  const int fd = files_->fds[shard];
+  struct stat info {};
+  if (::fstat(fd, &info) != 0)
+    throw DataError(fmt::format("tar shard '{}' cannot be read ({})", path, std::strerror(errno)));
+  const auto file_size = static_cast<uint64_t>(info.st_size);
   std::optional<std::string> long_name;
   std::string key;
   std::optional<Sample> image;
@@ -130,7 +165,7 @@ void TarShards::scan(size_t shard) {
   char header[512];
   for (;;) {
     // Archives end with zero blocks: one cut at a member's end lacks them.
-    if (std::fread(header, 1, 512, file.get()) != 512)
+    if (!read_at(fd, offset, header, 512))
       throw DataError(fmt::format("tar shard '{}' is truncated: it ends at byte {} without the end-of-archive blocks",
                                   path, file_size));
     if (std::all_of(header, header + 512, [](char c) { return c == 0; })) break;  // the archive's end
@@ -149,7 +184,7 @@ void TarShards::scan(size_t shard) {
     const bool regular = type == '0' || type == '\0';
     if (type == 'L' || type == 'x' || (regular && ext == "cls")) {
       content.resize(size);
-      if (std::fread(content.data(), 1, size, file.get()) != size)
+      if (!read_at(fd, data, content.data(), size))
         throw DataError(fmt::format("tar shard '{}': member '{}' cannot be read", path, name));
     }
     if (type == 'L') long_name = tar_text(content.data(), content.size());
@@ -171,18 +206,16 @@ void TarShards::scan(size_t shard) {
       }
     }
     offset = data + (size + 511) / 512 * 512;
-    std::fseek(file.get(), static_cast<long>(offset), SEEK_SET);
   }
   finish();
 }
 
 void TarShards::read(int64_t index, std::vector<uint8_t>& bytes) const {
   const Sample& s = samples_[static_cast<size_t>(index)];
-  File file = open_shard(shards_[s.shard]);
   bytes.resize(s.size);
-  if (std::fseek(file.get(), static_cast<long>(s.offset), SEEK_SET) != 0 ||
-      std::fread(bytes.data(), 1, s.size, file.get()) != s.size)
-    throw DataError(fmt::format("{}: cannot be read", name(index)));
+  if (!read_at(files_->fds[s.shard], s.offset, bytes.data(), s.size))
+    throw DataError(
+        fmt::format("{}: cannot be read ({})", name(index), errno ? std::strerror(errno) : "it ends early"));
 }
 
 std::string TarShards::name(int64_t index) const {

@@ -10,6 +10,7 @@
 #include <iterator>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "fulgor/data/image_loader.h"
@@ -101,6 +102,30 @@ TEST(TarShards, ReadsWhatPythonsTarfileWroteAsTheFolderHoldsIt) {
     ++batches;
   }
   EXPECT_EQ(batches, 3);
+}
+
+TEST(TarShards, KeepsItsShardsOpenAcrossCopiesAndThreads) {
+  ShardedFolder data;
+  ASSERT_TRUE(data.written) << "python3 could not write the shards";
+  auto shards = std::make_unique<TarShards>(std::vector<std::string>{(data.root / "shard-{0..1}.tar").string()});
+  const TarShards copy = *shards;
+  shards.reset();
+  // Reads go to the descriptors opened when the shards were indexed: the
+  // files' names are no longer needed (a reopening reader would fail here).
+  fs::remove(data.root / "shard-0.tar");
+  fs::remove(data.root / "shard-1.tar");
+  std::vector<std::vector<uint8_t>> read(10);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 2; ++t)
+    threads.emplace_back([&, t] {
+      for (int64_t i = t; i < 10; i += 2) copy.read(i, read[static_cast<size_t>(i)]);
+    });
+  for (auto& t : threads) t.join();
+  std::vector<uint8_t> from_file;
+  for (int64_t i = 0; i < 10; ++i) {
+    data.folder->read(i, from_file);
+    EXPECT_EQ(read[static_cast<size_t>(i)], from_file) << copy.name(i);
+  }
 }
 
 TEST(TarShards, AMissingShardOrATruncatedMemberIsNamed) {

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -19,8 +20,10 @@ namespace fulgor {
 /// (`train-{0000..0099}.tar`: a numeric range, zero-padded as written;
 /// `{a,b}`: alternatives). The shards' headers are read once, here, into an
 /// index of every sample's place, so that samples can then be read in any
-/// order (an epoch's permutation) with one read each. Reads ustar, GNU and
-/// pax archives, which Python's tarfile writes.
+/// order (an epoch's permutation) with one read each. The shards stay open
+/// for the data set's life (copies share them): a read is one positioned
+/// read (pread) of the member, from any thread, without reopening the shard.
+/// Reads ustar, GNU and pax archives, which Python's tarfile writes.
 ///
 /// Throws DataError naming the shard and member when a shard is missing or
 /// not a tar archive, a member is truncated, a sample has no image or no
@@ -47,9 +50,11 @@ class TarShards final : public ImageDataset {
     int64_t target;
     std::string member;
   };
+  struct Files;  // the shards' open descriptors
   void scan(size_t shard);
 
   std::vector<std::string> shards_;
+  std::shared_ptr<Files> files_;
   std::vector<Sample> samples_;
   std::vector<std::string> classes_;
 };
