@@ -5,7 +5,10 @@
 #include <turbojpeg.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <optional>
+#include <utility>
 
 namespace fulgor {
 namespace {
@@ -44,6 +47,42 @@ tjscalingfactor jpeg_scaling(int width, int height, const DecodeRequest& request
   return best;
 }
 
+// Note [Decoding only the crop]
+// A JPEG's blocks can be cut out without decoding them (TurboJPEG's lossless
+// tjTransform with TJXOPT_CROP, as FFCV crops): the kept blocks' coefficients
+// are copied into a smaller JPEG, which is then decoded (at the scale of
+// Note [Decoding at a smaller scale]). The cut's left and top edges fall on
+// the MCU grid (8 or 16 pixels), and it keeps a margin around the region: the
+// resampling filter's reach, and the chroma upsampling's, which blends a block
+// with its neighbours. Inside that margin the pixels are those of the whole
+// decoded image (tested), so the resampled output is too. The cut costs an
+// entropy decode of the whole image and an encode of the kept part: it pays
+// only when it keeps well under the whole (kCropWorthIt of the area).
+// libjpeg-turbo 2.1 (Debian 12 and 13) has this API; 3.0's tj3 API would set
+// the region on the decompressor instead, without the re-encoding.
+constexpr double kCropWorthIt = 0.6;
+
+std::optional<tjregion> jpeg_crop(int width, int height, int subsampling, double scale, const DecodeRequest& request) {
+  if (!request.crop || request.region_width <= 0 || request.region_height <= 0 || request.out_width <= 0 ||
+      request.out_height <= 0 || subsampling < 0 || subsampling >= TJ_NUMSAMP)
+    return std::nullopt;
+  // In full-image pixels: the filter's support (a decoded pixel at least)
+  // and two more decoded pixels for the chroma upsampling and rounding.
+  const double reach_x = std::max(request.region_width / request.out_width, 1.0 / scale) + 3.0 / scale;
+  const double reach_y = std::max(request.region_height / request.out_height, 1.0 / scale) + 3.0 / scale;
+  const int mcu_w = tjMCUWidth[subsampling], mcu_h = tjMCUHeight[subsampling];
+  auto span = [](double from, double extent, double reach, int mcu, int size) {
+    const double lo = std::clamp(std::floor(from - reach), 0.0, static_cast<double>(size));
+    const double hi = std::clamp(std::ceil(from + extent + reach), 0.0, static_cast<double>(size));
+    const int first = static_cast<int>(lo) / mcu * mcu;
+    return std::pair<int, int>{first, std::max(static_cast<int>(hi) - first, 0)};
+  };
+  const auto [x, w] = span(request.region_x, request.region_width, reach_x, mcu_w, width);
+  const auto [y, h] = span(request.region_y, request.region_height, reach_y, mcu_h, height);
+  if (w <= 0 || h <= 0 || static_cast<double>(w) * h > kCropWorthIt * width * height) return std::nullopt;
+  return tjregion{x, y, w, h};
+}
+
 ImageHeader png_header(const uint8_t* data, size_t size, const std::string& name) {
   png_image image;
   std::memset(&image, 0, sizeof image);
@@ -72,6 +111,7 @@ void decode_png(const uint8_t* data, size_t size, const std::string& name, int64
   out.height = image.height;
   out.channels = channels;
   out.scale = 1.0;
+  out.x = out.y = 0;
 }
 
 }  // namespace
@@ -82,11 +122,20 @@ ImageFormat image_format(const uint8_t* data, size_t size, const std::string& na
   throw DataError(fmt::format("{}: not a JPEG or PNG image ({} bytes; fulgor decodes JPEG and PNG)", name, size));
 }
 
-ImageDecoder::ImageDecoder() : turbojpeg_(tjInitDecompress()) {
-  if (!turbojpeg_) throw Error(fmt::format("TurboJPEG could not start a decompressor: {}", tjGetErrorStr2(nullptr)));
+ImageDecoder::ImageDecoder() : turbojpeg_(tjInitDecompress()), transformer_(tjInitTransform()) {
+  if (!turbojpeg_ || !transformer_) {
+    const std::string why = tjGetErrorStr2(nullptr);
+    if (turbojpeg_) tjDestroy(turbojpeg_);
+    if (transformer_) tjDestroy(transformer_);
+    throw Error(fmt::format("TurboJPEG could not start a decompressor: {}", why));
+  }
 }
 
-ImageDecoder::~ImageDecoder() { tjDestroy(turbojpeg_); }
+ImageDecoder::~ImageDecoder() {
+  tjDestroy(turbojpeg_);
+  tjDestroy(transformer_);
+  tjFree(cropped_);
+}
 
 ImageHeader ImageDecoder::header(const uint8_t* data, size_t size, const std::string& name) {
   if (image_format(data, size, name) == ImageFormat::png) return png_header(data, size, name);
@@ -100,20 +149,41 @@ ImageHeader ImageDecoder::header(const uint8_t* data, size_t size, const std::st
 void ImageDecoder::decode(const uint8_t* data, size_t size, const std::string& name, const DecodeRequest& request,
                           DecodedImage& out) {
   require_channels(request.channels);
-  const ImageHeader head = header(data, size, name);
-  if (head.format == ImageFormat::png) return decode_png(data, size, name, request.channels, out);
-  const int width = static_cast<int>(head.width), height = static_cast<int>(head.height);
+  const ImageFormat format = image_format(data, size, name);
+  if (format == ImageFormat::png) return decode_png(data, size, name, request.channels, out);
+  int width = 0, height = 0, subsampling = 0, colorspace = 0;
+  if (tjDecompressHeader3(turbojpeg_, data, static_cast<unsigned long>(size), &width, &height, &subsampling,
+                          &colorspace) != 0)
+    throw DataError(fmt::format("{}: not a valid JPEG image ({})", name, tjGetErrorStr2(turbojpeg_)));
+  // The scale is chosen for the region, whether or not it is cut out.
   const tjscalingfactor scaling = jpeg_scaling(width, height, request);
+  const double scale = static_cast<double>(scaling.num) / scaling.denom;
+  out.x = out.y = 0;
+  if (const auto region = jpeg_crop(width, height, subsampling, scale, request)) {
+    tjtransform transform{};
+    transform.r = *region;
+    transform.op = TJXOP_NONE;
+    transform.options = TJXOPT_CROP | TJXOPT_COPYNONE;
+    if (tjTransform(transformer_, data, static_cast<unsigned long>(size), 1, &cropped_, &cropped_size_, &transform,
+                    TJFLAG_STOPONWARNING) != 0)
+      throw DataError(fmt::format("{}: corrupt or truncated JPEG image ({})", name, tjGetErrorStr2(transformer_)));
+    data = cropped_;
+    size = cropped_size_;
+    width = region->w;
+    height = region->h;
+    out.x = region->x;
+    out.y = region->y;
+  }
   const int scaled_w = TJSCALED(width, scaling), scaled_h = TJSCALED(height, scaling);
   out.pixels.resize(static_cast<size_t>(scaled_w) * scaled_h * request.channels);
-  const int format = request.channels == 1 ? TJPF_GRAY : TJPF_RGB;
+  const int pixel_format = request.channels == 1 ? TJPF_GRAY : TJPF_RGB;
   if (tjDecompress2(turbojpeg_, data, static_cast<unsigned long>(size), out.pixels.data(), scaled_w, 0, scaled_h,
-                    format, TJFLAG_STOPONWARNING) != 0)
+                    pixel_format, TJFLAG_STOPONWARNING) != 0)
     throw DataError(fmt::format("{}: corrupt or truncated JPEG image ({})", name, tjGetErrorStr2(turbojpeg_)));
   out.width = scaled_w;
   out.height = scaled_h;
   out.channels = request.channels;
-  out.scale = static_cast<double>(scaling.num) / scaling.denom;
+  out.scale = scale;
 }
 
 }  // namespace fulgor

@@ -172,7 +172,7 @@ ImageCrop ImageTransforms::plan(int64_t width, int64_t height, uint64_t seed, in
 }
 
 DecodeRequest ImageTransforms::request(const ImageCrop& crop) const {
-  return {output_.channels, crop.width, crop.height, crop.out_width, crop.out_height};
+  return {output_.channels, crop.width, crop.height, crop.out_width, crop.out_height, crop.x, crop.y};
 }
 
 void ImageTransforms::apply(const DecodedImage& image, const ImageCrop& crop, void* out) const {
@@ -180,8 +180,10 @@ void ImageTransforms::apply(const DecodedImage& image, const ImageCrop& crop, vo
     throw ConfigError(fmt::format("ImageTransforms: an image of {} channels given for {} channel output",
                                   image.channels, output_.channels));
   const double s = image.scale;
-  const auto xs = detail::axis_taps(crop.x * s, crop.width * s, image.width, crop.out_width);
-  const auto ys = detail::axis_taps(crop.y * s, crop.height * s, image.height, crop.out_height);
+  const auto xs =
+      detail::axis_taps((crop.x - static_cast<double>(image.x)) * s, crop.width * s, image.width, crop.out_width);
+  const auto ys =
+      detail::axis_taps((crop.y - static_cast<double>(image.y)) * s, crop.height * s, image.height, crop.out_height);
   const int64_t plane = crop.out_width * crop.out_height, n = plane * output_.channels;
   if (output_.dtype == torch::kFloat) {
     auto* f = static_cast<float*>(out);

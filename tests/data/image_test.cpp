@@ -83,6 +83,40 @@ TEST(ImageDecode, JpegScalesInTheDctWhenTheOutputIsMuchSmaller) {
   EXPECT_DOUBLE_EQ(image.scale, 1.0) << "wider than any smaller scale keeps";
 }
 
+// Note [Decoding only the crop]: the output from the cut-out blocks is the
+// output from the whole decoded image, for every subsampling's MCU grid, at
+// every DCT scale, for random crops and center crops (even padded ones).
+TEST(ImageDecode, JpegCropInTheDctGivesWhatDecodingAllThenCroppingGives) {
+  ImageDecoder decoder;
+  const int width = 203, height = 157;  // not multiples of any MCU
+  const ImageTransforms random({RandomResizedCrop{{24}}, RandomHorizontalFlip{}}, {3, torch::kFloat});
+  const ImageTransforms center({Resize{{40}}, CenterCrop{{32, 48}}}, {3, torch::kFloat});
+  const ImageTransforms gray({RandomResizedCrop{{16, 20}, {0.02, 0.2}}}, {1, torch::kByte});
+  DecodedImage cut, whole;
+  int64_t cuts = 0;
+  for (int subsampling : {TJSAMP_444, TJSAMP_422, TJSAMP_420, TJSAMP_440, TJSAMP_411}) {
+    const auto jpeg = encode_jpeg(test_picture(width, height, 3, subsampling), width, height, 3, 90, subsampling);
+    for (const ImageTransforms* t : {&random, &center, &gray})
+      for (int64_t i = 0; i < 40; ++i) {
+        const ImageCrop crop = t->plan(width, height, 7, 0, i);
+        DecodeRequest request = t->request(crop);
+        decoder.decode(jpeg.data(), jpeg.size(), "x.jpg", request, cut);
+        request.crop = false;
+        decoder.decode(jpeg.data(), jpeg.size(), "x.jpg", request, whole);
+        ASSERT_EQ(cut.scale, whole.scale);
+        cuts += cut.width < whole.width || cut.height < whole.height;
+        const auto a = (*t)(cut, crop).to(torch::kFloat), b = (*t)(whole, crop).to(torch::kFloat);
+        // Tolerance: float rounding of the same sums (1e-4 of the 0..1 range), none in uint8.
+        const float tolerance = t->dtype() == torch::kByte ? 0.0f : 1e-4f;
+        ASSERT_LE((a - b).abs().max().item<float>(), tolerance)
+            << "subsampling " << subsampling << ", sample " << i << ": crop " << crop.x << "," << crop.y << " "
+            << crop.width << "x" << crop.height << ", decoded part " << cut.x << "," << cut.y << " " << cut.width << "x"
+            << cut.height << " at scale " << cut.scale;
+      }
+  }
+  EXPECT_GT(cuts, 100) << "the small crops were decoded whole";
+}
+
 TEST(ImageDecode, CorruptTruncatedAndForeignDataAreErrorsNamingTheSample) {
   ImageDecoder decoder;
   auto jpeg = encode_jpeg(test_picture(64, 48, 3), 64, 48, 3);
@@ -97,6 +131,9 @@ TEST(ImageDecode, CorruptTruncatedAndForeignDataAreErrorsNamingTheSample) {
   auto png = encode_png(test_picture(40, 30, 3), 40, 30, 3);
   png.resize(png.size() - 20);
   EXPECT_THROW(decoder.decode(png.data(), png.size(), "cut.png", {3}, image), DataError);
+  // Truncated where only a crop of it is asked for.
+  DecodeRequest corner{3, 16, 12, 16, 12, 40, 30};
+  EXPECT_THROW(decoder.decode(jpeg.data(), jpeg.size(), "cut.jpg", corner, image), DataError);
   const std::vector<uint8_t> text{'h', 'e', 'l', 'l', 'o'};
   try {
     decoder.decode(text.data(), text.size(), "notes.jpg", {3}, image);
@@ -108,7 +145,7 @@ TEST(ImageDecode, CorruptTruncatedAndForeignDataAreErrorsNamingTheSample) {
 }
 
 DecodedImage random_image(int64_t w, int64_t h, int64_t c) {
-  DecodedImage image{w, h, c, 1.0, {}};
+  DecodedImage image{w, h, c, 1.0, {}, 0, 0};
   auto t = torch::randint(0, 256, {h, w, c}, torch::kUInt8);
   image.pixels.assign(t.data_ptr<uint8_t>(), t.data_ptr<uint8_t>() + t.numel());
   return image;
@@ -148,7 +185,7 @@ TEST(ImageTransforms, ResizeAndCenterCropFollowTorchvisionsSizes) {
   EXPECT_NEAR(crop.width, 224 * 500.0 / 341, 1e-9);
   // A crop larger than the image pads: the image sits at (crop - image) // 2.
   ImageTransforms pad({CenterCrop{{10, 12}}}, {3, torch::kByte});
-  DecodedImage image{8, 6, 3, 1.0, test_picture(8, 6, 3)};
+  DecodedImage image{8, 6, 3, 1.0, test_picture(8, 6, 3), 0, 0};
   const auto out = pad(image, pad.plan(8, 6, 0, 0, 0));
   EXPECT_TRUE(torch::equal(out.narrow(1, 2, 6).narrow(2, 2, 8), hwc(image.pixels, 8, 6, 3).permute({2, 0, 1})));
   EXPECT_EQ(out.narrow(1, 0, 2).sum().item<int64_t>(), 0);
@@ -180,7 +217,7 @@ TEST(ImageTransforms, RandomChoicesDependOnSeedEpochAndIndexOnly) {
 }
 
 TEST(ImageTransforms, FlipAndNormalizeAsTorchvision) {
-  DecodedImage image{8, 6, 3, 1.0, test_picture(8, 6, 3)};
+  DecodedImage image{8, 6, 3, 1.0, test_picture(8, 6, 3), 0, 0};
   ImageTransforms plain({CenterCrop{{6, 8}}});
   ImageTransforms flipped(
       {CenterCrop{{6, 8}}, RandomHorizontalFlip{1.0}, Normalize{{0.5, 0.4, 0.3}, {0.2, 0.25, 0.5}}});

@@ -29,20 +29,24 @@ struct ImageHeader {
 
 /// Pixels as rows of interleaved channels (HWC), 8 bits a channel: 1
 /// (gray) or 3 (RGB). A decoder may scale while decoding (a JPEG's DCT
-/// scaling): `scale` is decoded pixels per pixel of the full image, so that
-/// pixel (x, y) of the full image is at (x * scale, y * scale) here.
+/// scaling) and decode only a part of the image (a JPEG's DCT-domain crop):
+/// `scale` is decoded pixels per pixel of the full image and (x, y) the
+/// decoded part's top left corner in the full image, so that pixel (u, v)
+/// of the full image is at ((u - x) * scale, (v - y) * scale) here.
 struct DecodedImage {
   int64_t width = 0;
   int64_t height = 0;
   int64_t channels = 0;
   double scale = 1.0;
   std::vector<uint8_t> pixels;
+  int64_t x = 0, y = 0;
 };
 
 /// What a decode is for: the image will be resampled to out_width x
 /// out_height from a region of at least that size, so a JPEG may be decoded
 /// at 1/2, 1/4 or 1/8 of its size (in the DCT, far cheaper than decoding it
-/// whole) as long as the region stays at least the output's size.
+/// whole) as long as the region stays at least the output's size, and only
+/// the blocks around the region (Note [Decoding only the crop]) when `crop`.
 struct DecodeRequest {
   int64_t channels = 3;  ///< 1 (gray) or 3 (RGB)
   /// The region's size in pixels of the full image; 0: the whole image.
@@ -51,6 +55,12 @@ struct DecodeRequest {
   /// The size it is resampled to; 0: no scaling while decoding.
   int64_t out_width = 0;
   int64_t out_height = 0;
+  /// The region's top left corner in the full image (it may lie outside).
+  double region_x = 0;
+  double region_y = 0;
+  /// Decode only the region (and the margin its resampling reads) where
+  /// that saves enough; false: the whole image.
+  bool crop = true;
 };
 
 /// Decodes JPEG (libjpeg-turbo's TurboJPEG API) and PNG (libpng) from memory.
@@ -58,8 +68,8 @@ struct DecodeRequest {
 /// naming `name`; libjpeg-turbo's warnings (corrupt data it would decode as
 /// gray) count as errors, as PIL refuses truncated images.
 ///
-/// Not thread-safe: one decoder per thread (it keeps TurboJPEG's handle and
-/// its buffers).
+/// Not thread-safe: one decoder per thread (it keeps TurboJPEG's handles and
+/// their buffers).
 class ImageDecoder {
  public:
   ImageDecoder();
@@ -74,7 +84,10 @@ class ImageDecoder {
               DecodedImage& out);
 
  private:
-  void* turbojpeg_;  // tjhandle
+  void* turbojpeg_;                   // tjhandle, a decompressor
+  void* transformer_;                 // tjhandle, for DCT-domain crops
+  unsigned char* cropped_ = nullptr;  // the cropped JPEG (tjAlloc'd, grown by TurboJPEG)
+  unsigned long cropped_size_ = 0;
 };
 
 /// The format of encoded bytes, from their signature; DataError naming
