@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "data/stream_order.h"
 #include "fulgor/data/image_decode.h"
 #include "fulgor/distributed/sampler.h"
 #include "fulgor/error.h"
@@ -231,6 +232,9 @@ ImageLoader::ImageLoader(std::shared_ptr<const ImageDataset> dataset, ImageTrans
     throw ConfigError(
         fmt::format("ImageLoader num_workers={} is not valid: 0 (decode on the iterating thread) or more threads",
                     options_.num_workers));
+  if (options_.shuffle_buffer < 1)
+    throw ConfigError(
+        fmt::format("ImageLoader shuffle_buffer={} is not valid: it must be >= 1", options_.shuffle_buffer));
   if (options_.pin_memory) require_pinnable();
 }
 
@@ -271,17 +275,30 @@ void ImageLoader::pin_memory() {
   options_.pin_memory = true;
 }
 
-ImageLoader::Iterator ImageLoader::begin() {
-  run_.reset();  // stops the workers of an epoch left unfinished
-  const int64_t epoch = epoch_++;
+// This rank's positions in the epoch's order, as a DistributedSampler gives.
+std::vector<size_t> ImageLoader::epoch_order(int64_t epoch) const {
+  const std::vector<int64_t> streams = dataset_->streams();
   DistributedSamplerOptions sampling;
-  sampling.shuffle = options_.shuffle;
+  sampling.shuffle = options_.shuffle && streams.empty();
   sampling.seed = options_.seed;
   sampling.even = shard_.even;
   DistributedSampler sampler(static_cast<size_t>(dataset_->size()), shard_.num_replicas, shard_.rank, sampling);
   sampler.set_epoch(static_cast<uint64_t>(epoch));
   sampler.reset();
-  run_ = std::make_unique<Run>(*this, sampler.indices(), epoch, std::exchange(start_batch_, 0));
+  if (streams.empty()) return sampler.indices();
+  // Streams: the sampler's unshuffled split of the streamed order.
+  const std::vector<size_t> streamed =
+      detail::streamed_order(streams, options_.shuffle_buffer, options_.shuffle, options_.seed, epoch);
+  std::vector<size_t> order;
+  order.reserve(sampler.indices().size());
+  for (const size_t position : sampler.indices()) order.push_back(streamed[position]);
+  return order;
+}
+
+ImageLoader::Iterator ImageLoader::begin() {
+  run_.reset();  // stops the workers of an epoch left unfinished
+  const int64_t epoch = epoch_++;
+  run_ = std::make_unique<Run>(*this, epoch_order(epoch), epoch, std::exchange(start_batch_, 0));
   return Iterator(this);
 }
 

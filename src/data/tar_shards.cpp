@@ -9,6 +9,8 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <optional>
 
 #include "fulgor/data/image_decode.h"
@@ -67,6 +69,15 @@ std::optional<std::string> pax_path(const std::string& records) {
   return std::nullopt;
 }
 
+uint64_t size_of(int fd, const std::string& path) {
+  struct stat info {};
+  if (::fstat(fd, &info) != 0)
+    throw DataError(fmt::format("tar shard '{}' cannot be read ({})", path, std::strerror(errno)));
+  return static_cast<uint64_t>(info.st_size);
+}
+
+constexpr const char* kIndexMagic = "fulgor-tar-index";
+
 // WebDataset's base_plus_ext: the key is the path up to the first dot of its file name.
 std::pair<std::string, std::string> key_and_extension(const std::string& path) {
   const size_t slash = path.rfind('/');
@@ -123,15 +134,24 @@ std::vector<std::string> TarShards::expand(const std::string& pattern) {
   return paths;
 }
 
-TarShards::TarShards(const std::vector<std::string>& shards) {
+TarShards::TarShards(const std::vector<std::string>& shards, bool use_index) {
   for (const auto& pattern : shards)
     for (auto& path : expand(pattern)) shards_.push_back(std::move(path));
   if (shards_.empty()) throw ConfigError("TarShards needs at least one shard");
   files_ = std::make_shared<Files>();
   for (size_t s = 0; s < shards_.size(); ++s) {
     files_->fds.push_back(open_shard(shards_[s]));
-    scan(s);
+    const size_t before = samples_.size();
+    if (!use_index || !load_index(s)) {
+      indexed_ = false;
+      scan(s);
+    }
+    counts_.push_back(static_cast<int64_t>(samples_.size() - before));
   }
+  // Streamed shards are read in order (Note [Streamed shards]), where the
+  // kernel's larger read-ahead helps.
+  if (!indexed_)
+    for (const int fd : files_->fds) ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
   int64_t classes = 0;
   for (const auto& sample : samples_) classes = std::max(classes, sample.target + 1);
   for (int64_t c = 0; c < classes; ++c) classes_.push_back(std::to_string(c));
@@ -143,10 +163,7 @@ TarShards::TarShards(const std::vector<std::string>& shards) {
 void TarShards::scan(size_t shard) {
   const std::string& path = shards_[shard];
   const int fd = files_->fds[shard];
-  struct stat info {};
-  if (::fstat(fd, &info) != 0)
-    throw DataError(fmt::format("tar shard '{}' cannot be read ({})", path, std::strerror(errno)));
-  const auto file_size = static_cast<uint64_t>(info.st_size);
+  const uint64_t file_size = size_of(fd, path);
   std::optional<std::string> long_name;
   std::string key;
   std::optional<Sample> image;
@@ -209,6 +226,57 @@ void TarShards::scan(size_t shard) {
   }
   finish();
 }
+
+// Note [A shard's index file]
+// Text, so that a person or a script can read it: the shard's size in bytes
+// (a shard rewritten since makes the index stale, and an error rather than
+// wrong reads), then one line per sample. The member name comes last, as the
+// rest of its line, since it may hold spaces.
+bool TarShards::load_index(size_t shard) {
+  const std::string path = shards_[shard] + ".idx";
+  std::ifstream in(path);
+  if (!in) return false;
+  const uint64_t file_size = size_of(files_->fds[shard], shards_[shard]);
+  std::string magic;
+  int version = 0;
+  uint64_t bytes = 0;
+  size_t count = 0;
+  in >> magic >> version >> bytes >> count;
+  if (!in || magic != kIndexMagic || version != 1)
+    throw DataError(fmt::format("'{}' is not a tar shard index: its first line is not '{} 1 SHARD_BYTES SAMPLES'", path,
+                                kIndexMagic));
+  if (bytes != file_size)
+    throw DataError(
+        fmt::format("index '{}' was written for a shard of {} bytes, '{}' has {}: write it again "
+                    "(fulgor-shard, TarShards::write_index) or remove it",
+                    path, bytes, shards_[shard], file_size));
+  for (size_t i = 0; i < count; ++i) {
+    Sample sample{shard, 0, 0, 0, ""};
+    in >> sample.offset >> sample.size >> sample.target;
+    in.get();
+    std::getline(in, sample.member);
+    if (!in || sample.member.empty() || sample.target < 0 || sample.offset + sample.size > file_size)
+      throw DataError(fmt::format("index '{}', line {}: not 'OFFSET SIZE CLASS MEMBER' within the shard's {} bytes",
+                                  path, i + 2, file_size));
+    samples_.push_back(std::move(sample));
+  }
+  return true;
+}
+
+std::string TarShards::write_index(const std::string& shard) {
+  const TarShards scanned({shard}, false);
+  const std::string path = shard + ".idx", partial = path + ".partial";
+  {
+    std::ofstream out(partial);
+    out << fmt::format("{} 1 {} {}\n", kIndexMagic, size_of(scanned.files_->fds[0], shard), scanned.samples_.size());
+    for (const Sample& s : scanned.samples_) out << fmt::format("{} {} {} {}\n", s.offset, s.size, s.target, s.member);
+    if (!out.flush()) throw DataError(fmt::format("index '{}' cannot be written", partial));
+  }
+  std::filesystem::rename(partial, path);
+  return path;
+}
+
+std::vector<int64_t> TarShards::streams() const { return indexed_ ? std::vector<int64_t>{} : counts_; }
 
 void TarShards::read(int64_t index, std::vector<uint8_t>& bytes) const {
   const Sample& s = samples_[static_cast<size_t>(index)];

@@ -14,14 +14,16 @@
 
 #include "fulgor/data/image_decode.h"
 #include "fulgor/data/image_folder.h"
+#include "fulgor/data/tar_shards.h"
 
 namespace {
 
 const char* usage =
-    "usage: fulgor-shard FOLDER OUTPUT_DIR [--shard-size MB] [--prefix NAME]\n"
+    "usage: fulgor-shard FOLDER OUTPUT_DIR [--shard-size MB] [--prefix NAME] [--no-index]\n"
     "Writes FOLDER (root/<class>/<images>, torchvision's ImageFolder) as OUTPUT_DIR/NAME-000000.tar, ...:\n"
     "each sample KEY.<image extension> and KEY.cls (its class index), shards of about MB megabytes\n"
-    "(default 256), in the folder's order. Prints the brace pattern that reads them.\n";
+    "(default 256), in the folder's order, each with its index NAME-000000.tar.idx (the samples'\n"
+    "offsets, for reading them in any order) unless --no-index. Prints the brace pattern that reads them.\n";
 
 // One ustar header block (POSIX.1-1988), as Python's tarfile reads it.
 void write_header(std::ostream& out, const std::string& name, uint64_t size) {
@@ -61,8 +63,11 @@ int run(const std::vector<std::string>& args) {
   std::vector<std::string> positional;
   double shard_mb = 256;
   std::string prefix = "shard";
+  bool index = true;
   for (size_t i = 0; i < args.size(); ++i) {
-    if ((args[i] == "--shard-size" || args[i] == "--prefix") && i + 1 < args.size()) {
+    if (args[i] == "--no-index") {
+      index = false;
+    } else if ((args[i] == "--shard-size" || args[i] == "--prefix") && i + 1 < args.size()) {
       if (args[i] == "--prefix")
         prefix = args[++i];
       else
@@ -84,11 +89,13 @@ int run(const std::vector<std::string>& args) {
   std::ofstream out;
   uint64_t written = 0;
   int64_t shards = 0;
+  std::vector<std::string> paths;
   std::vector<uint8_t> bytes;
   for (int64_t i = 0; i < folder.size(); ++i) {
     if (!out.is_open() || written >= limit) {
       if (out.is_open()) out.write(std::string(1024, '\0').data(), 1024);
-      out = std::ofstream(fmt::format("{}/{}-{:06d}.tar", positional[1], prefix, shards++), std::ios::binary);
+      paths.push_back(fmt::format("{}/{}-{:06d}.tar", positional[1], prefix, shards++));
+      out = std::ofstream(paths.back(), std::ios::binary);
       written = 0;
     }
     folder.read(i, bytes);
@@ -99,6 +106,8 @@ int run(const std::vector<std::string>& args) {
   }
   if (out.is_open()) out.write(std::string(1024, '\0').data(), 1024);
   out.close();
+  if (index)
+    for (const auto& path : paths) fulgor::TarShards::write_index(path);
   std::cout << fmt::format("{} samples in {} shards: {}/{}-{{000000..{:06d}}}.tar\n", folder.size(), shards,
                            positional[1], prefix, shards - 1);
   return 0;

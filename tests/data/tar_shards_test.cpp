@@ -1,14 +1,18 @@
 // fulgor::TarShards: WebDataset shards that Python's tarfile wrote.
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -87,11 +91,14 @@ TEST(TarShards, ReadsWhatPythonsTarfileWroteAsTheFolderHoldsIt) {
     EXPECT_EQ(from_tar, from_file) << shards.name(i);
   }
   EXPECT_NE(shards.name(6).find("shard-1.tar:sample0006.png"), std::string::npos) << shards.name(6);
-  // Through a loader, the same batches as from the folder.
+  // Indexed, through a loader: the same permutation, so the same batches as from the folder.
+  for (const char* shard : {"shard-0.tar", "shard-1.tar"}) TarShards::write_index((data.root / shard).string());
   ImageLoaderOptions options;
   options.batch_size = 4;
   options.shuffle = true;
-  ImageLoader a(std::make_shared<TarShards>(shards), ImageTransforms({RandomResizedCrop{{8}}}), options);
+  auto indexed = std::make_shared<TarShards>(std::vector<std::string>{(data.root / "shard-{0..1}.tar").string()});
+  ASSERT_TRUE(indexed->indexed());
+  ImageLoader a(indexed, ImageTransforms({RandomResizedCrop{{8}}}), options);
   ImageLoader b(data.folder, ImageTransforms({RandomResizedCrop{{8}}}), options);
   auto ib = b.begin();
   int64_t batches = 0;
@@ -125,6 +132,134 @@ TEST(TarShards, KeepsItsShardsOpenAcrossCopiesAndThreads) {
   for (int64_t i = 0; i < 10; ++i) {
     data.folder->read(i, from_file);
     EXPECT_EQ(read[static_cast<size_t>(i)], from_file) << copy.name(i);
+  }
+}
+
+TEST(TarShards, AnIndexFileGivesRandomAccessAndAStaleOneIsNamed) {
+  ShardedFolder data;
+  ASSERT_TRUE(data.written) << "python3 could not write the shards";
+  const std::string pattern = (data.root / "shard-{0..1}.tar").string();
+  EXPECT_EQ(TarShards({pattern}).streams(), (std::vector<int64_t>{5, 5})) << "plain shards are streams";
+  for (const char* shard : {"shard-0.tar", "shard-1.tar"})
+    EXPECT_EQ(TarShards::write_index((data.root / shard).string()), (data.root / shard).string() + ".idx");
+  const TarShards indexed({pattern});
+  EXPECT_TRUE(indexed.indexed());
+  EXPECT_TRUE(indexed.streams().empty());
+  EXPECT_FALSE(TarShards({pattern}, false).indexed()) << "use_index false ignores the index";
+  ASSERT_EQ(indexed.size(), 10);
+  std::vector<uint8_t> from_tar, from_file;
+  for (int64_t i = 9; i >= 0; --i) {
+    indexed.read(i, from_tar);
+    data.folder->read(i, from_file);
+    EXPECT_EQ(from_tar, from_file) << indexed.name(i);
+    EXPECT_EQ(indexed.target(i), data.folder->target(i));
+  }
+  EXPECT_NE(indexed.name(6).find("shard-1.tar:sample0006.png"), std::string::npos) << indexed.name(6);
+  auto error_of = [&] {
+    try {
+      TarShards read({pattern});
+    } catch (const DataError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  // A shard rewritten after its index was.
+  std::ofstream((data.root / "shard-1.tar").string(), std::ios::app | std::ios::binary) << std::string(512, '\0');
+  EXPECT_NE(error_of().find("shard-1.tar.idx' was written for a shard of"), std::string::npos) << error_of();
+  std::ofstream((data.root / "shard-1.tar.idx").string()) << "offsets\n";
+  EXPECT_NE(error_of().find("shard-1.tar.idx' is not a tar shard index"), std::string::npos) << error_of();
+}
+
+// Plain shards, recording the order the loader reads their samples in.
+struct StreamRecorder final : ImageDataset {
+  explicit StreamRecorder(std::shared_ptr<TarShards> inner) : inner(std::move(inner)) {}
+  int64_t size() const override { return inner->size(); }
+  void read(int64_t index, std::vector<uint8_t>& bytes) const override {
+    {
+      std::lock_guard<std::mutex> lock(m);
+      reads.push_back(index);
+    }
+    inner->read(index, bytes);
+  }
+  int64_t target(int64_t index) const override { return inner->target(index); }
+  std::string name(int64_t index) const override { return inner->name(index); }
+  const std::vector<std::string>& classes() const override { return inner->classes(); }
+  std::vector<int64_t> streams() const override { return inner->streams(); }
+  std::shared_ptr<TarShards> inner;
+  mutable std::mutex m;
+  mutable std::vector<int64_t> reads;
+};
+
+std::vector<int64_t> read_order(const std::shared_ptr<TarShards>& shards, ImageLoaderOptions options, int64_t epoch) {
+  auto recorder = std::make_shared<StreamRecorder>(shards);
+  options.num_workers = 0;  // reads in the epoch's order
+  ImageLoader loader(recorder, ImageTransforms({CenterCrop{{4}}}), options);
+  loader.set_epoch(epoch);
+  for (auto& batch : loader) (void)batch;
+  return recorder->reads;
+}
+
+// Note [Streamed shards]
+TEST(TarShards, PlainShardsStreamInShardOrderThroughAShuffleBuffer) {
+  ShardedFolder data;
+  ASSERT_TRUE(data.written) << "python3 could not write the shards";
+  auto shards = std::make_shared<TarShards>(std::vector<std::string>{(data.root / "shard-{0..1}.tar").string()});
+  ImageLoaderOptions options;
+  options.batch_size = 3;
+  const std::vector<int64_t> in_order{0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
+  EXPECT_EQ(read_order(shards, options, 0), in_order);
+  options.shuffle = true;
+  options.shuffle_buffer = 1;  // the shards' order alone: each shard whole, in order
+  std::set<std::vector<int64_t>> shard_orders;
+  for (int64_t epoch = 0; epoch < 8; ++epoch) {
+    const auto order = read_order(shards, options, epoch);
+    ASSERT_EQ(order.size(), 10u);
+    EXPECT_TRUE(std::is_sorted(order.begin(), order.begin() + 5) && std::is_sorted(order.begin() + 5, order.end()) &&
+                order[0] % 5 == 0 && order[5] % 5 == 0)
+        << fmt::format("{}", fmt::join(order, " "));
+    shard_orders.insert(order);
+  }
+  EXPECT_EQ(shard_orders.size(), 2u) << "both orders of the two shards, over eight epochs";
+  options.shuffle_buffer = 4;
+  const auto a = read_order(shards, options, 3);
+  EXPECT_EQ(a, read_order(shards, options, 3)) << "an epoch's order is a function of (seed, epoch)";
+  EXPECT_NE(a, read_order(shards, options, 4));
+  EXPECT_TRUE(std::is_permutation(a.begin(), a.end(), in_order.begin()));
+  EXPECT_NE(a, in_order);
+  options.shuffle_buffer = 0;
+  EXPECT_THROW(ImageLoader(shards, ImageTransforms({CenterCrop{{4}}}), options), ConfigError);
+}
+
+// The resume guarantee holds for streamed shards: batch k onwards of an
+// epoch, from start_at(k), whatever the workers.
+TEST(TarShards, PlainShardsResumeMidEpochExactly) {
+  ShardedFolder data;
+  ASSERT_TRUE(data.written) << "python3 could not write the shards";
+  auto shards = std::make_shared<TarShards>(std::vector<std::string>{(data.root / "shard-{0..1}.tar").string()});
+  ImageLoaderOptions options;
+  options.batch_size = 2;
+  options.shuffle = true;
+  options.shuffle_buffer = 3;
+  const ImageTransforms augment({RandomResizedCrop{{8}}, RandomHorizontalFlip{}}, {3, torch::kByte});
+  std::vector<torch::Tensor> whole;
+  ImageLoader uninterrupted(shards, augment, options);
+  uninterrupted.set_epoch(2);
+  for (auto& batch : uninterrupted) whole.push_back(torch::cat({batch.data.flatten(), batch.target}));
+  ASSERT_EQ(whole.size(), 5u);
+  for (int64_t workers : {0, 2}) {
+    options.num_workers = workers;
+    auto recorder = std::make_shared<StreamRecorder>(shards);
+    ImageLoader resumed(recorder, augment, options);
+    resumed.set_epoch(2);
+    resumed.start_at(3);
+    size_t k = 3;
+    for (auto& batch : resumed) {
+      ASSERT_LT(k, whole.size());
+      EXPECT_TRUE(torch::equal(torch::cat({batch.data.flatten(), batch.target}), whole[k])) << "batch " << k;
+      ++k;
+    }
+    EXPECT_EQ(k, whole.size());
+    EXPECT_EQ(recorder->reads.size(), 4u) << "only batches 3 and 4 are read";
   }
 }
 

@@ -55,7 +55,7 @@ def main():
         out = os.path.join(work, "shards")
         run = subprocess.run([shard_tool, root, out, "--shard-size", "0.02", "--prefix", "train"],
                              capture_output=True, text=True, check=True)
-        shards = sorted(os.listdir(out))
+        shards = sorted(name for name in os.listdir(out) if name.endswith(".tar"))
         assert len(shards) > 1, f"expected several shards of 20 KB, got {shards}"
         samples = []
         for shard in shards:
@@ -66,15 +66,27 @@ def main():
                     key = image.name.split(".")[0]
                     assert cls.name == key + ".cls", (image.name, cls.name)
                     samples.append((tar.extractfile(image).read(), int(tar.extractfile(cls).read())))
+                # The index beside it: each image's data offset and size as tarfile finds them.
+                with open(os.path.join(out, shard + ".idx")) as f:
+                    lines = f.read().splitlines()
+                size = os.path.getsize(os.path.join(out, shard))
+                assert lines[0] == f"fulgor-tar-index 1 {size} {len(members) // 2}", lines[0]
+                expected = [f"{m.offset_data} {m.size} {int(tar.extractfile(c).read())} {m.name}"
+                            for m, c in zip(members[::2], members[1::2])]
+                assert lines[1:] == expected, (lines[1:3], expected[:2])
         expected = [(open(path, "rb").read(), target) for path, target in torchvision_order(root)]
         assert samples == expected, f"{len(samples)} samples in shards, {len(expected)} in the folder"
         pattern = run.stdout.strip().split(": ")[-1]
-        for path in (root, pattern):
+        plain = os.path.join(work, "plain")
+        subprocess.run([shard_tool, root, plain, "--shard-size", "0.02", "--no-index"], check=True,
+                       capture_output=True)
+        assert not [name for name in os.listdir(plain) if name.endswith(".idx")], os.listdir(plain)
+        for path in (root, pattern, os.path.join(plain, "shard-{000000..%06d}.tar" % (len(shards) - 1))):
             bench = subprocess.run([bench_tool, path, "--batch-size", "4", "--workers", "2", "--crop", "16"],
                                    capture_output=True, text=True, check=True)
             result = json.loads(bench.stdout.strip().splitlines()[-1])
             assert result["images"] == 21 and result["images_per_second"] > 0, result
-    print("fulgor-shard wrote what tarfile reads; fulgor-data-bench read the folder and the shards")
+    print("fulgor-shard wrote what tarfile reads, and its index; fulgor-data-bench read the folder and the shards")
 
 
 if __name__ == "__main__":

@@ -24,6 +24,11 @@ class ImageDataset {
   virtual std::string name(int64_t index) const = 0;
   /// The class names, index i naming class i.
   virtual const std::vector<std::string>& classes() const = 0;
+  /// Empty when samples are as cheap to read in any order (files, indexed
+  /// shards). Otherwise the data set is read best as streams: the sizes of
+  /// its runs of consecutive indices (plain tar shards), which a loader
+  /// visits in order, shuffled by shard and a buffer rather than permuted.
+  virtual std::vector<int64_t> streams() const { return {}; }
 };
 
 /// torchvision's ImageFolder: root/<class>/**/<file>. The classes are the

@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "fulgor/data/image_folder.h"
 #include "fulgor/data/image_transforms.h"
@@ -24,6 +25,10 @@ struct ImageLoaderOptions {
   /// Epoch e's order is drawn from seed + e (a DistributedSampler's), and
   /// each sample's random transforms from (seed, epoch, index).
   uint64_t seed = 0;
+  /// For a data set read as streams (plain tar shards, ImageDataset::
+  /// streams()): samples held in the shuffle buffer (WebDataset's
+  /// shuffle(n)). >= 1; 1 keeps the shards' order within each shard.
+  int64_t shuffle_buffer = 1000;
   /// Threads decoding; 0 decodes on the iterating thread, as PyTorch's
   /// DataLoader(num_workers=0).
   int64_t num_workers = 2;
@@ -45,6 +50,9 @@ struct ImageLoaderOptions {
 /// once per batch: data [B, C, H, W] (the transforms' size and type),
 /// target [B] (int64 class indices).
 ///
+/// The epoch's order is a permutation drawn from (seed, epoch), or for a data
+/// set read as streams its streams in an order drawn from (seed, epoch)
+/// through a shuffle buffer (Note [Streamed shards]).
 /// A batch is fixed by the epoch's order alone: batch k holds positions
 /// [k B, (k + 1) B) of it, each sample transformed with its own random
 /// choices (Note [Random choices by sample]), so batches do not depend on the
@@ -57,8 +65,8 @@ struct ImageLoaderOptions {
 /// pin_memory, and start_at, which lets a Trainer resumed mid-epoch go on at
 /// the checkpoint's batch with exactly the batches the uninterrupted run had.
 ///
-/// Requires: batch_size >= 1, prefetch_batches >= 1, num_workers >= 0
-/// (ConfigError otherwise). One iteration at a time; starting another, or
+/// Requires: batch_size >= 1, prefetch_batches >= 1, num_workers >= 0,
+/// shuffle_buffer >= 1 (ConfigError otherwise). One iteration at a time; starting another, or
 /// destroying the loader, stops the workers of the one before.
 class ImageLoader {
  public:
@@ -118,6 +126,8 @@ class ImageLoader {
   struct Run;  // one epoch's workers and batches (src/data/image_loader.cpp)
 
  private:
+  std::vector<size_t> epoch_order(int64_t epoch) const;
+
   std::shared_ptr<const ImageDataset> dataset_;
   std::shared_ptr<const ImageTransforms> transforms_;
   ImageLoaderOptions options_;

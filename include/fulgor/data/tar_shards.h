@@ -18,19 +18,25 @@ namespace fulgor {
 ///
 /// `shards` are paths, each possibly a brace pattern as WebDataset's
 /// (`train-{0000..0099}.tar`: a numeric range, zero-padded as written;
-/// `{a,b}`: alternatives). The shards' headers are read once, here, into an
-/// index of every sample's place, so that samples can then be read in any
-/// order (an epoch's permutation) with one read each. The shards stay open
+/// `{a,b}`: alternatives). Each sample's place in its shard comes from the
+/// shard's index file (`SHARD.idx`, which fulgor-shard and write_index
+/// write) where there is one, else from one sequential pass over the shard's
+/// headers, here. With an index for every shard, samples are read in any
+/// order (an epoch's permutation, as for a folder); without, streams() asks
+/// a loader to read each shard in order, shuffled by shard and a buffer
+/// (WebDataset's way), so that reads stay sequential. The shards stay open
 /// for the data set's life (copies share them): a read is one positioned
 /// read (pread) of the member, from any thread, without reopening the shard.
 /// Reads ustar, GNU and pax archives, which Python's tarfile writes.
 ///
 /// Throws DataError naming the shard and member when a shard is missing or
 /// not a tar archive, a member is truncated, a sample has no image or no
-/// class, or a class is not an integer >= 0.
+/// class, or a class is not an integer >= 0; naming the index when it is
+/// not one, or was written for another version of its shard.
 class TarShards final : public ImageDataset {
  public:
-  explicit TarShards(const std::vector<std::string>& shards);
+  /// `use_index` false: index files are ignored, the shards streamed.
+  explicit TarShards(const std::vector<std::string>& shards, bool use_index = true);
 
   int64_t size() const override { return static_cast<int64_t>(samples_.size()); }
   void read(int64_t index, std::vector<uint8_t>& bytes) const override;
@@ -39,6 +45,14 @@ class TarShards final : public ImageDataset {
   /// "0", "1", ...: the classes the shards' .cls members name.
   const std::vector<std::string>& classes() const override { return classes_; }
   const std::vector<std::string>& shards() const { return shards_; }
+  /// Samples per shard, in order, unless every shard has its index.
+  std::vector<int64_t> streams() const override;
+  bool indexed() const { return indexed_; }
+
+  /// Writes the index of one shard next to it (`shard + ".idx"`: a line
+  /// `fulgor-tar-index 1 SHARD_BYTES SAMPLES`, then `OFFSET SIZE CLASS
+  /// MEMBER` for each sample's image) and returns its path.
+  static std::string write_index(const std::string& shard);
 
   /// A brace pattern's paths, in order.
   static std::vector<std::string> expand(const std::string& pattern);
@@ -52,11 +66,14 @@ class TarShards final : public ImageDataset {
   };
   struct Files;  // the shards' open descriptors
   void scan(size_t shard);
+  bool load_index(size_t shard);
 
   std::vector<std::string> shards_;
   std::shared_ptr<Files> files_;
   std::vector<Sample> samples_;
   std::vector<std::string> classes_;
+  std::vector<int64_t> counts_;  // samples per shard
+  bool indexed_ = true;
 };
 
 }  // namespace fulgor
