@@ -67,8 +67,8 @@ tjscalingfactor jpeg_scaling(int width, int height, const DecodeRequest& request
 constexpr double kCropWorthIt = 0.25;  // of the image's area
 
 std::optional<tjregion> jpeg_crop(int width, int height, int subsampling, double scale, const DecodeRequest& request) {
-  if (!request.crop || scale != 1.0 || request.region_width <= 0 || request.region_height <= 0 || request.out_width <= 0 ||
-      request.out_height <= 0 || subsampling < 0 || subsampling >= TJ_NUMSAMP)
+  if (!request.crop || scale != 1.0 || request.region_width <= 0 || request.region_height <= 0 ||
+      request.out_width <= 0 || request.out_height <= 0 || subsampling < 0 || subsampling >= TJ_NUMSAMP)
     return std::nullopt;
   // In full-image pixels: the filter's support (a decoded pixel at least)
   // and two more decoded pixels for the chroma upsampling and rounding.

@@ -97,7 +97,7 @@ struct ImageLoader::Run {
     slot.failures.assign(static_cast<size_t>(rows), std::string());
     slot.data = torch::empty({rows, transforms->channels(), transforms->height(), transforms->width()},
                              torch::TensorOptions().dtype(transforms->dtype()).pinned_memory(options.pin_memory));
-    slot.target = torch::empty({rows}, torch::kLong);
+    slot.target = torch::empty({rows}, torch::TensorOptions().dtype(torch::kLong).pinned_memory(options.pin_memory));
     auto* targets = slot.target.data_ptr<int64_t>();
     for (int64_t r = 0; r < rows; ++r)
       targets[r] = dataset->target(static_cast<int64_t>(order[static_cast<size_t>(first + r)]));
@@ -212,6 +212,11 @@ bool ImageLoader::Run::take(Slot& slot, Batch& out) {
     auto index = torch::tensor(keep, torch::kLong);
     out.data = out.data.index_select(0, index);
     out.target = out.target.index_select(0, index);
+    // A batch with a sample left out is a new tensor: pinned again, or its copy would block.
+    if (options.pin_memory) {
+      out.data = out.data.pin_memory();
+      out.target = out.target.pin_memory();
+    }
   }
   return !keep.empty();
 }

@@ -11,8 +11,10 @@
 #include <string>
 #include <vector>
 
+#include "fulgor/accelerator.h"
 #include "fulgor/callback.h"
 #include "fulgor/data/image_loader.h"
+#include "fulgor/data/prefetcher.h"
 #include "fulgor/module.h"
 #include "fulgor/trainer.h"
 #include "image_encode.h"
@@ -175,6 +177,61 @@ TEST(ImageLoader, ACorruptSampleIsSkippedNamedAndCountedOrAnError) {
   options.skip_corrupt = false;
   ImageLoader strict(folder.dataset, ImageTransforms({CenterCrop{{8}}}), options);
   EXPECT_THROW(epoch_batches(strict), DataError);
+}
+
+// The CPU, saying whether it can pin host memory as it is told to, and
+// recording how the batches were copied.
+class PinningTestAccelerator final : public Accelerator {
+ public:
+  explicit PinningTestAccelerator(bool pinning) : pinning(pinning) {}
+  torch::DeviceType device_type() const override { return torch::kCPU; }
+  std::string description() const override { return "the CPU, as an accelerator with pinned memory or without"; }
+  Availability availability() const override { return {true, {}}; }
+  int64_t device_count() const override { return 1; }
+  std::string distributed_backend() const override { return "gloo"; }
+  bool supports_pinned_memory() const override { return pinning; }
+  torch::Tensor move_tensor(const torch::Tensor& tensor, torch::Device device, bool non_blocking) const override {
+    copies.emplace_back(tensor.is_pinned(), non_blocking);
+    return tensor.to(device, non_blocking);
+  }
+  bool pinning;
+  mutable std::vector<std::pair<bool, bool>> copies;  // (pinned, non_blocking)
+};
+
+// Pinned batches and non-blocking copies are the accelerator's decision,
+// through DevicePrefetcher: asked of an ImageLoader where it supports them,
+// never on the CPU.
+TEST(ImageLoader, PinsAndCopiesWithoutBlockingWhereTheAcceleratorSupportsIt) {
+  LoaderFolder folder;
+  ImageLoaderOptions options;
+  options.batch_size = 4;
+  for (const bool pinning : {false, true}) {
+    ImageLoader loader(folder.dataset, ImageTransforms({CenterCrop{{8}}}), options);
+    PinningTestAccelerator accelerator(pinning);
+    // To the meta device: a copy that moves nothing, but a copy.
+    DevicePrefetcher<ImageLoader> prefetcher(loader, accelerator, torch::Device(torch::kMeta));
+    if (pinning && !torch::cuda::is_available()) {
+      // Asked to pin, a LibTorch that cannot says so rather than copying slowly.
+      try {
+        prefetcher.begin();
+        FAIL() << "pinned batches from a LibTorch that cannot pin";
+      } catch (const ConfigError& e) {
+        EXPECT_NE(std::string(e.what()).find("ImageLoader pin_memory: this LibTorch cannot pin host memory"),
+                  std::string::npos)
+            << e.what();
+      }
+      continue;
+    }
+    int64_t batches = 0;
+    for (auto& batch : prefetcher) batches += batch.data.is_meta() && batch.data.size(0) > 0;
+    EXPECT_EQ(batches, loader.size());
+    EXPECT_EQ(loader.options().pin_memory, pinning);
+    ASSERT_EQ(accelerator.copies.size(), static_cast<size_t>(2 * batches));  // data and target
+    for (const auto& [pinned, non_blocking] : accelerator.copies) {
+      EXPECT_EQ(pinned, pinning);
+      EXPECT_EQ(non_blocking, pinning);
+    }
+  }
 }
 
 TEST(ImageLoader, RejectsBadOptions) {
