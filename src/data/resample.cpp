@@ -36,6 +36,34 @@ AxisTaps axis_taps(double origin, double extent, int64_t in_size, int64_t out_si
   return taps;
 }
 
+namespace {
+
+// Note [Resampling in two contiguous passes]
+// Both passes run along memory: the horizontal one over each source row the
+// output reads, with the channel count a constant (1 or 3) so that the
+// compiler unrolls it; the vertical one as a sum of whole filtered rows
+// (contiguous, vectorised), scattered into the CHW output at the end of each
+// row. The sums are the same products in the same order as a per-pixel
+// loop, so the output does not change with this arrangement.
+template <int64_t C>
+void filter_rows(const uint8_t* pixels, int64_t in_w, const AxisTaps& xs, int64_t row0, int64_t row1, float* rows) {
+  const auto out_w = static_cast<int64_t>(xs.first.size());
+  for (int64_t r = row0; r < row1; ++r) {
+    const uint8_t* src = pixels + r * in_w * C;
+    float* dst = rows + (r - row0) * out_w * C;
+    for (int64_t x = 0; x < out_w; ++x) {
+      const float* w = &xs.weights[static_cast<size_t>(x * xs.width)];
+      const uint8_t* p = src + xs.first[static_cast<size_t>(x)] * C;
+      float sum[C] = {};
+      for (int64_t k = 0; k < xs.count[static_cast<size_t>(x)]; ++k)
+        for (int64_t c = 0; c < C; ++c) sum[c] += w[k] * static_cast<float>(p[k * C + c]);
+      for (int64_t c = 0; c < C; ++c) dst[x * C + c] = sum[c];
+    }
+  }
+}
+
+}  // namespace
+
 void resample(const uint8_t* pixels, int64_t in_w, int64_t channels, const AxisTaps& xs, const AxisTaps& ys, bool flip,
               float* out) {
   const auto out_w = static_cast<int64_t>(xs.first.size());
@@ -50,29 +78,28 @@ void resample(const uint8_t* pixels, int64_t in_w, int64_t channels, const AxisT
   }
   std::fill(out, out + channels * out_h * out_w, 0.0f);
   if (row0 < 0) return;
-  std::vector<float> rows(static_cast<size_t>((row1 - row0) * out_w * channels), 0.0f);
-  for (int64_t r = row0; r < row1; ++r) {
-    const uint8_t* src = pixels + r * in_w * channels;
-    float* dst = &rows[static_cast<size_t>((r - row0) * out_w * channels)];
-    for (int64_t x = 0; x < out_w; ++x) {
-      const float* w = &xs.weights[static_cast<size_t>(x * xs.width)];
-      const uint8_t* p = src + xs.first[static_cast<size_t>(x)] * channels;
-      for (int64_t k = 0; k < xs.count[static_cast<size_t>(x)]; ++k)
-        for (int64_t c = 0; c < channels; ++c) dst[x * channels + c] += w[k] * static_cast<float>(p[k * channels + c]);
-    }
-  }
+  const int64_t stride = out_w * channels;
+  std::vector<float> rows(static_cast<size_t>((row1 - row0) * stride), 0.0f);
+  if (channels == 3)
+    filter_rows<3>(pixels, in_w, xs, row0, row1, rows.data());
+  else
+    filter_rows<1>(pixels, in_w, xs, row0, row1, rows.data());
+  std::vector<float> line(static_cast<size_t>(stride));
   for (int64_t y = 0; y < out_h; ++y) {
+    if (ys.count[static_cast<size_t>(y)] == 0) continue;  // a padded row: zeros
     const float* w = &ys.weights[static_cast<size_t>(y * ys.width)];
-    const int64_t first = ys.first[static_cast<size_t>(y)] - row0;
+    const float* first = rows.data() + (ys.first[static_cast<size_t>(y)] - row0) * stride;
+    std::fill(line.begin(), line.end(), 0.0f);
+    for (int64_t k = 0; k < ys.count[static_cast<size_t>(y)]; ++k) {
+      const float wk = w[k];
+      const float* row = first + k * stride;
+      for (int64_t i = 0; i < stride; ++i) line[static_cast<size_t>(i)] += wk * row[i];
+    }
     for (int64_t x = 0; x < out_w; ++x) {
-      const int64_t ox = flip ? out_w - 1 - x : x;
       if (xs.count[static_cast<size_t>(x)] == 0) continue;
-      for (int64_t c = 0; c < channels; ++c) {
-        float sum = 0.0f;
-        for (int64_t k = 0; k < ys.count[static_cast<size_t>(y)]; ++k)
-          sum += w[k] * rows[static_cast<size_t>(((first + k) * out_w + x) * channels + c)];
-        out[(c * out_h + y) * out_w + ox] = sum;
-      }
+      const int64_t ox = flip ? out_w - 1 - x : x;
+      for (int64_t c = 0; c < channels; ++c)
+        out[(c * out_h + y) * out_w + ox] = line[static_cast<size_t>(x * channels + c)];
     }
   }
 }

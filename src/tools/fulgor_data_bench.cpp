@@ -130,8 +130,10 @@ int run(const std::vector<std::string>& args) {
   // The limit of a loader that decodes whole images: one thread's full-decode rate times the threads.
   const double full_rate = static_cast<double>(split.samples) / split.full_decode;
   const double limit = full_rate * static_cast<double>(std::max<int64_t>(workers, 1));
-  std::cout << fmt::format("one thread: read {:.0f}%, decode {:.0f}%, transform {:.0f}%\n", 100 * split.read / total,
-                           100 * split.decode / total, 100 * split.transform / total);
+  const double per_image = 1e3 / static_cast<double>(split.samples);
+  std::cout << fmt::format("one thread: read {:.0f}%, decode {:.0f}%, transform {:.0f}% ({:.2f} ms an image)\n",
+                           100 * split.read / total, 100 * split.decode / total, 100 * split.transform / total,
+                           per_image * split.transform);
   std::cout << fmt::format("full decode on one thread: {:.1f} images/s; x {} threads = {:.1f}, ratio {:.2f}\n",
                            full_rate, std::max<int64_t>(workers, 1), limit, rate / limit);
   // What decoding only the crop's blocks saves over decoding all at the same scale.
