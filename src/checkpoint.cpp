@@ -19,9 +19,9 @@
 #include <new>
 #include <string_view>
 
+#include "checkpoint_meta.h"
 #include "fulgor/error.h"
 #include "fulgor/module.h"
-#include "checkpoint_meta.h"
 
 namespace fulgor {
 namespace {
@@ -387,7 +387,8 @@ void load_state(torch::nn::Module& module, torch::serialize::InputArchive& archi
       found = false;
     }
     if (!found)
-      throw CheckpointError(fmt::format("checkpoint '{}' has no {} '{}{}' for {}", path, kind, prefix, key, module.name()));
+      throw CheckpointError(
+          fmt::format("checkpoint '{}' has no {} '{}{}' for {}", path, kind, prefix, key, module.name()));
     if (saved.sizes() != target.sizes())
       throw CheckpointError(fmt::format("checkpoint '{}': {} '{}{}' has shape [{}], the module's has shape [{}]", path,
                                         kind, prefix, key, fmt::join(saved.sizes(), ", "),

@@ -11,11 +11,11 @@
 #include <optional>
 #include <vector>
 
+#include "checkpoint_meta.h"
 #include "fulgor/callbacks/model_checkpoint.h"
 #include "fulgor/checkpoint.h"
 #include "fulgor/strategy.h"
 #include "fulgor/version.h"
-#include "checkpoint_meta.h"
 #include "state.h"
 #include "tensor_moves.h"
 
@@ -189,8 +189,9 @@ void CheckpointConnector::check_rng_states(LoadedCheckpoint& ckpt) const {
       fmt::format("checkpoint '{}' holds no generator state {}", ckpt.path, fmt::join(missing, " nor "));
   if (s.options.deterministic)
     throw CheckpointError(what + ": deterministic=true promises an exact resume, which needs them");
-  s.warn(what + ": the resume goes on from the generators as they are, so its random draws (shuffling, dropout) "
-                "differ from an uninterrupted run's");
+  s.warn(what +
+         ": the resume goes on from the generators as they are, so its random draws (shuffling, dropout) "
+         "differ from an uninterrupted run's");
 }
 
 void CheckpointConnector::restore_rng(LoadedCheckpoint& ckpt, const char* cpu_key) {

@@ -7,6 +7,7 @@
 #include <csignal>
 #include <cstring>
 #include <fstream>
+#include <set>
 
 #include "tiny.h"
 
@@ -164,6 +165,43 @@ TEST(CheckpointFaults, AFullDiskIsACheckpointErrorAtWhateverByteTheWriteFails) {
   ASSERT_EQ(::waitpid(child, &status, 0), child);
   ASSERT_TRUE(WIFEXITED(status)) << "the saving process died of signal " << WTERMSIG(status);
   EXPECT_EQ(WEXITSTATUS(status), 0) << faults_bytes(report);
+}
+
+// Note [Orphaned checkpoint files]: a kill between a top-k save and the next
+// last.ckpt leaves a file that the resumed state does not name. The resume
+// removes it, and nothing that is not such a file.
+TEST(CheckpointFaults, AResumeRemovesTheCheckpointsItsStateForgotAndNoOtherFile) {
+  TempDir dir;
+  auto options_until = [&](int64_t steps) {
+    auto o = quiet(dir, -1);
+    o.max_steps = steps;
+    o.enable_checkpointing = true;
+    o.callbacks = {std::make_shared<ModelCheckpoint>(
+        ModelCheckpointOptions{.filename = "{step}", .save_top_k = 1, .save_last = true, .every_n_train_steps = 1})};
+    return o;
+  };
+  auto train = sequential_loader(64, 8);
+  const fs::path folder = dir.path / "checkpoints";
+  auto model = faults_model();
+  Trainer first(options_until(2));
+  first.fit(*model, train);
+  first.save_checkpoint((folder / "manual.ckpt").string());
+  const std::string stale_last = faults_bytes(folder / "last.ckpt");
+  Trainer(options_until(4)).fit(*model, train, {.ckpt_path = "last"});
+  ASSERT_TRUE(fs::exists(folder / "step=4.ckpt"));
+  ASSERT_FALSE(fs::exists(folder / "step=2.ckpt"));
+  // As if killed after writing step=4.ckpt and before the last.ckpt naming it.
+  std::ofstream(folder / "last.ckpt", std::ios::binary | std::ios::trunc) << stale_last;
+  // Files that are not the callback's to remove: a user's, a copy of one of
+  // its files, and the Trainer's own save (manual.ckpt).
+  std::ofstream(folder / "notes.ckpt") << "mine";
+  fs::copy_file(folder / "step=4.ckpt", folder / "copy.ckpt");
+
+  auto resumed = faults_model();
+  Trainer(options_until(3)).fit(*resumed, train, {.ckpt_path = "last"});
+  std::set<std::string> names;
+  for (const auto& e : fs::directory_iterator(folder)) names.insert(e.path().filename().string());
+  EXPECT_EQ(names, (std::set<std::string>{"step=3.ckpt", "last.ckpt", "notes.ckpt", "copy.ckpt", "manual.ckpt"}));
 }
 
 }  // namespace

@@ -347,8 +347,7 @@ TEST(TrainerOptionsJson, RefusesAKeyGivenTwiceNamingTheKeyAndTheFile) {
     std::ofstream(config) << text;
     const std::string m = rejection({"--config", config});
     EXPECT_NE(m.find(config), std::string::npos) << m;
-    EXPECT_NE(m.find(text.find("max_epochs") != std::string::npos ? "\"max_epochs\"" : "\"model\""),
-              std::string::npos)
+    EXPECT_NE(m.find(text.find("max_epochs") != std::string::npos ? "\"max_epochs\"" : "\"model\""), std::string::npos)
         << m;
     EXPECT_NE(m.find("twice"), std::string::npos) << m;
   }
