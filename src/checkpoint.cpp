@@ -19,9 +19,9 @@
 #include <new>
 #include <string_view>
 
+#include "checkpoint_meta.h"
 #include "fulgor/error.h"
 #include "fulgor/module.h"
-#include "checkpoint_meta.h"
 
 namespace fulgor {
 namespace {
@@ -81,10 +81,17 @@ struct Xxh3StateDeleter {
   void operator()(XXH3_state_t* state) const { XXH3_freeState(state); }
 };
 
+// Note [Failed writes inside the archive writer]
+// The archive writer calls back through LibTorch's zip code, which must not
+// hear of a failed write: told by a short write, PyTorchStreamWriter throws,
+// and its destructor, run while that exception unwinds, writes the zip's end
+// and throws again, which ends the process (SIGABRT), the temporary left
+// behind. So the sink keeps the first error, takes and drops every later
+// byte as if written, and write_container throws the kept error once
+// LibTorch has returned.
+
 // Streams the archive into the file while hashing it, gathering the archive's
-// many small records into large writes. Errors are kept, not thrown: the
-// archive writer calls back through LibTorch's zip code, which is told of a
-// failure by a short write.
+// many small records into large writes.
 class ArchiveSink {
  public:
   ArchiveSink(int fd, const std::string& path) : fd_(fd), path_(path), hash_state_(XXH3_createState()) {
@@ -94,7 +101,7 @@ class ArchiveSink {
   }
 
   size_t write(const void* data, size_t size) {
-    if (!error_.empty()) return 0;
+    if (!error_.empty()) return size;  // Note [Failed writes inside the archive writer]
     const char* bytes = static_cast<const char*>(data);
     XXH3_64bits_update(hash_state_.get(), bytes, size);
     length_ += size;
@@ -106,7 +113,6 @@ class ArchiveSink {
         buffer_.append(bytes, size);
     } catch (const CheckpointError& e) {
       error_ = e.what();
-      return 0;
     }
     return size;
   }
@@ -357,10 +363,22 @@ nlohmann::json read_checkpoint_meta(const std::string& path) {
   return detail::parse_checkpoint_meta(archive, path);
 }
 
-namespace detail {
-void load_module_state(torch::nn::Module& module, torch::serialize::InputArchive& archive, const std::string& path) {
-  torch::NoGradGuard no_grad;
+namespace {
+// Note [Checkpoint dtypes]
+// A tensor is loaded only into one of its own dtype. LibTorch's copy_ would
+// cast a float64 checkpoint into a float32 module silently, and the
+// optimizer's state, which keeps the saved dtype, then fails inside LibTorch
+// (an INTERNAL ASSERT in the first step). Casting the optimizer's state as
+// well would resume a different run from the one saved, so a mismatch is a
+// CheckpointError naming the tensor and both dtypes: the user converts the
+// module (module.to(torch::kFloat64)) to the checkpoint's dtype, or loads the
+// weights for another dtype explicitly.
+
+// `prefix` is the dotted name of `module` within the module loaded ("" or "fc1.").
+void load_state(torch::nn::Module& module, torch::serialize::InputArchive& archive, const std::string& path,
+                const std::string& prefix) {
   auto load = [&](const std::string& key, torch::Tensor& target, bool is_buffer) {
+    const char* kind = is_buffer ? "buffer" : "parameter";
     torch::Tensor saved;
     bool found = false;
     try {
@@ -369,12 +387,17 @@ void load_module_state(torch::nn::Module& module, torch::serialize::InputArchive
       found = false;
     }
     if (!found)
-      throw CheckpointError(fmt::format("checkpoint '{}' has no {} '{}' for {}", path,
-                                        is_buffer ? "buffer" : "parameter", key, module.name()));
+      throw CheckpointError(
+          fmt::format("checkpoint '{}' has no {} '{}{}' for {}", path, kind, prefix, key, module.name()));
     if (saved.sizes() != target.sizes())
-      throw CheckpointError(fmt::format("checkpoint '{}': {} '{}' has shape [{}], the module's has shape [{}]", path,
-                                        is_buffer ? "buffer" : "parameter", key, fmt::join(saved.sizes(), ", "),
+      throw CheckpointError(fmt::format("checkpoint '{}': {} '{}{}' has shape [{}], the module's has shape [{}]", path,
+                                        kind, prefix, key, fmt::join(saved.sizes(), ", "),
                                         fmt::join(target.sizes(), ", ")));
+    if (saved.scalar_type() != target.scalar_type())  // Note [Checkpoint dtypes]
+      throw CheckpointError(fmt::format(
+          "checkpoint '{}': {} '{}{}' is {}, the module's is {}; convert the module to {} before loading it", path,
+          kind, prefix, key, c10::toString(saved.scalar_type()), c10::toString(target.scalar_type()),
+          c10::toString(saved.scalar_type())));
     // Copied into the existing tensor: it may live on any device, and
     // optimizers keep referring to it.
     target.copy_(saved);
@@ -387,9 +410,16 @@ void load_module_state(torch::nn::Module& module, torch::serialize::InputArchive
     torch::serialize::InputArchive child_archive;
     if (!archive.try_read(child.key(), child_archive))
       throw CheckpointError(
-          fmt::format("checkpoint '{}' has no submodule '{}' of {}", path, child.key(), module.name()));
-    load_module_state(*child.value(), child_archive, path);
+          fmt::format("checkpoint '{}' has no submodule '{}{}' of {}", path, prefix, child.key(), module.name()));
+    load_state(*child.value(), child_archive, path, prefix + child.key() + ".");
   }
+}
+}  // namespace
+
+namespace detail {
+void load_module_state(torch::nn::Module& module, torch::serialize::InputArchive& archive, const std::string& path) {
+  torch::NoGradGuard no_grad;
+  load_state(module, archive, path, "");
 }
 }  // namespace detail
 

@@ -37,6 +37,11 @@ class Builder {
   bool start_object(std::size_t) { return open(json::object()); }
   bool key(json::string_t& key) {
     keys_.back() = key;
+    // nlohmann keeps the last of repeated keys; a config with two values for
+    // one option is a mistake to name, not a choice to make silently.
+    if (stack_.back()->contains(key))
+      return refuse(fmt::format("{}the key {} appears twice in one object; each key may be given once", where(),
+                                json_for_message(key)));
     slot_ = &(*stack_.back())[key];
     return true;
   }

@@ -15,9 +15,11 @@ namespace fulgor::detail {
 // become floating-point numbers that an integer option would take as some
 // other value, and arrays and objects nest as deep as the input goes, while
 // copying, printing and destroying a value recurse once per level, so a
-// config file nested 100,000 deep overflows the stack. Every JSON read from
-// outside the program goes through read_json, which refuses both, naming
-// where in the document (`trainer.max_epochs`) and the number as written.
+// config file nested 100,000 deep overflows the stack; and a key repeated in
+// one object silently keeps its last value, so a config file that sets an
+// option twice runs with whichever came last. Every JSON read from outside
+// the program goes through read_json, which refuses all three, naming where
+// in the document (`trainer.max_epochs`) and the number or key as written.
 
 /// How deeply arrays and objects may nest in JSON read from outside: far more
 /// than any config or checkpoint needs, far less than overflows a stack.
@@ -34,8 +36,8 @@ struct JsonInput {
 };
 
 /// Reads `text` as one JSON value (with `comments`, `//` and `/* */` comments
-/// are skipped). Refuses nesting deeper than kMaxJsonDepth and integers
-/// outside 64 bits; throws nothing.
+/// are skipped). Refuses nesting deeper than kMaxJsonDepth, integers outside
+/// 64 bits and a key repeated in one object; throws nothing.
 JsonInput read_json(std::string_view text, bool comments = false);
 
 /// `value` as JSON text for an error message: invalid UTF-8 replaced, cut to

@@ -7,6 +7,9 @@
 #include <mutex>
 #include <string>
 
+#include <fmt/format.h>
+
+#include "fulgor/error.h"
 #include "fulgor/registry.h"
 
 namespace fulgor {
@@ -29,7 +32,14 @@ std::optional<uint64_t> global_seed() {
   return global_seed_.load();
 }
 
+void check_seed(uint64_t seed, const char* what) {
+  if (seed > kMaxSeed)
+    throw ConfigError(fmt::format("{}={}: out of range; expected a seed from 0 to {} (2^32 - 1), as Lightning's", what,
+                                  seed, kMaxSeed));
+}
+
 uint64_t seed_everything(uint64_t seed) {
+  check_seed(seed, "seed_everything");
   global_seed_.store(seed);
   global_seed_set_.store(true);
   seed_cpu_generator(seed);
@@ -42,6 +52,7 @@ uint64_t seed_everything(uint64_t seed) {
 }
 
 void seed_accelerator(const Accelerator& accelerator, uint64_t seed) {
+  check_seed(seed, "seed");
   seed_cpu_generator(seed);
   accelerator.manual_seed(seed);
 }

@@ -13,6 +13,7 @@
 
 #include "fulgor/error.h"
 #include "fulgor/profiler.h"
+#include "fulgor/seed.h"
 #include "fulgor/strategy.h"
 #include "json_input.h"
 
@@ -139,7 +140,8 @@ Field field(const char* name, const char* type, T TrainerOptions::*member) {
         o.*member = std::nullopt;
         return;
       }
-      if (!value.is_number_unsigned()) ill_typed(name, type, value);
+      // The seed, the one such option: Lightning's range (seed.h).
+      if (!value.is_number_unsigned() || value.get<uint64_t>() > kMaxSeed) ill_typed(name, type, value);
       o.*member = value.get<uint64_t>();
     } else if constexpr (std::is_same_v<T, std::optional<double>>) {
       if (value.is_null()) {
@@ -217,7 +219,7 @@ const std::vector<Field>& fields() {
     f.push_back(field("profiler_dirpath", "a string", &TrainerOptions::profiler_dirpath));
     f.push_back(field("profiler_filename", "a string", &TrainerOptions::profiler_filename));
     f.push_back(field("default_root_dir", "a string", &TrainerOptions::default_root_dir));
-    f.push_back(field("seed", "a non-negative integer or null", &TrainerOptions::seed));
+    f.push_back(field("seed", "a non-negative integer up to 4294967295 or null", &TrainerOptions::seed));
     f.push_back(field("ddp_timeout", "a number of seconds or null", &TrainerOptions::ddp_timeout));
     f.push_back(field("use_distributed_sampler", "a boolean", &TrainerOptions::use_distributed_sampler));
     return f;
@@ -366,6 +368,7 @@ void check_options(const TrainerOptions& o) {
         o.profiler));
   if (o.ddp_timeout && !(std::isfinite(*o.ddp_timeout) && *o.ddp_timeout > 0))
     throw ConfigError(fmt::format("ddp_timeout={}: expected a finite number of seconds > 0", *o.ddp_timeout));
+  if (o.seed) check_seed(*o.seed, "seed");
 }
 
 void set_option(TrainerOptions& options, const std::string& key, const std::string& value) {

@@ -58,7 +58,9 @@ nlohmann::json read_checkpoint_meta(const std::string& path);
 
 /// Copies the parameters and buffers saved in the checkpoint at `path` into
 /// `module`, wherever its tensors live (Lightning's load_from_checkpoint for
-/// the weights). Throws CheckpointError naming a missing or misshapen tensor.
+/// the weights). Throws CheckpointError naming a missing or misshapen tensor,
+/// or one whose dtype differs from the module's, with both dtypes (Note
+/// [Checkpoint dtypes] in src/checkpoint.cpp): nothing is cast silently.
 void load_module_weights(ModuleBase& module, const std::string& path);
 
 namespace detail {

@@ -7,13 +7,23 @@
 
 namespace fulgor {
 
+/// The largest seed: Lightning's seed_everything takes seeds from 0 to
+/// 2^32 - 1 (NumPy's range) and raises ValueError for any other. fulgor
+/// refuses the same seeds, so that a seed means the same run in both.
+inline constexpr uint64_t kMaxSeed = 4294967295u;
+
+/// Throws ConfigError naming `seed` and the accepted range when it is above
+/// kMaxSeed; `what` names where it was given ("seed_everything").
+void check_seed(uint64_t seed, const char* what);
+
 /// Seeds LibTorch's CPU generator and the generators of every device of every
 /// available registered accelerator (Accelerator::manual_seed), as Lightning's
 /// seed_everything does; returns `seed`. Called before a module is built, it
 /// makes the module's initialisation repeat, on the CPU and on whichever
 /// device it is initialised on, and everything drawn after it.
 ///
-/// Requires: nothing. It asks each registered accelerator whether it is
+/// Requires: seed <= kMaxSeed (else ConfigError, as Lightning's ValueError).
+/// It asks each registered accelerator whether it is
 /// available, which may load its runtime (docs/accelerators.md).
 uint64_t seed_everything(uint64_t seed);
 

@@ -143,7 +143,8 @@ struct TrainerOptions {
   /// (fulgor::seed_accelerator) when a loop starts, after the module was
   /// built: the seed decides the loaders' shuffling, dropout and any other
   /// random draw in the loops, not the module's initial weights (call
-  /// fulgor::seed_everything before building the module for those).
+  /// fulgor::seed_everything before building the module for those). From 0
+  /// to 2^32 - 1 (fulgor::kMaxSeed), Lightning's range; others are refused.
   std::optional<uint64_t> seed;
   /// Under strategy "ddp": seconds the rendezvous and each collective may wait
   /// for the other ranks before failing (unset: 30 minutes, Lightning's

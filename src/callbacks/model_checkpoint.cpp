@@ -11,8 +11,12 @@
 #include <iostream>
 #include <limits>
 #include <regex>
+#include <set>
 #include <utility>
+#include <vector>
 
+#include "fulgor/checkpoint.h"
+#include "fulgor/error.h"
 #include "fulgor/trainer.h"
 #include "python_format.h"
 
@@ -80,15 +84,18 @@ nlohmann::json ModelCheckpoint::state_dict() const {
   };
   nlohmann::json best_k = nlohmann::json::object();
   for (const auto& [path, value] : best_k_models_) best_k[path] = score(value);
-  return {{"monitor", options_.monitor.empty() ? nlohmann::json(nullptr) : nlohmann::json(options_.monitor)},
-          {"best_model_score", score(best_model_score_)},
-          {"best_model_path", best_model_path_},
-          {"current_score", score(current_score_)},
-          {"dirpath", dirpath_},
-          {"best_k_models", best_k},
-          {"kth_best_model_path", kth_best_model_path_},
-          {"kth_value", score(kth_value_)},
-          {"last_model_path", last_model_path_}};
+  nlohmann::json state = {
+      {"monitor", options_.monitor.empty() ? nlohmann::json(nullptr) : nlohmann::json(options_.monitor)},
+      {"best_model_score", score(best_model_score_)},
+      {"best_model_path", best_model_path_},
+      {"current_score", score(current_score_)},
+      {"dirpath", dirpath_},
+      {"best_k_models", best_k},
+      {"kth_best_model_path", kth_best_model_path_},
+      {"kth_value", score(kth_value_)},
+      {"last_model_path", last_model_path_}};
+  if (!saving_.empty()) state["saving"] = saving_;
+  return state;
 }
 
 // Note [Resuming ModelCheckpoint]
@@ -114,6 +121,7 @@ void ModelCheckpoint::load_state_dict(const nlohmann::json& state) {
       for (const auto& item : state.at("best_k_models").items()) best_k_models_[item.key()] = score(item.value());
     }
     last_model_path_ = state.value("last_model_path", last_model_path_);
+    remove_orphans_ = true;
   } else {
     std::cerr << fmt::format(
                      "The dirpath has changed from '{}' to '{}', therefore `best_model_score`, `kth_best_model_path`, "
@@ -296,7 +304,14 @@ void ModelCheckpoint::save_none_monitor_checkpoint(Trainer& trainer, const std::
 }
 
 void ModelCheckpoint::save_checkpoint(Trainer& trainer, const std::string& filepath) {
-  trainer.save_checkpoint(filepath);
+  saving_ = filepath;
+  try {
+    trainer.save_checkpoint(filepath);
+  } catch (...) {
+    saving_.clear();
+    throw;
+  }
+  saving_.clear();
   last_global_step_saved_ = trainer.global_step();
   last_checkpoint_saved_ = filepath;
 }
@@ -318,6 +333,51 @@ void ModelCheckpoint::remove_checkpoint(Trainer& trainer, const std::string& fil
   if (!trainer.is_global_zero()) return;
   std::error_code ec;
   fs::remove(filepath, ec);
+}
+
+// Note [Orphaned checkpoint files]
+// A top-k save writes the new file, then forgets and removes the file it
+// displaces, and the state naming the new file reaches disk only with the
+// next checkpoint (last.ckpt). A process killed in between leaves a file that
+// no saved state names: 100 kills with save_top_k=1 left 44 of them. So each
+// file this callback writes names itself in the state it holds ("saving"),
+// and a fit that resumes this folder's state removes, once it starts
+// training, every ".ckpt" file in the folder that names itself so, under
+// this callback's state key, and that the resumed state does not name. A
+// file anyone else wrote (a user's, Trainer::save_checkpoint's, a copy or a
+// rename of ours, another callback's) does not name itself so and stays; a
+// file that is no readable fulgor checkpoint stays as well.
+namespace {
+// Whether the checkpoint at `path` holds a state of the ModelCheckpoint
+// `key` that names `path` as the file it was writing.
+bool names_itself(const std::string& path, const std::string& key) {
+  nlohmann::json meta;
+  try {
+    meta = read_checkpoint_meta(path);
+  } catch (const Error&) {
+    return false;  // not a readable fulgor checkpoint: not ours to remove
+  }
+  const auto states = meta.find("callbacks");
+  if (states == meta.end() || !states->is_object()) return false;
+  const auto own = states->find(key);
+  return own != states->end() && own->is_object() && own->value("saving", nlohmann::json()) == path;
+}
+}  // namespace
+
+void ModelCheckpoint::remove_orphans(Trainer& trainer) const {
+  if (!trainer.is_global_zero()) return;  // rank 0 wrote the files
+  std::set<std::string> named{best_model_path_, last_model_path_};
+  for (const auto& item : best_k_models_) named.insert(item.first);
+  // Removed once listed: a folder's listing while entries go is unspecified.
+  std::vector<std::string> orphans;
+  std::error_code ec;
+  for (auto it = fs::directory_iterator(dirpath_, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    const std::string path = it->path().string();
+    std::error_code type_ec;
+    if (it->path().extension() != ".ckpt" || named.count(path) || !it->is_regular_file(type_ec)) continue;
+    if (names_itself(path, state_key())) orphans.push_back(path);
+  }
+  for (const auto& path : orphans) fs::remove(path, ec);
 }
 
 // Lightning's _should_skip_saving_checkpoint.
@@ -343,7 +403,10 @@ bool ModelCheckpoint::should_save_on_train_epoch_end(const Trainer& trainer) con
   return interval.is_count() ? interval.count() == 1 : interval.fraction() == 1.0;
 }
 
-void ModelCheckpoint::on_train_start(Trainer&, ModuleBase&) { last_time_checked_ = Clock::now(); }
+void ModelCheckpoint::on_train_start(Trainer& trainer, ModuleBase&) {
+  last_time_checked_ = Clock::now();
+  if (std::exchange(remove_orphans_, false)) remove_orphans(trainer);
+}
 
 void ModelCheckpoint::on_sanity_check_start(Trainer&, ModuleBase&) { fit_validates_ = true; }
 

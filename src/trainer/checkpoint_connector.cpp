@@ -2,18 +2,20 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/torch.h>
 #include <torch/version.h>
 
 #include <filesystem>
 #include <mutex>
 #include <optional>
+#include <vector>
 
+#include "checkpoint_meta.h"
 #include "fulgor/callbacks/model_checkpoint.h"
 #include "fulgor/checkpoint.h"
 #include "fulgor/strategy.h"
 #include "fulgor/version.h"
-#include "checkpoint_meta.h"
 #include "state.h"
 #include "tensor_moves.h"
 
@@ -160,6 +162,36 @@ void CheckpointConnector::restore_training_state(LoadedCheckpoint& ckpt) {
   for (size_t i = 0; i < schedulers.size(); ++i)
     restoring(ckpt, fmt::format("the state of scheduler {}", i),
               [&] { s.optim.schedulers[i].scheduler->load_state_dict(schedulers[i]); });
+  check_rng_states(ckpt);
+}
+
+// Note [Missing generator states]
+// A resume is exact only with the generators' states: without them its
+// shuffling and dropout continue from wherever the generators are and differ
+// from the uninterrupted run's. A checkpoint written by another program, or
+// edited, may lack them. As Lightning warns when a checkpoint lacks the
+// loops' state, the resume says which states are missing and goes on; with
+// `deterministic`, which promises a repeatable run, it refuses instead.
+void CheckpointConnector::check_rng_states(LoadedCheckpoint& ckpt) const {
+  std::vector<std::string> missing;
+  torch::Tensor state;
+  if (!ckpt.archive.try_read("rng_cpu", state)) missing.emplace_back("'rng_cpu' (the CPU generator's)");
+  const auto& loop = ckpt.meta.at("loop");
+  const bool mid_epoch = !loop.at("epoch_finished").get<bool>() && loop.at("batches_in_epoch").get<int64_t>() > 0;
+  if (mid_epoch && !ckpt.archive.try_read("rng_epoch_start", state))
+    missing.emplace_back("'rng_epoch_start' (the CPU generator's at the epoch's start, which shuffled its batches)");
+  const bool same_accelerator = ckpt.meta.value("accelerator", std::string()) == s.accelerator->name();
+  if (same_accelerator && s.accelerator->get_rng_state(s.device_setup->device).defined() &&
+      !ckpt.archive.try_read("rng_device", state))
+    missing.emplace_back(fmt::format("'rng_device' (the {} generator's)", s.accelerator->name()));
+  if (missing.empty()) return;
+  const std::string what =
+      fmt::format("checkpoint '{}' holds no generator state {}", ckpt.path, fmt::join(missing, " nor "));
+  if (s.options.deterministic)
+    throw CheckpointError(what + ": deterministic=true promises an exact resume, which needs them");
+  s.warn(what +
+         ": the resume goes on from the generators as they are, so its random draws (shuffling, dropout) "
+         "differ from an uninterrupted run's");
 }
 
 void CheckpointConnector::restore_rng(LoadedCheckpoint& ckpt, const char* cpu_key) {

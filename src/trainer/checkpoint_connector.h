@@ -48,6 +48,10 @@ struct CheckpointConnector {
   void restore_module_and_callbacks(LoadedCheckpoint& ckpt);
   // Lightning's restore_training_state.
   void restore_training_state(LoadedCheckpoint& ckpt);
+  // Warns naming the generator states a resume needs and `ckpt` lacks, or
+  // with `deterministic` throws CheckpointError (Note [Missing generator
+  // states]).
+  void check_rng_states(LoadedCheckpoint& ckpt) const;
   // Sets the CPU generator from the archive's `cpu_key` entry and, with
   // "rng_cpu" and the same accelerator, the device's.
   void restore_rng(LoadedCheckpoint& ckpt, const char* cpu_key);

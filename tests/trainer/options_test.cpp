@@ -202,10 +202,10 @@ TEST(TrainerOptionsJson, RefusesIntegersOutOfRangeNamingTheValueAsWritten) {
   // The largest values that fit are taken as they are.
   TempDir dir;
   const std::string config = (dir.path / "run.json").string();
-  std::ofstream(config) << R"({"trainer": {"max_steps": 9223372036854775807, "seed": 18446744073709551615}})";
+  std::ofstream(config) << R"({"trainer": {"max_steps": 9223372036854775807, "seed": 4294967295}})";
   auto cli = parse({"--config", config});
   EXPECT_EQ(cli.trainer.max_steps, INT64_MAX);
-  EXPECT_EQ(cli.trainer.seed, UINT64_MAX);
+  EXPECT_EQ(cli.trainer.seed, 4294967295u);
 }
 
 TEST(TrainerOptionsCommandLine, RefusesIntegersOutOfRangeNamingTheValueAsWritten) {
@@ -221,7 +221,7 @@ TEST(TrainerOptionsCommandLine, RefusesIntegersOutOfRangeNamingTheValueAsWritten
   std::string m = rejection({"--model.width=100000000000000000000"});
   EXPECT_NE(m.find("--model.width"), std::string::npos) << m;
   EXPECT_NE(m.find("100000000000000000000"), std::string::npos) << m;
-  EXPECT_EQ(parse({"--trainer.seed=18446744073709551615"}).trainer.seed, UINT64_MAX);
+  EXPECT_EQ(parse({"--trainer.seed=4294967295"}).trainer.seed, 4294967295u);
 }
 
 // A program's own sections are read with the same care: no wrapping into a
@@ -335,6 +335,49 @@ TEST(TrainerOptions, CheckOptionsNamesTheOption) {
   options = {};
   options.max_epochs = -2;
   EXPECT_THROW(check_options(options), ConfigError);
+}
+
+// nlohmann keeps the last of repeated keys: a config that set max_epochs twice
+// ran with the second, silently.
+TEST(TrainerOptionsJson, RefusesAKeyGivenTwiceNamingTheKeyAndTheFile) {
+  TempDir dir;
+  const std::string config = (dir.path / "twice.json").string();
+  for (const std::string& text : {std::string(R"({"trainer": {"max_epochs": 3, "max_epochs": 5}})"),
+                                  std::string(R"({"model": {"hidden": 8}, "model": {"hidden": 9}})")}) {
+    std::ofstream(config) << text;
+    const std::string m = rejection({"--config", config});
+    EXPECT_NE(m.find(config), std::string::npos) << m;
+    EXPECT_NE(m.find(text.find("max_epochs") != std::string::npos ? "\"max_epochs\"" : "\"model\""), std::string::npos)
+        << m;
+    EXPECT_NE(m.find("twice"), std::string::npos) << m;
+  }
+  // The same key in two objects is no repetition.
+  std::ofstream(config) << R"({"trainer": {"max_epochs": 3}, "model": {"max_epochs": 4}})";
+  EXPECT_EQ(parse({"--config", config}).trainer.max_epochs, 3);
+  const std::string m = rejection({R"(--model.layer={"width": 1, "width": 2})"});
+  EXPECT_NE(m.find("\"width\" appears twice"), std::string::npos) << m;
+}
+
+// Lightning's seed_everything raises ValueError outside 0 to 2^32 - 1.
+TEST(TrainerOptions, RefusesSeedsOutsideLightningsRange) {
+  for (const std::string value : {"4294967296", "18446744073709551615"}) {
+    const std::string m = rejection({"--trainer.seed=" + value});
+    EXPECT_NE(m.find("seed"), std::string::npos) << m;
+    EXPECT_NE(m.find(value), std::string::npos) << m;
+    EXPECT_NE(m.find("4294967295"), std::string::npos) << m;
+  }
+  TrainerOptions options;
+  options.seed = uint64_t{1} << 32;
+  try {
+    check_options(options);
+    ADD_FAILURE() << "accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("seed=4294967296"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(seed_everything(uint64_t{1} << 32), ConfigError);
+  options.seed = kMaxSeed;
+  check_options(options);
+  EXPECT_EQ(seed_everything(kMaxSeed), kMaxSeed);
 }
 
 }  // namespace

@@ -118,6 +118,7 @@ class ModelCheckpoint : public Callback {
   void save_checkpoint(Trainer& trainer, const std::string& filepath);
   bool should_remove_checkpoint(const std::string& previous, const std::string& current) const;
   void remove_checkpoint(Trainer& trainer, const std::string& filepath) const;
+  void remove_orphans(Trainer& trainer) const;
   std::string checkpoint_path(const std::string& name, std::optional<int64_t> version = std::nullopt) const;
   std::string metric_interpolated_filepath(const std::map<std::string, double>& candidates, Trainer& trainer,
                                            const std::string& del_filepath) const;
@@ -139,6 +140,12 @@ class ModelCheckpoint : public Callback {
   std::string last_checkpoint_saved_;
   // A state loaded before setup resolved the default folder.
   std::optional<nlohmann::json> pending_state_;
+  // The file this callback is writing, named in the state it writes into it
+  // (Note [Orphaned checkpoint files]).
+  std::string saving_;
+  // A state of this folder was loaded: the fit removes its orphans once it
+  // starts training.
+  bool remove_orphans_ = false;
   std::optional<Clock::time_point> last_time_checked_;
   // A step- or time-based save waiting for validation to log the monitor.
   bool defer_save_until_validation_ = false;
