@@ -33,12 +33,21 @@ TEST(InteropDocs, FineTuneInCppFromPythonWeightsAndHandThemBack) {
 }
 
 TEST(InteropDocs, ContinueALightningRun) {
+  ScratchDir dir("interop_docs_resume");
   Regressor model;
-  LightningProgress progress = continue_lightning_run(model, (reference_dir() / "net.ckpt").string());
-  EXPECT_EQ(progress.epoch, 2);
-  EXPECT_EQ(progress.global_step, 40);
-  EXPECT_EQ(hex_of(model.net[3]->as<torch::nn::Linear>()->bias),
-            expected()["network"]["state_dict"]["3.bias"]["hex"].get<std::string>());
+  // Two epochs of four batches were done in Python; one more epoch here.
+  fulgor::FitResult result =
+      continue_lightning_run(model, (reference_dir() / "net_resume.ckpt").string(), dir.path().string(), 12);
+  EXPECT_EQ(result.reason, StopReason::max_steps) << result.message;
+  EXPECT_EQ(result.global_step, 12);
+  EXPECT_EQ(result.epochs_completed, 3);
+  EXPECT_NE(hex_of(model.net[3]->as<torch::nn::Linear>()->bias),
+            expected()["network"]["resume_state_dict"]["net.3.bias"]["hex"].get<std::string>());
+
+  Regressor by_hand;
+  continue_by_hand(by_hand, (reference_dir() / "net_resume.ckpt").string());
+  EXPECT_EQ(hex_of(by_hand.net[3]->as<torch::nn::Linear>()->bias),
+            expected()["network"]["resume_state_dict"]["net.3.bias"]["hex"].get<std::string>());
 }
 
 }  // namespace
