@@ -244,6 +244,92 @@ std::vector<c10::IValue> optimizer_states_in(const c10::IValue& checkpoint) {
   return {};
 }
 
+namespace {
+
+c10::impl::GenericDict string_dict() { return c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get()); }
+
+// torch.optim's param_group: its hyper-parameters, then "params".
+c10::impl::GenericDict exported_group(Kind kind, const torch::optim::OptimizerOptions& options) {
+  auto group = string_dict();
+  if (kind == Kind::sgd) {
+    const auto& o = static_cast<const torch::optim::SGDOptions&>(options);
+    group.insert("lr", o.lr());
+    group.insert("momentum", o.momentum());
+    group.insert("dampening", o.dampening());
+    group.insert("weight_decay", o.weight_decay());
+    group.insert("nesterov", o.nesterov());
+  } else {
+    auto fill = [&](const auto& o) {
+      group.insert("lr", o.lr());
+      group.insert("betas", c10::ivalue::Tuple::create(std::get<0>(o.betas()), std::get<1>(o.betas())));
+      group.insert("eps", o.eps());
+      group.insert("weight_decay", o.weight_decay());
+      group.insert("amsgrad", o.amsgrad());
+    };
+    if (kind == Kind::adamw)
+      fill(static_cast<const torch::optim::AdamWOptions&>(options));
+    else
+      fill(static_cast<const torch::optim::AdamOptions&>(options));
+    group.insert("capturable", false);
+    group.insert("fused", c10::IValue());
+  }
+  group.insert("maximize", false);
+  group.insert("foreach", c10::IValue());
+  group.insert("differentiable", false);
+  return group;
+}
+
+torch::Tensor exported(const torch::Tensor& t) {
+  return t.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true);
+}
+
+// torch.optim's state of one parameter; empty where LibTorch keeps none.
+c10::impl::GenericDict exported_state(Kind kind, const torch::optim::OptimizerParamState& state) {
+  auto out = string_dict();
+  if (kind == Kind::sgd) {
+    const auto& s = static_cast<const torch::optim::SGDParamState&>(state);
+    if (s.momentum_buffer().defined()) out.insert("momentum_buffer", exported(s.momentum_buffer()));
+    return out;
+  }
+  auto fill = [&](const auto& s) {
+    out.insert("step", torch::tensor(static_cast<float>(s.step()), torch::kFloat32));
+    out.insert("exp_avg", exported(s.exp_avg()));
+    out.insert("exp_avg_sq", exported(s.exp_avg_sq()));
+    if (s.max_exp_avg_sq().defined()) out.insert("max_exp_avg_sq", exported(s.max_exp_avg_sq()));
+  };
+  if (kind == Kind::adamw)
+    fill(static_cast<const torch::optim::AdamWParamState&>(state));
+  else
+    fill(static_cast<const torch::optim::AdamParamState&>(state));
+  return out;
+}
+
+}  // namespace
+
+c10::IValue export_optimizer_state(const torch::optim::Optimizer& optimizer) {
+  const Kind kind = kind_of(optimizer, "export_optimizer_state");
+  c10::impl::GenericDict states(c10::IntType::get(), c10::AnyType::get());
+  c10::impl::GenericList groups(c10::AnyType::get());
+  int64_t id = 0;
+  for (const auto& group : optimizer.param_groups()) {
+    auto exported_group_dict = exported_group(kind, group.options());
+    c10::impl::GenericList ids(c10::AnyType::get());
+    for (const torch::Tensor& param : group.params()) {
+      if (const auto* state = detail::compat::optimizer_param_state(optimizer, param)) {
+        auto dict = exported_state(kind, *state);
+        if (!dict.empty()) states.insert(id, dict);
+      }
+      ids.push_back(id++);
+    }
+    exported_group_dict.insert("params", ids);
+    groups.push_back(exported_group_dict);
+  }
+  auto out = string_dict();
+  out.insert("state", states);
+  out.insert("param_groups", groups);
+  return out;
+}
+
 void import_optimizer_state(torch::optim::Optimizer& optimizer, const std::filesystem::path& path, size_t index) {
   const std::string source = "'" + path.string() + "'";
   std::vector<c10::IValue> states = optimizer_states_in(torch_load(path));

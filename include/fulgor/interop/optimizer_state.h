@@ -45,4 +45,14 @@ void import_optimizer_state(torch::optim::Optimizer& optimizer, const std::files
 /// "optimizer", or of a bare optimizer state dict; empty when there is none.
 std::vector<c10::IValue> optimizer_states_in(const c10::IValue& checkpoint);
 
+/// The optimizer's state as torch.optim's state_dict() of the same optimizer
+/// has it, which Python's `optimizer.load_state_dict` takes (torch 1.13 and
+/// 2.x): parameters numbered 0, 1, ... in the order the optimizer holds them,
+/// across its groups; each group's hyper-parameters under torch.optim's names
+/// (with maximize False and torch.optim's defaults for the switches LibTorch
+/// lacks); `step` a float32 scalar tensor, as torch.optim keeps it; state
+/// tensors on the CPU. Throws InteropError naming an optimizer other than
+/// SGD, Adam or AdamW.
+c10::IValue export_optimizer_state(const torch::optim::Optimizer& optimizer);
+
 }  // namespace fulgor
