@@ -37,6 +37,8 @@
 #include "fulgor/distributed/process_group.h"
 #include "fulgor/distributed/sampler.h"
 #include "fulgor/error.h"
+#include "fulgor/interop/lightning_checkpoint.h"
+#include "fulgor/interop/optimizer_state.h"
 #include "fulgor/interop/safetensors.h"
 #include "fulgor/interop/state_dict.h"
 #include "fulgor/interop/torch_load.h"

@@ -36,7 +36,12 @@ std::string to_string(StopReason reason);
 struct FitOptions {
   /// A checkpoint to resume from: a path, "last" (the checkpoint folder's
   /// last.ckpt, else its newest checkpoint) or "best" (the ModelCheckpoint's
-  /// best_model_path). Empty: start fresh.
+  /// best_model_path). Empty: start fresh. A path may also name a file
+  /// Python's torch.save wrote, told from its content: a Lightning .ckpt or
+  /// a {"model": ..., "optimizer": ...} checkpoint, whose weights,
+  /// torch.optim states (SGD, Adam, AdamW), torch schedulers' states and
+  /// Lightning loop counters the fit continues from (Note [Resuming a Python
+  /// run] in src/trainer/python_checkpoint.cpp).
   std::string ckpt_path;
 };
 

@@ -14,8 +14,10 @@
 #include "checkpoint_meta.h"
 #include "fulgor/callbacks/model_checkpoint.h"
 #include "fulgor/checkpoint.h"
+#include "fulgor/interop/torch_load.h"
 #include "fulgor/strategy.h"
 #include "fulgor/version.h"
+#include "python_checkpoint.h"
 #include "state.h"
 #include "tensor_moves.h"
 
@@ -104,6 +106,11 @@ std::string CheckpointConnector::resolve(const std::string& path) const {
 LoadedCheckpoint CheckpointConnector::read(const std::string& requested) const {
   LoadedCheckpoint ckpt;
   ckpt.path = resolve(requested);
+  if (is_python_checkpoint(ckpt.path)) {
+    ckpt.python = torch_load(ckpt.path);
+    ckpt.meta = {{"loop", python_loop_state(ckpt.python, ckpt.path)}};
+    return ckpt;
+  }
   ckpt.archive = read_checkpoint_file(ckpt.path);
   ckpt.meta = parse_checkpoint_meta(ckpt.archive, ckpt.path);
   return ckpt;
@@ -113,6 +120,7 @@ LoadedCheckpoint CheckpointConnector::read(const std::string& requested) const {
 // module's on_load_checkpoint, its weights, then every callback's
 // on_load_checkpoint and every callback's load_state_dict.
 void CheckpointConnector::restore_module_and_callbacks(LoadedCheckpoint& ckpt) {
+  if (ckpt.from_python()) return restore_python_weights(*s.module, ckpt.python, ckpt.path);
   const auto& meta = ckpt.meta;
   restoring(ckpt, "the module's state", [&] { s.module->on_load_checkpoint(meta.at("module")); });
   torch::serialize::InputArchive model_archive;
@@ -138,6 +146,11 @@ void CheckpointConnector::restore_module_and_callbacks(LoadedCheckpoint& ckpt) {
 // generators are set by restore_rng when the first epoch begins.
 void CheckpointConnector::restore_training_state(LoadedCheckpoint& ckpt) {
   const auto& meta = ckpt.meta;
+  if (ckpt.from_python()) {
+    s.fit_loop.load_state_dict(ckpt);
+    restore_python_optimizers(s.optim, ckpt.python, ckpt.path);
+    return;
+  }
   s.precision.load(ckpt.archive, ckpt.path);
   s.fit_loop.load_state_dict(ckpt);
   const auto n_optimizers = meta.at("optimizers").get<size_t>();  // checked by parse_checkpoint_meta
@@ -195,6 +208,7 @@ void CheckpointConnector::check_rng_states(LoadedCheckpoint& ckpt) const {
 }
 
 void CheckpointConnector::restore_rng(LoadedCheckpoint& ckpt, const char* cpu_key) {
+  if (ckpt.from_python()) return;  // Python's generators are not fulgor's
   torch::Tensor state;
   if (ckpt.archive.try_read(cpu_key, state)) set_cpu_rng_state(state);
   torch::Tensor device_state;

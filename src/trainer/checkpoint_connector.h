@@ -1,5 +1,6 @@
 #pragma once
 
+#include <ATen/core/ivalue.h>
 #include <torch/serialize/input-archive.h>
 #include <torch/types.h>
 #include <nlohmann/json.hpp>
@@ -11,7 +12,9 @@ namespace fulgor::detail {
 
 struct TrainerState;
 
-// A checkpoint read for a loop: its file, archive and checked metadata.
+// A checkpoint read for a loop: its file, archive and checked metadata; or,
+// for a file Python wrote, what torch_load read of it and the loops' state
+// it resumes at (Note [Resuming a Python run] in python_checkpoint.cpp).
 // Move-only, as its archive. The copy is deleted with a const parameter:
 // the implicit one would take a non-const reference, as the archive's does,
 // which std::optional's defaulted copy rejects under clang.
@@ -25,6 +28,8 @@ struct LoadedCheckpoint {
   std::string path;
   torch::serialize::InputArchive archive;
   nlohmann::json meta;
+  c10::IValue python;
+  bool from_python() const { return !python.isNone(); }
 };
 
 torch::Tensor cpu_rng_state();

@@ -33,12 +33,34 @@ TEST(InteropDocs, FineTuneInCppFromPythonWeightsAndHandThemBack) {
 }
 
 TEST(InteropDocs, ContinueALightningRun) {
+  ScratchDir dir("interop_docs_resume");
   Regressor model;
-  LightningProgress progress = continue_lightning_run(model, (reference_dir() / "net.ckpt").string());
-  EXPECT_EQ(progress.epoch, 2);
-  EXPECT_EQ(progress.global_step, 40);
-  EXPECT_EQ(hex_of(model.net[3]->as<torch::nn::Linear>()->bias),
-            expected()["network"]["state_dict"]["3.bias"]["hex"].get<std::string>());
+  // Two epochs of four batches were done in Python; one more epoch here.
+  fulgor::FitResult result =
+      continue_lightning_run(model, (reference_dir() / "net_resume.ckpt").string(), dir.path().string(), 12);
+  EXPECT_EQ(result.reason, StopReason::max_steps) << result.message;
+  EXPECT_EQ(result.global_step, 12);
+  EXPECT_EQ(result.epochs_completed, 3);
+  EXPECT_NE(hex_of(model.net[3]->as<torch::nn::Linear>()->bias),
+            expected()["network"]["resume_state_dict"]["net.3.bias"]["hex"].get<std::string>());
+
+  // The run's last checkpoint (the default ModelCheckpoint's), for Lightning.
+  std::string saved;
+  for (const auto& entry : fs::recursive_directory_iterator(dir.path()))
+    if (entry.path().extension() == ".ckpt") saved = entry.path().string();
+  ASSERT_FALSE(saved.empty());
+  EXPECT_TRUE(hand_run_to_lightning(saved, (dir.path() / "lightning.ckpt").string()).left_out.empty());
+  auto lightning = torch_load(dir.path() / "lightning.ckpt").toGenericDict();
+  EXPECT_EQ(lightning.at("global_step").toInt(), 12);
+  EXPECT_EQ(hex_of(lightning.at("state_dict").toGenericDict().at("net.3.bias").toTensor()),
+            hex_of(model.net[3]->as<torch::nn::Linear>()->bias));
+  auto states = lightning.at("optimizer_states").toListRef()[0].toGenericDict().at("state").toGenericDict();
+  EXPECT_EQ(states.size(), model.parameters().size());  // SGD's momentum buffers, Python's carried on
+
+  Regressor by_hand;
+  continue_by_hand(by_hand, (reference_dir() / "net_resume.ckpt").string());
+  EXPECT_EQ(hex_of(by_hand.net[3]->as<torch::nn::Linear>()->bias),
+            expected()["network"]["resume_state_dict"]["net.3.bias"]["hex"].get<std::string>());
 }
 
 }  // namespace

@@ -160,16 +160,34 @@ def lightning_checkpoint(state_dict, prefix):
     }
 
 
+def resume_checkpoint():
+    """A Lightning run for docs/interop.md's Regressor to continue: the
+    LightningModule held the network as `self.net`, its SGD with momentum has
+    stepped, and two epochs of four batches (8 steps) are done."""
+    net = network().train()
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+    torch.nn.functional.mse_loss(net(torch.randn(16, 4)), torch.randn(16, 2)).backward()
+    optimizer.step()
+    ckpt = lightning_checkpoint(net.state_dict(), "net.")
+    counts = {"ready": 2, "started": 2, "processed": 2, "completed": 2}
+    ckpt.update({"epoch": 2, "global_step": 8, "optimizer_states": [optimizer.state_dict()],
+                 "loops": {"fit_loop": {"epoch_progress": {"total": counts, "current": counts}}}})
+    return ckpt
+
+
 def write_networks(directory, expected):
     net = network()
     sd = net.state_dict()
     torch.save(sd, os.path.join(directory, "net.pt"))
     torch.save({"model": sd, "optimizer": {"state": {}, "param_groups": []}}, os.path.join(directory, "net_model.pt"))
     torch.save(lightning_checkpoint(sd, "model."), os.path.join(directory, "net.ckpt"))
+    resume = resume_checkpoint()
+    torch.save(resume, os.path.join(directory, "net_resume.ckpt"))
     x = torch.randn(5, 4)
     with torch.no_grad():
         y = net(x)
-    expected["network"] = {"state_dict": describe(sd), "input": x.reshape(-1).tolist(), "output": y.reshape(-1).tolist()}
+    expected["network"] = {"state_dict": describe(sd), "input": x.reshape(-1).tolist(), "output": y.reshape(-1).tolist(),
+                           "resume_state_dict": describe(resume["state_dict"])}
 
 
 SAFETENSORS_DTYPES = {"float32": "F32", "float64": "F64", "float16": "F16", "bfloat16": "BF16", "int64": "I64",

@@ -13,12 +13,18 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #define FULGOR_TORCH_AT_LEAST(major, minor) \
   (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+
+namespace torch::optim {
+class Optimizer;
+class OptimizerParamState;
+}  // namespace torch::optim
 
 namespace c10d {
 class Backend;
@@ -60,6 +66,15 @@ void autocast_exit();
 void unscale_grads(const std::vector<torch::Tensor>& grads, torch::Tensor& found_inf, const torch::Tensor& inv_scale);
 void update_scale(torch::Tensor& scale, torch::Tensor& growth_tracker, const torch::Tensor& found_inf,
                   double growth_factor, double backoff_factor, int64_t interval);
+/// An optimizer's state for `param`, or nullptr where it has none yet. The
+/// state map is keyed by the parameter's TensorImpl: as a string in 1.13, as
+/// the pointer from 2.0 on.
+torch::optim::OptimizerParamState* optimizer_param_state(const torch::optim::Optimizer& optimizer,
+                                                         const torch::Tensor& param);
+/// Replaces the optimizer's state for `param` (nullptr: removes it).
+void set_optimizer_param_state(torch::optim::Optimizer& optimizer, const torch::Tensor& param,
+                               std::unique_ptr<torch::optim::OptimizerParamState> state);
+
 // ---- c10d (distributed) -------------------------------------------------------
 
 // Note [c10d backends across versions]

@@ -1,0 +1,138 @@
+#include "python_checkpoint.h"
+
+#include <fmt/format.h>
+
+#include <fstream>
+
+#include "fulgor/error.h"
+#include "fulgor/interop/optimizer_state.h"
+#include "fulgor/interop/state_dict.h"
+
+// Note [Resuming a Python run]
+// Trainer::fit(..., ckpt_path) takes a file Python wrote (a Lightning .ckpt,
+// or {"model": ..., "optimizer": ...}) as it takes a fulgor checkpoint: the
+// weights after the setup hooks, the optimizers' and schedulers' states and
+// the loops' counters after on_fit_start. Lightning restores its loops from
+// "loops" (its "epoch" and "global_step" are kept "for compatibility"), so
+// the counters come from there: an epoch whose end hooks saved the
+// checkpoint (processed ahead of completed) resumes at the next epoch, one
+// begun but unprocessed resumes mid-epoch after the batches it counted. A
+// checkpoint without loops starts the fit's counters at zero while the
+// optimizers carry on from their states. What Python's generators, data
+// module and callbacks held is not read: such a file has none of fulgor's.
+
+namespace fulgor::detail {
+namespace {
+
+using Dict = c10::impl::GenericDict;
+
+const c10::IValue* find(const c10::IValue& dict, const char* key) {
+  if (!dict.isGenericDict()) return nullptr;
+  const Dict& d = dict.toGenericDict();
+  auto it = d.find(std::string(key));
+  return it == d.end() ? nullptr : &it->value();
+}
+
+// The counter at dict[a][b][c], as Lightning's progress dicts nest them.
+int64_t counter(const c10::IValue& dict, std::initializer_list<const char*> keys, const std::string& path) {
+  const c10::IValue* at = &dict;
+  for (const char* key : keys) {
+    at = find(*at, key);
+    if (at == nullptr) return 0;
+  }
+  if (!at->isInt() || at->toInt() < 0)
+    throw CheckpointError(fmt::format("checkpoint '{}': a loop counter is a {}, not a count", path, at->tagKind()));
+  return at->toInt();
+}
+
+// A torch scheduler's state_dict as fulgor's schedules keep it: the same
+// names without torch's leading underscore ("_step_count", "_last_lr").
+nlohmann::json scheduler_json(const c10::IValue& state, const std::string& where) {
+  if (!state.isGenericDict()) throw CheckpointError(fmt::format("{} is a {}, not a dict", where, state.tagKind()));
+  nlohmann::json out = nlohmann::json::object();
+  auto value_json = [](const c10::IValue& v) -> nlohmann::json {
+    if (v.isInt()) return v.toInt();
+    if (v.isDouble()) return v.toDouble();
+    if (v.isBool()) return v.toBool();
+    if (v.isString()) return v.toStringRef();
+    if (v.isNone()) return nullptr;
+    return nlohmann::json();
+  };
+  for (const auto& e : state.toGenericDict()) {
+    if (!e.key().isString()) continue;
+    std::string key = e.key().toStringRef();
+    if (!key.empty() && key[0] == '_') key.erase(0, 1);
+    if (e.value().isList()) {
+      nlohmann::json list = nlohmann::json::array();
+      for (const c10::IValue& item : e.value().toListRef()) list.push_back(value_json(item));
+      out[key] = std::move(list);
+    } else if (nlohmann::json v = value_json(e.value()); !v.is_null() || e.value().isNone()) {
+      out[key] = std::move(v);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+bool is_python_checkpoint(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  char head[4] = {};
+  return in.read(head, 4) && std::string(head, 4) == "PK\x03\x04";
+}
+
+nlohmann::json python_loop_state(const c10::IValue& checkpoint, const std::string& path) {
+  const c10::IValue none;
+  const c10::IValue* loops = find(checkpoint, "loops");
+  const c10::IValue& fit = loops && find(*loops, "fit_loop") ? *find(*loops, "fit_loop") : none;
+  const int64_t processed = counter(fit, {"epoch_progress", "current", "processed"}, path);
+  const int64_t started = counter(fit, {"epoch_progress", "current", "started"}, path);
+  const int64_t completed = counter(fit, {"epoch_progress", "current", "completed"}, path);
+  const int64_t global_step = counter(checkpoint, {"global_step"}, path);
+  const bool finished = processed > completed;
+  const bool mid_epoch = !finished && started > processed;
+  return {{"epoch", completed},
+          {"global_step", global_step},
+          {"batches_in_epoch",
+           finished || mid_epoch ? counter(fit, {"epoch_loop.batch_progress", "current", "processed"}, path) : 0},
+          {"epoch_finished", finished},
+          {"total_train_batches", counter(fit, {"epoch_loop.batch_progress", "total", "processed"}, path)},
+          {"batches_that_stepped", counter(fit, {"epoch_loop.state_dict", "_batches_that_stepped"}, path)}};
+}
+
+void restore_python_weights(ModuleBase& module, const c10::IValue& checkpoint, const std::string& path) {
+  const std::string source = "checkpoint '" + path + "'";
+  StateDict state = state_dict_from(checkpoint, source);
+  try {
+    load_state_dict(module, state);
+  } catch (const InteropError& e) {
+    throw InteropError(fmt::format("{}: {}", source, e.what()));
+  }
+}
+
+void restore_python_optimizers(OptimizerConfig& optim, const c10::IValue& checkpoint, const std::string& path) {
+  const std::string source = "checkpoint '" + path + "'";
+  const std::vector<c10::IValue> states = optimizer_states_in(checkpoint);
+  if (states.size() != optim.optimizers.size())
+    throw CheckpointError(fmt::format("{} holds {} torch.optim states; configure_optimizers returned {}", source,
+                                      states.size(), optim.optimizers.size()));
+  for (size_t i = 0; i < states.size(); ++i)
+    import_optimizer_state(*optim.optimizers[i], states[i], fmt::format("{}, optimizer {}", source, i));
+  const c10::IValue* schedulers = find(checkpoint, "lr_schedulers");
+  const size_t n_schedulers = schedulers && schedulers->isList() ? schedulers->toListRef().size() : 0;
+  if (n_schedulers != optim.schedulers.size())
+    throw CheckpointError(fmt::format("{} holds {} scheduler states; configure_optimizers returned {}", source,
+                                      n_schedulers, optim.schedulers.size()));
+  for (size_t i = 0; i < n_schedulers; ++i) {
+    const std::string where = fmt::format("{}: lr_schedulers[{}]", source, i);
+    try {
+      optim.schedulers[i].scheduler->load_state_dict(scheduler_json(schedulers->toListRef()[i], where));
+    } catch (const nlohmann::json::exception& e) {
+      throw CheckpointError(fmt::format("{} does not map to the scheduler configured: {}", where, e.what()));
+    } catch (const ConfigError& e) {
+      throw CheckpointError(fmt::format("{} does not map to the scheduler configured: {}", where, e.what()));
+    }
+  }
+}
+
+}  // namespace fulgor::detail
