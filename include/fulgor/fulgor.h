@@ -17,6 +17,7 @@
 #include "fulgor/callbacks/progress_bar.h"
 #include "fulgor/callbacks/spike_detection.h"
 #include "fulgor/callbacks/timer.h"
+#include "fulgor/callbacks/weight_averaging.h"
 #include "fulgor/checkpoint.h"
 #include "fulgor/cli.h"
 #include "fulgor/data.h"
