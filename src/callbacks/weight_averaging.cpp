@@ -126,12 +126,14 @@ void WeightAveraging::on_train_epoch_end(Trainer& trainer, ModuleBase& module) {
 
 void WeightAveraging::on_train_end(Trainer&, ModuleBase& module) { average_->copy_to(module); }
 
+// Only while fitting: a later validate() on weights loaded from a checkpoint
+// must not swap in the average of an earlier fit.
 void WeightAveraging::on_validation_epoch_start(Trainer&, ModuleBase& module) {
-  if (average_) average_->swap(module);
+  if (fitting_ && average_) average_->swap(module);
 }
 
 void WeightAveraging::on_validation_epoch_end(Trainer&, ModuleBase& module) {
-  if (average_) average_->swap(module);
+  if (fitting_ && average_) average_->swap(module);
 }
 
 nlohmann::json WeightAveraging::state_dict() const { return {{"latest_update_step", latest_update_step_}}; }

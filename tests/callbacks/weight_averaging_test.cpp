@@ -224,6 +224,14 @@ TEST(EMAWeightAveraging, CheckpointHoldsTheAverageAndResumesExactly) {
   TinyNet from_file;
   load_module_weights(from_file, path);
   expect_parameters(from_file, ema_of(log->steps, 0.8, 16), "the checkpoint's model");
+  // validate() from the first epoch's checkpoint runs on its average, not on
+  // the average this callback kept from the fit.
+  auto val = sequential_loader(8, 4, 11);
+  half.validate(first, val, {.ckpt_path = (dir.path / "epoch=0-step=8.ckpt").string()});
+  ASSERT_EQ(log->validated.size(), 1u);
+  const auto after_epoch0 = ema_of(log->steps, 0.8, 8);
+  for (size_t i = 0; i < after_epoch0.size(); ++i)
+    EXPECT_TRUE(torch::allclose(log->validated[0][i], after_epoch0[i], 1e-5, 1e-6)) << "parameter " << i;
 
   TinyNet resumed;
   Trainer rest(quiet(dir, 4, {std::make_shared<EMAWeightAveraging>(EMAWeightAveragingOptions{.decay = 0.8})}));

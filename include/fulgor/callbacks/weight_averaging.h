@@ -82,7 +82,8 @@ struct WeightAveragingOptions {
 /// Contract, as Lightning's: the averaged copy is made when fit sets up (from
 /// the module's weights when the fit starts or resumes). Validation runs on
 /// the averaged weights (swapped in at on_validation_epoch_start, out at
-/// on_validation_epoch_end), and when training ends the module keeps the
+/// on_validation_epoch_end; validate() after fit runs on the module's weights
+/// as they are), and when training ends the module keeps the
 /// averaged weights. A checkpoint saved during fit holds the averaged weights
 /// as its model (what load_module_weights and other programs read) and the
 /// module's own as this callback's tensors; resuming from it restores both,
