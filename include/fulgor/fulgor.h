@@ -8,6 +8,7 @@
 #include "fulgor/callback.h"
 #include "fulgor/callbacks/device_stats_monitor.h"
 #include "fulgor/callbacks/early_stopping.h"
+#include "fulgor/callbacks/finetuning.h"
 #include "fulgor/callbacks/gradient_accumulation_scheduler.h"
 #include "fulgor/callbacks/lambda_callback.h"
 #include "fulgor/callbacks/learning_rate_monitor.h"
