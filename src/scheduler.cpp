@@ -711,6 +711,9 @@ ReduceLROnPlateau::ReduceLROnPlateau(torch::optim::Optimizer& optimizer, Plateau
     : LRScheduler(optimizer), options_(std::move(options)) {
   if (options_.mode != "min" && options_.mode != "max")
     throw ConfigError(fmt::format("ReduceLROnPlateau: mode must be \"min\" or \"max\", got \"{}\"", options_.mode));
+  if (options_.threshold_mode != "rel" && options_.threshold_mode != "abs")
+    throw ConfigError(fmt::format("ReduceLROnPlateau: threshold_mode must be \"rel\" or \"abs\", got \"{}\"",
+                                  options_.threshold_mode));
   if (options_.factor >= 1.0)
     throw ConfigError(fmt::format("ReduceLROnPlateau: factor must be below 1, got {}", options_.factor));
   best_ = options_.mode == "min" ? std::numeric_limits<double>::infinity() : -std::numeric_limits<double>::infinity();
@@ -721,9 +724,7 @@ void ReduceLROnPlateau::step(std::optional<double> metric) {
   if (!metric) throw ConfigError("ReduceLROnPlateau needs a monitored metric: set SchedulerConfig::monitor");
   ++last_epoch_;
   const double v = *metric;
-  const bool improved =
-      options_.mode == "min" ? v < best_ * (1.0 - options_.threshold) : v > best_ * (1.0 + options_.threshold);
-  if (improved) {
+  if (is_better(v)) {
     best_ = v;
     num_bad_ = 0;
   } else {
@@ -735,12 +736,21 @@ void ReduceLROnPlateau::step(std::optional<double> metric) {
   }
   if (num_bad_ > options_.patience) {
     std::vector<double> lrs = current_lrs();
-    for (double& lr : lrs) lr = std::max(lr * options_.factor, options_.min_lr);
+    // torch leaves a rate whose drop would not exceed eps.
+    for (double& lr : lrs)
+      if (const double reduced = std::max(lr * options_.factor, options_.min_lr); lr - reduced > options_.eps)
+        lr = reduced;
     apply(lrs);
     cooldown_left_ = options_.cooldown;
     num_bad_ = 0;
   }
   last_lr_ = current_lrs();
+}
+
+bool ReduceLROnPlateau::is_better(double value) const {
+  const double t = options_.threshold;
+  if (options_.threshold_mode == "abs") return options_.mode == "min" ? value < best_ - t : value > best_ + t;
+  return options_.mode == "min" ? value < best_ * (1.0 - t) : value > best_ * (1.0 + t);
 }
 
 nlohmann::json ReduceLROnPlateau::state_dict() const {

@@ -1,6 +1,8 @@
 #pragma once
 
 #include <torch/optim/optimizer.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
 #include <torch/types.h>
 #include <nlohmann/json.hpp>
 
@@ -95,6 +97,25 @@ class Callback {
   /// Adds to / reads from the checkpoint's callback section (besides state_dict).
   virtual void on_save_checkpoint(Trainer&, ModuleBase&, nlohmann::json& /*checkpoint*/) {}
   virtual void on_load_checkpoint(Trainer&, ModuleBase&, const nlohmann::json& /*checkpoint*/) {}
+
+  // Note [Callback tensors in checkpoints]
+  // Some state is tensors, which the JSON of state_dict() cannot carry (the
+  // averaged weights of WeightAveraging). A callback writes them into its own
+  // archive, which the checkpoint keeps beside the model under an entry that
+  // its metadata's "callback_tensors" names for state_key(); they are read
+  // back after on_load_checkpoint, before load_state_dict.
+  /// Writes this callback's tensors; returns whether it wrote any (when not,
+  /// the checkpoint keeps no entry and load_tensors is not called). Called
+  /// before swap_checkpoint_weights. An archive refers to the tensors written
+  /// into it until the checkpoint file is complete: write copies of tensors
+  /// that change meanwhile.
+  virtual bool save_tensors(Trainer&, ModuleBase&, torch::serialize::OutputArchive& /*archive*/) { return false; }
+  virtual void load_tensors(Trainer&, ModuleBase&, torch::serialize::InputArchive& /*archive*/) {}
+  /// Called just before a checkpoint's model is written and again once the file is complete:
+  /// a callback whose checkpoints should hold other weights than the module's
+  /// (WeightAveraging: the averaged ones) swaps them in, then back. Must be
+  /// its own inverse.
+  virtual void swap_checkpoint_weights(ModuleBase&) {}
 
   /// A loop is ending with an exception (which the Trainer rethrows after
   /// this hook, and after the loggers are finalized with "failed").

@@ -361,14 +361,17 @@ struct PlateauOptions {
   std::string mode = "min";  ///< "min" or "max"
   double factor = 0.1;
   int64_t patience = 10;
-  double threshold = 1e-4;  ///< relative improvement needed
+  double threshold = 1e-4;  ///< improvement needed: relative, or absolute (threshold_mode)
   int64_t cooldown = 0;
   double min_lr = 0.0;
+  std::string threshold_mode = "rel";  ///< "rel" or "abs"
+  double eps = 1e-8;                   ///< a rate is left as it is when it would drop by no more
 };
 
 /// Multiplies the rates by `factor` when the monitored metric has not improved
 /// for `patience` intervals (torch.optim.lr_scheduler.ReduceLROnPlateau).
-/// Requires a SchedulerConfig with `monitor` set.
+/// Requires a SchedulerConfig with `monitor` set. An unknown mode or
+/// threshold_mode, or a factor of 1 or more, is a ConfigError.
 class ReduceLROnPlateau : public LRScheduler {
  public:
   explicit ReduceLROnPlateau(torch::optim::Optimizer& optimizer, PlateauOptions options = {});
@@ -381,6 +384,8 @@ class ReduceLROnPlateau : public LRScheduler {
   std::vector<double> get_lr() override { return current_lrs(); }
 
  private:
+  bool is_better(double value) const;
+
   PlateauOptions options_;
   double best_;
   int64_t num_bad_ = 0;

@@ -66,6 +66,25 @@ void move_archive_tensors(torch::serialize::InputArchive& archive, const Acceler
   }
 }
 
+// Note [Weights a checkpoint holds]
+// A checkpoint's model is what its readers take as the trained weights
+// (load_module_weights, fulgor-convert, a test run from it). A callback may
+// mean other weights (WeightAveraging: the averaged ones), so each swaps its
+// own in while the checkpoint is written and back after, also when writing
+// throws. The archive refers to the module's tensors rather than copying
+// them: the swap lasts until the file is complete.
+struct CheckpointWeights {
+  explicit CheckpointWeights(TrainerState& state) : s(state) {
+    for (auto& cb : s.callbacks) cb->swap_checkpoint_weights(*s.module);
+  }
+  ~CheckpointWeights() {
+    for (auto it = s.callbacks.rbegin(); it != s.callbacks.rend(); ++it) (*it)->swap_checkpoint_weights(*s.module);
+  }
+  CheckpointWeights(const CheckpointWeights&) = delete;
+  CheckpointWeights& operator=(const CheckpointWeights&) = delete;
+  TrainerState& s;
+};
+
 }  // namespace
 
 torch::Tensor cpu_rng_state() {
@@ -135,10 +154,27 @@ void CheckpointConnector::restore_module_and_callbacks(LoadedCheckpoint& ckpt) {
   for (auto& cb : s.callbacks)
     restoring(ckpt, fmt::format("what {} reads of it", cb->state_key()),
               [&] { cb->on_load_checkpoint(s.trainer, *s.module, meta); });
+  restore_callback_tensors(ckpt);
   const auto& states = meta.at("callbacks");
   for (auto& cb : s.callbacks)
     if (auto it = states.find(cb->state_key()); it != states.end())
       restoring(ckpt, fmt::format("the state of {}", cb->state_key()), [&] { cb->load_state_dict(*it); });
+}
+
+// Note [Callback tensors in checkpoints] (include/fulgor/callback.h).
+void CheckpointConnector::restore_callback_tensors(LoadedCheckpoint& ckpt) {
+  const auto entries = ckpt.meta.find("callback_tensors");
+  if (entries == ckpt.meta.end()) return;
+  for (auto& cb : s.callbacks) {
+    const auto entry = entries->find(cb->state_key());
+    if (entry == entries->end()) continue;
+    torch::serialize::InputArchive archive;
+    if (!entry->is_string() || !ckpt.archive.try_read(entry->get<std::string>(), archive))
+      throw CheckpointError(fmt::format("checkpoint '{}' names no archive of tensors for {} that it holds: {}",
+                                        ckpt.path, cb->state_key(), entry->dump()));
+    restoring(ckpt, fmt::format("the tensors of {}", cb->state_key()),
+              [&] { cb->load_tensors(s.trainer, *s.module, archive); });
+  }
 }
 
 // Lightning's restore_training_state, after on_fit_start: the precision's
@@ -244,11 +280,22 @@ void CheckpointConnector::save(const std::string& path) {
   for (auto& cb : s.callbacks) cb->on_save_checkpoint(s.trainer, *s.module, meta);
   meta["module"] = nlohmann::json::object();
   s.module->on_save_checkpoint(meta["module"]);
+  std::vector<torch::serialize::OutputArchive> callback_tensors;
+  for (auto& cb : s.callbacks) {
+    torch::serialize::OutputArchive tensors;
+    if (!cb->save_tensors(s.trainer, *s.module, tensors)) continue;
+    meta["callback_tensors"][cb->state_key()] = "callback_tensors_" + std::to_string(callback_tensors.size());
+    callback_tensors.push_back(std::move(tensors));
+  }
   torch::serialize::OutputArchive archive;
   archive.write("meta", c10::IValue(meta.dump()));
+  // The archive refers to the module's tensors until the file is written.
+  CheckpointWeights swapped(s);
   torch::serialize::OutputArchive model_archive;
   s.module->save(model_archive);
   archive.write("model", model_archive);
+  for (size_t i = 0; i < callback_tensors.size(); ++i)
+    archive.write("callback_tensors_" + std::to_string(i), callback_tensors[i]);
   for (size_t i = 0; i < s.optim.optimizers.size(); ++i) {
     torch::serialize::OutputArchive o;
     s.optim.optimizers[i]->save(o);

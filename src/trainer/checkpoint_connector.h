@@ -51,6 +51,8 @@ struct CheckpointConnector {
 
   // Lightning's _restore_modules_and_callbacks.
   void restore_module_and_callbacks(LoadedCheckpoint& ckpt);
+  // The callbacks' tensors (Note [Callback tensors in checkpoints]).
+  void restore_callback_tensors(LoadedCheckpoint& ckpt);
   // Lightning's restore_training_state.
   void restore_training_state(LoadedCheckpoint& ckpt);
   // Warns naming the generator states a resume needs and `ckpt` lacks, or

@@ -1,10 +1,12 @@
 """Records torch.optim.lr_scheduler's learning rates (and the momentum that
-OneCycleLR and CyclicLR cycle) for the cases below, as JSON, for
+OneCycleLR and CyclicLR cycle) for the cases below, and ReduceLROnPlateau's
+for a fixed sequence of metric values, as JSON, for
 lr_schedules_test.cpp to compare fulgor's schedules with value by value.
 
 Usage: /usr/bin/python3 lr_schedules_reference.py OUTPUT.json
 A case this torch cannot run is recorded with the reason instead."""
 import json
+import math
 import sys
 
 import torch
@@ -83,6 +85,20 @@ CASES = [
         plain("MultiStepLR", milestones=[100, 200], gamma=0.5)]}),
 ]
 
+# ReduceLROnPlateau, stepped with plateau_metric(mode, step).
+PLATEAU_CASES = [
+    ("sgd", [0.1], dict(mode="min", factor=0.5, patience=3, threshold=0.01, threshold_mode="abs")),
+    ("sgd", [0.1, 0.02], dict(mode="max", factor=0.3, patience=2, threshold=0.005, threshold_mode="abs", cooldown=2)),
+    ("adam", [0.01], dict(mode="min", factor=0.5, patience=1, threshold=0.0, eps=1e-3)),
+    ("sgd", [0.1], dict(mode="min", factor=0.2, patience=4, threshold=0.05, min_lr=0.0005)),
+    ("sgd", [0.1], dict(mode="max", factor=0.5, patience=2, threshold=0.02, cooldown=1)),
+]
+
+
+def plateau_metric(mode, step):
+    value = 1 / (1 + 0.05 * step) + 0.02 * math.sin(0.9 * step)
+    return value if mode == "min" else -value
+
 
 def make(spec, optimizer):
     kind = spec["type"]
@@ -100,12 +116,26 @@ def momenta(optimizer):
     return [g["betas"][0] if "betas" in g else g["momentum"] for g in optimizer.param_groups]
 
 
-def record(optimizer_kind, lrs, spec):
+def make_optimizer(optimizer_kind, lrs):
     groups = [{"params": [torch.zeros(1, requires_grad=True)], "lr": lr} for lr in lrs]
     if optimizer_kind == "sgd":
-        optimizer = torch.optim.SGD(groups, lr=lrs[0], momentum=0.9)
-    else:
-        optimizer = torch.optim.Adam(groups, lr=lrs[0])
+        return torch.optim.SGD(groups, lr=lrs[0], momentum=0.9)
+    return torch.optim.Adam(groups, lr=lrs[0])
+
+
+def record_plateau(optimizer_kind, lrs, args):
+    optimizer = make_optimizer(optimizer_kind, lrs)
+    scheduler = lr_scheduler.ReduceLROnPlateau(optimizer, **args)
+    out = {"lrs": [[g["lr"] for g in optimizer.param_groups]]}
+    for step in range(1, STEPS + 1):
+        optimizer.step()
+        scheduler.step(plateau_metric(args["mode"], step))
+        out["lrs"].append([g["lr"] for g in optimizer.param_groups])
+    return out
+
+
+def record(optimizer_kind, lrs, spec):
+    optimizer = make_optimizer(optimizer_kind, lrs)
     scheduler = make(spec, optimizer)
     out = {"lrs": [], "momenta": []}
     for step in range(STEPS + 1):
@@ -126,8 +156,13 @@ def main():
         except (ValueError, TypeError) as e:
             case["skipped"] = f"torch {torch.__version__} refuses it: {e}"
         cases.append(case)
+    plateau = []
+    for optimizer_kind, lrs, args in PLATEAU_CASES:
+        case = {"optimizer": optimizer_kind, "group_lrs": lrs, "args": args}
+        case.update(record_plateau(optimizer_kind, lrs, args))
+        plateau.append(case)
     with open(sys.argv[1], "w") as f:
-        json.dump({"torch": torch.__version__, "steps": STEPS, "cases": cases}, f)
+        json.dump({"torch": torch.__version__, "steps": STEPS, "cases": cases, "plateau_cases": plateau}, f)
 
 
 if __name__ == "__main__":

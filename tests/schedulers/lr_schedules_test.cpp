@@ -211,6 +211,42 @@ TEST(LRSchedulesMatchTorch, CyclicLR) { compare_with_torch("CyclicLR"); }
 TEST(LRSchedulesMatchTorch, SequentialLR) { compare_with_torch("SequentialLR"); }
 TEST(LRSchedulesMatchTorch, ChainedScheduler) { compare_with_torch("ChainedScheduler"); }
 
+// lr_schedules_reference.py's plateau_metric.
+double plateau_metric(const std::string& mode, int64_t step) {
+  const double k = static_cast<double>(step);
+  const double value = 1 / (1 + 0.05 * k) + 0.02 * std::sin(0.9 * k);
+  return mode == "min" ? value : -value;
+}
+
+// ReduceLROnPlateau in both threshold modes, with eps, cooldown and min_lr.
+TEST(LRSchedulesMatchTorch, ReduceLROnPlateau) {
+  const auto& ref = reference();
+  const auto& cases = ref.at("plateau_cases");
+  ASSERT_FALSE(cases.empty());
+  for (const auto& c : cases) {
+    const auto& a = c.at("args");
+    PlateauOptions o;
+    o.mode = a.at("mode");
+    o.factor = a.at("factor");
+    o.patience = a.at("patience");
+    o.threshold = a.at("threshold");
+    o.threshold_mode = a.value("threshold_mode", o.threshold_mode);
+    o.cooldown = a.value("cooldown", o.cooldown);
+    o.min_lr = a.value("min_lr", o.min_lr);
+    o.eps = a.value("eps", o.eps);
+    CaseOptimizer opt(c.at("optimizer"), c.at("group_lrs").get<std::vector<double>>());
+    ReduceLROnPlateau plateau(*opt.optimizer, o);
+    std::vector<std::vector<double>> lrs{opt.lrs()};
+    for (int64_t step = 1; step <= ref.at("steps").get<int64_t>(); ++step) {
+      plateau.step(plateau_metric(o.mode, step));
+      lrs.push_back(opt.lrs());
+    }
+    expect_rows(c.at("lrs"), lrs, "rate", "ReduceLROnPlateau " + a.dump());
+  }
+  CaseOptimizer opt("sgd", {0.1});
+  EXPECT_THROW(ReduceLROnPlateau(*opt.optimizer, {.threshold_mode = "absolute"}), ConfigError);
+}
+
 // Every case, stopped halfway and continued by a fresh schedule on a fresh
 // optimizer from the state (through JSON text, as a checkpoint holds it),
 // gives the uninterrupted sequence exactly.
@@ -353,6 +389,35 @@ TEST(LRSchedules, TheDocsWarmupCosineRecipeTrains) {
   for (size_t i = 1; i <= 4; ++i) EXPECT_GT(lrs[i], lrs[i - 1]) << i;
   for (size_t i = 5; i < lrs.size(); ++i) EXPECT_LT(lrs[i], lrs[i - 1]) << i;
   EXPECT_GT(lrs.back(), 1e-5);
+}
+
+// The recipe's Trainer: the module ends with the average of the weights of
+// the steps after the warmup, which differs from the weights it trained to.
+TEST(LRSchedules, TheDocsRecipeTrainerAveragesAfterTheWarmup) {
+  TempDir dir;
+  auto train = sequential_loader(32, 4);  // 8 steps an epoch
+  LitWarmupCosine model(4, 16);
+  auto options = warmup_cosine_trainer(4, 2);
+  auto defaults = quiet(dir, 2);
+  options.accelerator = defaults.accelerator;
+  options.logger = false;
+  options.enable_checkpointing = false;
+  options.enable_progress_bar = false;
+  options.enable_model_summary = false;
+  options.default_root_dir = dir.str();
+  std::vector<torch::Tensor> trained;
+  LambdaHooks h;
+  h.on_train_batch_end = [&trained](Trainer&, ModuleBase& m, const torch::Tensor&, int64_t) {
+    trained = {m.parameters()[0].detach().clone()};
+  };
+  options.callbacks.push_back(std::make_shared<LambdaCallback>(h));
+  const auto ema = std::dynamic_pointer_cast<EMAWeightAveraging>(options.callbacks[0]);
+  ASSERT_NE(ema, nullptr);
+  Trainer trainer(options);
+  trainer.fit(model, train);
+  EXPECT_EQ(ema->average_model()->n_averaged(), 12);  // steps 4..15
+  EXPECT_TRUE(torch::equal(model.parameters()[0], ema->average_model()->tensors()[0]));
+  EXPECT_FALSE(torch::equal(model.parameters()[0], trained[0]));
 }
 
 }  // namespace
