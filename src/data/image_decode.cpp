@@ -87,6 +87,18 @@ std::optional<tjregion> jpeg_crop(int width, int height, int subsampling, double
   return tjregion{x, y, w, h};
 }
 
+struct JpegHeader {
+  int width, height, subsampling;
+};
+
+JpegHeader jpeg_header(tjhandle decompressor, const uint8_t* data, size_t size, const std::string& name) {
+  int width = 0, height = 0, subsampling = 0, colorspace = 0;
+  if (tjDecompressHeader3(decompressor, data, static_cast<unsigned long>(size), &width, &height, &subsampling,
+                          &colorspace) != 0)
+    throw DataError(fmt::format("{}: not a valid JPEG image ({})", name, tjGetErrorStr2(decompressor)));
+  return {width, height, subsampling};
+}
+
 ImageHeader png_header(const uint8_t* data, size_t size, const std::string& name) {
   png_image image;
   std::memset(&image, 0, sizeof image);
@@ -143,11 +155,8 @@ ImageDecoder::~ImageDecoder() {
 
 ImageHeader ImageDecoder::header(const uint8_t* data, size_t size, const std::string& name) {
   if (image_format(data, size, name) == ImageFormat::png) return png_header(data, size, name);
-  int width = 0, height = 0, subsampling = 0, colorspace = 0;
-  if (tjDecompressHeader3(turbojpeg_, data, static_cast<unsigned long>(size), &width, &height, &subsampling,
-                          &colorspace) != 0)
-    throw DataError(fmt::format("{}: not a valid JPEG image ({})", name, tjGetErrorStr2(turbojpeg_)));
-  return {ImageFormat::jpeg, width, height};
+  const JpegHeader head = jpeg_header(turbojpeg_, data, size, name);
+  return {ImageFormat::jpeg, head.width, head.height};
 }
 
 void ImageDecoder::decode(const uint8_t* data, size_t size, const std::string& name, const DecodeRequest& request,
@@ -155,10 +164,7 @@ void ImageDecoder::decode(const uint8_t* data, size_t size, const std::string& n
   require_channels(request.channels);
   const ImageFormat format = image_format(data, size, name);
   if (format == ImageFormat::png) return decode_png(data, size, name, request.channels, out);
-  int width = 0, height = 0, subsampling = 0, colorspace = 0;
-  if (tjDecompressHeader3(turbojpeg_, data, static_cast<unsigned long>(size), &width, &height, &subsampling,
-                          &colorspace) != 0)
-    throw DataError(fmt::format("{}: not a valid JPEG image ({})", name, tjGetErrorStr2(turbojpeg_)));
+  auto [width, height, subsampling] = jpeg_header(turbojpeg_, data, size, name);
   // The scale is chosen for the region, whether or not it is cut out.
   const tjscalingfactor scaling = jpeg_scaling(width, height, request);
   const double scale = static_cast<double>(scaling.num) / scaling.denom;

@@ -8,12 +8,11 @@
 #include <torch/torch.h>
 
 #include <cmath>
-#include <cstdio>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "../support/python_reference.h"
 #include "../trainer/tiny.h"
 #include "fulgor/fulgor.h"
 
@@ -53,19 +52,8 @@ void set_weights(AveragingNet& net, int64_t k) {
 }
 
 const Json& averaging_reference() {
-  static const Json json = [] {
-    const std::string path = ::testing::TempDir() + "fulgor_averaging_" + std::to_string(::getpid()) + ".json";
-    const std::string command =
-        std::string(FULGOR_PYTHON_TORCH) + " -W ignore " + FULGOR_AVERAGING_REFERENCE + " " + path + " 2>&1";
-    const int status = std::system(command.c_str());
-    if (status != 0)
-      throw std::runtime_error(command + " failed (status " + std::to_string(status) +
-                               "): the reference needs python3-torch (apt-get install python3-torch)");
-    std::ifstream in(path);
-    Json j = Json::parse(in);
-    std::remove(path.c_str());
-    return j;
-  }();
+  static const Json json =
+      fulgor::test::python_reference(FULGOR_PYTHON_TORCH, FULGOR_AVERAGING_REFERENCE, "averaging");
   return json;
 }
 

@@ -7,13 +7,12 @@
 #include <torch/torch.h>
 
 #include <cmath>
-#include <cstdio>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "../support/python_reference.h"
 #include "../trainer/tiny.h"
 #include "fulgor/fulgor.h"
 #include "warmup_cosine.h"  // docs/training.md's LitWarmupCosine, as written there
@@ -137,19 +136,8 @@ struct CaseOptimizer {
 
 // The reference, recorded once per run of this executable.
 const Json& reference() {
-  static const Json json = [] {
-    const std::string path = ::testing::TempDir() + "fulgor_lr_schedules_" + std::to_string(::getpid()) + ".json";
-    const std::string command =
-        std::string(FULGOR_PYTHON_TORCH) + " -W ignore " + FULGOR_SCHEDULES_REFERENCE + " " + path + " 2>&1";
-    const int status = std::system(command.c_str());
-    if (status != 0)
-      throw std::runtime_error(command + " failed (status " + std::to_string(status) +
-                               "): the reference needs python3-torch (apt-get install python3-torch)");
-    std::ifstream in(path);
-    Json j = Json::parse(in);
-    std::remove(path.c_str());
-    return j;
-  }();
+  static const Json json =
+      fulgor::test::python_reference(FULGOR_PYTHON_TORCH, FULGOR_SCHEDULES_REFERENCE, "lr_schedules");
   return json;
 }
 

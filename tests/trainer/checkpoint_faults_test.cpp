@@ -17,15 +17,7 @@ namespace {
 namespace fs = std::filesystem;
 
 // Adam and a scheduler, so that a resume restores optimizer state.
-std::unique_ptr<TinyNet> faults_model() {
-  torch::manual_seed(5);
-  auto model = std::make_unique<TinyNet>(0.2);
-  model->make_optimizers = [](TinyNet& m) {
-    auto adam = std::make_shared<torch::optim::Adam>(m.parameters(), torch::optim::AdamOptions(0.01));
-    return fulgor::OptimizerConfig(adam, {.scheduler = std::make_shared<StepLR>(*adam, 1, 0.7)});
-  };
-  return model;
-}
+std::unique_ptr<TinyNet> faults_model() { return adam_step_lr_net(5, 0.2); }
 
 std::string faults_bytes(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);

@@ -26,15 +26,7 @@ namespace {
 namespace fs = std::filesystem;
 
 // Dropout, Adam and a scheduler: state everywhere a resume could lose it.
-std::unique_ptr<TinyNet> stateful_model() {
-  torch::manual_seed(21);
-  auto model = std::make_unique<TinyNet>(0.3);
-  model->make_optimizers = [](TinyNet& m) {
-    auto adam = std::make_shared<torch::optim::Adam>(m.parameters(), torch::optim::AdamOptions(0.01));
-    return fulgor::OptimizerConfig(adam, {.scheduler = std::make_shared<StepLR>(*adam, 1, 0.7)});
-  };
-  return model;
-}
+std::unique_ptr<TinyNet> stateful_model() { return adam_step_lr_net(21, 0.3); }
 
 TrainerOptions resumable(const TempDir& dir, int64_t epochs) {
   auto o = quiet(dir.str());

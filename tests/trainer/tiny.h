@@ -82,6 +82,17 @@ struct TinyNet : fulgor::Module {
   }
 };
 
+// Adam and a StepLR beside the weights: state a resume must restore.
+inline std::unique_ptr<TinyNet> adam_step_lr_net(uint64_t seed, double dropout) {
+  torch::manual_seed(seed);
+  auto model = std::make_unique<TinyNet>(dropout);
+  model->make_optimizers = [](TinyNet& m) {
+    auto adam = std::make_shared<torch::optim::Adam>(m.parameters(), torch::optim::AdamOptions(0.01));
+    return fulgor::OptimizerConfig(adam, {.scheduler = std::make_shared<fulgor::StepLR>(*adam, 1, 0.7)});
+  };
+  return model;
+}
+
 // A fresh folder under the test temp dir, removed afterwards.
 struct TempDir {
   std::filesystem::path path;
