@@ -4,8 +4,20 @@
 #include <typeinfo>
 
 #include "demangle.h"
+#include "fulgor/error.h"
 
 namespace fulgor {
+
+namespace detail {
+void throw_batch_type_mismatch(bool took, const std::type_info* held, const std::type_info& asked) {
+  if (took || held == nullptr)
+    throw Error("BatchEnd::batch<" + demangle(asked.name()) +
+                ">(): the step took the batch, whose type cannot be copied; a hook sees the batch of a copyable "
+                "batch type only");
+  throw Error("BatchEnd::batch<" + demangle(asked.name()) + ">(): the batch is a " + demangle(held->name()) +
+              "; ask for the module's batch type");
+}
+}  // namespace detail
 
 std::string Callback::state_key() const { return detail::demangle(typeid(*this).name()); }
 

@@ -9,15 +9,52 @@
 #include <cstdint>
 #include <exception>
 #include <string>
+#include <typeinfo>
 
 namespace fulgor {
 
 class Trainer;
 class ModuleBase;
 
+namespace detail {
+[[noreturn]] void throw_batch_type_mismatch(bool took, const std::type_info* held, const std::type_info& asked);
+}
+
+/// What the batch-end hooks are given (Lightning's `outputs, batch,
+/// batch_idx, dataloader_idx`): a view of the step that just ended, valid
+/// during the hook only.
+///
+/// Contract: `outputs` is training_step's loss without its autograd graph
+/// (undefined when it skipped the batch), or predict_step's prediction;
+/// validation_step and test_step return nothing, so it is undefined there.
+/// batch<B>() is the very batch the step was given (after the transfer hooks,
+/// on the device), where B is the module's batch type; it throws Error for
+/// another type, and when the batch type cannot be copied (then the step took
+/// the batch, and has_batch() is false). dataloader_idx is 0: a loop has one
+/// loader.
+struct BatchEnd {
+  const torch::Tensor& outputs;
+  int64_t batch_idx = 0;
+  int64_t dataloader_idx = 0;
+  const void* batch_data = nullptr;
+  const std::type_info* batch_type = nullptr;
+
+  bool has_batch() const { return batch_data != nullptr; }
+  template <typename B>
+  const B& batch() const {
+    if (batch_data == nullptr || *batch_type != typeid(B))
+      detail::throw_batch_type_mismatch(batch_data == nullptr, batch_type, typeid(B));
+    return *static_cast<const B*>(batch_data);
+  }
+};
+
 /// A small object the Trainer calls at fixed points of its loops (Lightning's
 /// Callback). Every hook has a no-op default; override the ones you need. Any
 /// hook may stop training with `trainer.request_stop(reason)`.
+///
+/// The batch-end hooks come in two forms: the one taking a BatchEnd (the
+/// batch and the step's outputs, as Lightning's) is what the Trainer calls,
+/// and by default it calls the shorter one, so a callback overrides either.
 ///
 /// Contract: hooks are called in Lightning's order (docs/training.md, "Hook
 /// order"): at each point the callbacks' hook before the module's, except
@@ -67,6 +104,9 @@ class Callback {
   /// `loss` is what training_step returned, without its autograd graph
   /// (undefined when it skipped the batch).
   virtual void on_train_batch_end(Trainer&, ModuleBase&, const torch::Tensor& /*loss*/, int64_t /*batch_idx*/) {}
+  virtual void on_train_batch_end(Trainer& trainer, ModuleBase& module, const BatchEnd& end) {
+    on_train_batch_end(trainer, module, end.outputs, end.batch_idx);
+  }
   virtual void on_before_zero_grad(Trainer&, ModuleBase&, torch::optim::Optimizer&) {}
   virtual void on_before_backward(Trainer&, ModuleBase&, const torch::Tensor& /*loss*/) {}
   virtual void on_after_backward(Trainer&, ModuleBase&) {}
@@ -79,6 +119,9 @@ class Callback {
   virtual void on_validation_epoch_end(Trainer&, ModuleBase&) {}
   virtual void on_validation_batch_start(Trainer&, ModuleBase&, int64_t /*batch_idx*/) {}
   virtual void on_validation_batch_end(Trainer&, ModuleBase&, int64_t /*batch_idx*/) {}
+  virtual void on_validation_batch_end(Trainer& trainer, ModuleBase& module, const BatchEnd& end) {
+    on_validation_batch_end(trainer, module, end.batch_idx);
+  }
 
   virtual void on_test_start(Trainer&, ModuleBase&) {}
   virtual void on_test_end(Trainer&, ModuleBase&) {}
@@ -86,6 +129,9 @@ class Callback {
   virtual void on_test_epoch_end(Trainer&, ModuleBase&) {}
   virtual void on_test_batch_start(Trainer&, ModuleBase&, int64_t /*batch_idx*/) {}
   virtual void on_test_batch_end(Trainer&, ModuleBase&, int64_t /*batch_idx*/) {}
+  virtual void on_test_batch_end(Trainer& trainer, ModuleBase& module, const BatchEnd& end) {
+    on_test_batch_end(trainer, module, end.batch_idx);
+  }
 
   virtual void on_predict_start(Trainer&, ModuleBase&) {}
   virtual void on_predict_end(Trainer&, ModuleBase&) {}
@@ -93,6 +139,9 @@ class Callback {
   virtual void on_predict_epoch_end(Trainer&, ModuleBase&) {}
   virtual void on_predict_batch_start(Trainer&, ModuleBase&, int64_t /*batch_idx*/) {}
   virtual void on_predict_batch_end(Trainer&, ModuleBase&, int64_t /*batch_idx*/) {}
+  virtual void on_predict_batch_end(Trainer& trainer, ModuleBase& module, const BatchEnd& end) {
+    on_predict_batch_end(trainer, module, end.batch_idx);
+  }
 
   /// Adds to / reads from the checkpoint's callback section (besides state_dict).
   virtual void on_save_checkpoint(Trainer&, ModuleBase&, nlohmann::json& /*checkpoint*/) {}

@@ -42,9 +42,8 @@ void LambdaCallback::on_train_epoch_end(Trainer& trainer, ModuleBase& module) {
 void LambdaCallback::on_train_batch_start(Trainer& trainer, ModuleBase& module, int64_t batch_idx) {
   call_if_set(hooks_.on_train_batch_start, trainer, module, batch_idx);
 }
-void LambdaCallback::on_train_batch_end(Trainer& trainer, ModuleBase& module, const torch::Tensor& loss,
-                                        int64_t batch_idx) {
-  call_if_set(hooks_.on_train_batch_end, trainer, module, loss, batch_idx);
+void LambdaCallback::on_train_batch_end(Trainer& trainer, ModuleBase& module, const BatchEnd& end) {
+  call_if_set(hooks_.on_train_batch_end, trainer, module, end);
 }
 void LambdaCallback::on_before_zero_grad(Trainer& trainer, ModuleBase& module, torch::optim::Optimizer& optimizer) {
   call_if_set(hooks_.on_before_zero_grad, trainer, module, optimizer);
@@ -74,8 +73,8 @@ void LambdaCallback::on_validation_epoch_end(Trainer& trainer, ModuleBase& modul
 void LambdaCallback::on_validation_batch_start(Trainer& trainer, ModuleBase& module, int64_t batch_idx) {
   call_if_set(hooks_.on_validation_batch_start, trainer, module, batch_idx);
 }
-void LambdaCallback::on_validation_batch_end(Trainer& trainer, ModuleBase& module, int64_t batch_idx) {
-  call_if_set(hooks_.on_validation_batch_end, trainer, module, batch_idx);
+void LambdaCallback::on_validation_batch_end(Trainer& trainer, ModuleBase& module, const BatchEnd& end) {
+  call_if_set(hooks_.on_validation_batch_end, trainer, module, end);
 }
 void LambdaCallback::on_test_start(Trainer& trainer, ModuleBase& module) {
   call_if_set(hooks_.on_test_start, trainer, module);
@@ -92,8 +91,8 @@ void LambdaCallback::on_test_epoch_end(Trainer& trainer, ModuleBase& module) {
 void LambdaCallback::on_test_batch_start(Trainer& trainer, ModuleBase& module, int64_t batch_idx) {
   call_if_set(hooks_.on_test_batch_start, trainer, module, batch_idx);
 }
-void LambdaCallback::on_test_batch_end(Trainer& trainer, ModuleBase& module, int64_t batch_idx) {
-  call_if_set(hooks_.on_test_batch_end, trainer, module, batch_idx);
+void LambdaCallback::on_test_batch_end(Trainer& trainer, ModuleBase& module, const BatchEnd& end) {
+  call_if_set(hooks_.on_test_batch_end, trainer, module, end);
 }
 void LambdaCallback::on_predict_start(Trainer& trainer, ModuleBase& module) {
   call_if_set(hooks_.on_predict_start, trainer, module);
@@ -110,8 +109,8 @@ void LambdaCallback::on_predict_epoch_end(Trainer& trainer, ModuleBase& module) 
 void LambdaCallback::on_predict_batch_start(Trainer& trainer, ModuleBase& module, int64_t batch_idx) {
   call_if_set(hooks_.on_predict_batch_start, trainer, module, batch_idx);
 }
-void LambdaCallback::on_predict_batch_end(Trainer& trainer, ModuleBase& module, int64_t batch_idx) {
-  call_if_set(hooks_.on_predict_batch_end, trainer, module, batch_idx);
+void LambdaCallback::on_predict_batch_end(Trainer& trainer, ModuleBase& module, const BatchEnd& end) {
+  call_if_set(hooks_.on_predict_batch_end, trainer, module, end);
 }
 void LambdaCallback::on_save_checkpoint(Trainer& trainer, ModuleBase& module, nlohmann::json& checkpoint) {
   call_if_set(hooks_.on_save_checkpoint, trainer, module, checkpoint);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "fulgor/callback.h"
+#include "fulgor/detail/step_runner.h"
 #include "fulgor/module.h"
 #include "trainer/profiling.h"
 
@@ -22,6 +23,12 @@
 namespace fulgor::detail {
 
 class DdpStrategy;
+
+// The batch-end hooks' view of the step `runner` just ran (Note [The hooks'
+// batch] in fulgor/detail/step_runner.h).
+inline BatchEnd batch_end(const StepRunner& runner, const torch::Tensor& outputs, int64_t batch_idx) {
+  return BatchEnd{outputs, batch_idx, 0, runner.held_batch(), &runner.batch_type()};
+}
 
 // Note [Profiling at no cost]
 // Every hook goes through Hooks, and every loop stage opens a ProfileScope

@@ -84,13 +84,14 @@ void InferenceLoop::hook(Point point) {
 void InferenceLoop::batch_hook(bool start, int64_t i, const torch::Tensor& out) {
   ModuleBase& m = *s.module;
   Trainer& t = s.trainer;
+  const BatchEnd end = batch_end(*runner_, out, i);
   switch (stage_) {
     case Stage::validate:
       if (start) {
         s.hooks.callbacks("on_validation_batch_start", [&](Callback& cb) { cb.on_validation_batch_start(t, m, i); });
         s.hooks.module("on_validation_batch_start", [&] { m.on_validation_batch_start(i); });
       } else {
-        s.hooks.callbacks("on_validation_batch_end", [&](Callback& cb) { cb.on_validation_batch_end(t, m, i); });
+        s.hooks.callbacks("on_validation_batch_end", [&](Callback& cb) { cb.on_validation_batch_end(t, m, end); });
         s.hooks.module("on_validation_batch_end", [&] { m.on_validation_batch_end(i); });
       }
       break;
@@ -99,7 +100,7 @@ void InferenceLoop::batch_hook(bool start, int64_t i, const torch::Tensor& out) 
         s.hooks.callbacks("on_test_batch_start", [&](Callback& cb) { cb.on_test_batch_start(t, m, i); });
         s.hooks.module("on_test_batch_start", [&] { m.on_test_batch_start(i); });
       } else {
-        s.hooks.callbacks("on_test_batch_end", [&](Callback& cb) { cb.on_test_batch_end(t, m, i); });
+        s.hooks.callbacks("on_test_batch_end", [&](Callback& cb) { cb.on_test_batch_end(t, m, end); });
         s.hooks.module("on_test_batch_end", [&] { m.on_test_batch_end(i); });
       }
       break;
@@ -108,7 +109,7 @@ void InferenceLoop::batch_hook(bool start, int64_t i, const torch::Tensor& out) 
         s.hooks.callbacks("on_predict_batch_start", [&](Callback& cb) { cb.on_predict_batch_start(t, m, i); });
         s.hooks.module("on_predict_batch_start", [&] { m.on_predict_batch_start(i); });
       } else {
-        s.hooks.callbacks("on_predict_batch_end", [&](Callback& cb) { cb.on_predict_batch_end(t, m, i); });
+        s.hooks.callbacks("on_predict_batch_end", [&](Callback& cb) { cb.on_predict_batch_end(t, m, end); });
         s.hooks.module("on_predict_batch_end", [&] { m.on_predict_batch_end(out, i); });
       }
       break;
@@ -151,6 +152,7 @@ void InferenceLoop::run_batches(std::optional<int64_t> limit, std::vector<torch:
     }();
     batch_progress.increment_processed();
     batch_hook(false, i, out);
+    runner_->drop_batch();
     if (outputs) outputs->push_back(std::move(out));
     {
       ProfileScope timed(s.hooks.stage("[_LoggerConnector].update_eval_step_metrics"));

@@ -176,9 +176,10 @@ bool TrainingEpochLoop::advance() {
     refill_graph_free(hook_loss_, loss);
   else
     hook_loss_.reset();
-  s.hooks.callbacks("on_train_batch_end",
-                    [&](Callback& cb) { cb.on_train_batch_end(s.trainer, model, hook_loss_, batch_idx); });
+  const BatchEnd end = batch_end(*train_, hook_loss_, batch_idx);
+  s.hooks.callbacks("on_train_batch_end", [&](Callback& cb) { cb.on_train_batch_end(s.trainer, model, end); });
   s.hooks.module("on_train_batch_end", [&] { model.on_train_batch_end(hook_loss_, batch_idx); });
+  train_->drop_batch();
   {
     ProfileScope timed(s.hooks.stage("[_LoggerConnector].update_train_step_metrics"));
     s.metrics.flush_step_logs();

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <type_traits>
+#include <typeinfo>
 #include <utility>
 #include <vector>
 
@@ -71,6 +72,16 @@ class StepRunner {
   // Runs the module's step for `stage` on the fetched batch, under autocast
   // for a mixed precision.
   virtual torch::Tensor step(Stage stage, int64_t batch_idx) = 0;
+  // Note [The hooks' batch]
+  // The batch-end hooks see the batch the step was given (BatchEnd): the
+  // step gets a copy (a tensor's copy shares its storage), the runner keeps
+  // the fetched batch until the loop drops it after those hooks, so that a
+  // training batch is not held through a validation run. A batch type that
+  // cannot be copied is moved into the step, and the hooks see none.
+  // The fetched batch (nullptr when none, or when the step took it).
+  virtual const void* held_batch() const = 0;
+  virtual const std::type_info& batch_type() const = 0;
+  virtual void drop_batch() = 0;
 
  protected:
   void set_length(std::optional<int64_t> length) { length_ = length; }
@@ -172,8 +183,7 @@ class LoaderRunner : public StepRunner {
   int64_t batch_size() const override { return fetched_ ? batch_size_of(*fetched_) : -1; }
 
   torch::Tensor step(Stage stage, int64_t batch_idx) override {
-    Batch batch = std::move(*fetched_);
-    fetched_.reset();
+    Batch batch = take_or_copy();
     AutocastScope autocast(*precision_, *accelerator_);
     switch (stage) {
       case Stage::train:
@@ -190,7 +200,21 @@ class LoaderRunner : public StepRunner {
     return {};
   }
 
+  const void* held_batch() const override { return fetched_ ? &*fetched_ : nullptr; }
+  const std::type_info& batch_type() const override { return typeid(Batch); }
+  void drop_batch() override { fetched_.reset(); }
+
  private:
+  Batch take_or_copy() {
+    if constexpr (std::is_copy_constructible_v<Batch>) {
+      return *fetched_;
+    } else {
+      Batch batch = std::move(*fetched_);
+      fetched_.reset();
+      return batch;
+    }
+  }
+
   BasicModule<Batch>& module_;
   Loader& loader_;
   std::optional<Iterator> it_, end_;
