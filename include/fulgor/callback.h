@@ -10,6 +10,7 @@
 #include <exception>
 #include <string>
 #include <typeinfo>
+#include <vector>
 
 namespace fulgor {
 
@@ -31,13 +32,16 @@ namespace detail {
 /// on the device), where B is the module's batch type; it throws Error for
 /// another type, and when the batch type cannot be copied (then the step took
 /// the batch, and has_batch() is false). dataloader_idx is 0: a loop has one
-/// loader.
+/// loader. batch_indices, in prediction, are the data set's indices of the
+/// batch's samples where the loader tells (TensorLoader; Note [The loader
+/// protocol]), else nullptr.
 struct BatchEnd {
   const torch::Tensor& outputs;
   int64_t batch_idx = 0;
   int64_t dataloader_idx = 0;
   const void* batch_data = nullptr;
   const std::type_info* batch_type = nullptr;
+  const std::vector<int64_t>* batch_indices = nullptr;
 
   bool has_batch() const { return batch_data != nullptr; }
   template <typename B>

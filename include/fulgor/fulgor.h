@@ -15,6 +15,7 @@
 #include "fulgor/callbacks/model_checkpoint.h"
 #include "fulgor/callbacks/model_summary.h"
 #include "fulgor/callbacks/on_exception_checkpoint.h"
+#include "fulgor/callbacks/prediction_writer.h"
 #include "fulgor/callbacks/progress_bar.h"
 #include "fulgor/callbacks/spike_detection.h"
 #include "fulgor/callbacks/timer.h"

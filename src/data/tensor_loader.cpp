@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <numeric>
 #include <sstream>
 
 #include "fulgor/data/epoch_sampler.h"
@@ -147,6 +148,7 @@ bool TensorLoader::next_batch(int64_t& position, Batch& batch) {
       return false;
     auto index = torch::tensor(std::vector<int64_t>(indices->begin(), indices->end()), torch::kLong);
     batch = Batch(select_rows(data_, index, pin), select_rows(targets_, index, pin));
+    last_index_ = index;
     return true;
   }
   const int64_t remaining = dataset_size() - position;
@@ -155,13 +157,27 @@ bool TensorLoader::next_batch(int64_t& position, Batch& batch) {
   if (order_.defined()) {
     auto index = order_.narrow(0, position, count);
     batch = Batch(select_rows(data_, index, pin), select_rows(targets_, index, pin));
+    last_index_ = index;
   } else {
+    last_index_.reset();
+    last_start_ = position;
+    last_count_ = count;
     // Field by field: no temporary batch (Note [The per-step path] in src/loops/training_epoch_loop.cpp).
     batch.data = slice_rows(data_, position, count, pin);
     batch.target = slice_rows(targets_, position, count, pin);
   }
   position += count;
   return true;
+}
+
+std::vector<int64_t> TensorLoader::batch_indices() const {
+  if (last_index_.defined()) {
+    auto index = last_index_.to(torch::kCPU, torch::kLong).contiguous();
+    return {index.data_ptr<int64_t>(), index.data_ptr<int64_t>() + index.numel()};
+  }
+  std::vector<int64_t> rows(static_cast<size_t>(last_count_));
+  std::iota(rows.begin(), rows.end(), last_start_);
+  return rows;
 }
 
 TensorLoader::Iterator::Iterator(TensorLoader* loader) : loader_(loader), done_(false) { ++*this; }

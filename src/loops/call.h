@@ -27,7 +27,7 @@ class DdpStrategy;
 // The batch-end hooks' view of the step `runner` just ran (Note [The hooks'
 // batch] in fulgor/detail/step_runner.h).
 inline BatchEnd batch_end(const StepRunner& runner, const torch::Tensor& outputs, int64_t batch_idx) {
-  return BatchEnd{outputs, batch_idx, 0, runner.held_batch(), &runner.batch_type()};
+  return BatchEnd{outputs, batch_idx, 0, runner.held_batch(), &runner.batch_type(), runner.batch_indices()};
 }
 
 // Note [Profiling at no cost]

@@ -50,6 +50,7 @@ bool InferenceLoop::setup_data() {
   if (runner_ == nullptr || !runner_->open()) return false;
   opened_ = true;
   runner_->bind(*s.accelerator, s.device_setup->device, s.precision.precision());
+  runner_->record_indices(stage_ == Stage::predict);
   s.distribute(*runner_, /*even=*/false);
   s.warn_if_empty(*runner_, stage_);
   const LoopLimits& l = s.limits;

@@ -9,6 +9,7 @@
 #include <optional>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "fulgor/data/loader_protocol.h"
 
@@ -71,6 +72,7 @@ class AnyLoader {
     virtual void pin_memory() = 0;
     virtual bool distribute(const DistributedShard& shard) = 0;
     virtual bool start_at(int64_t batch) = 0;
+    virtual std::optional<std::vector<int64_t>> batch_indices() const = 0;
   };
 
   template <typename Holder>
@@ -120,6 +122,10 @@ class AnyLoader {
     bool start_at(int64_t batch) override {
       if constexpr (detail::has_start_at<Loader>::value) return detail::held_loader(holder_).start_at(batch);
       return false;
+    }
+    std::optional<std::vector<int64_t>> batch_indices() const override {
+      if constexpr (detail::has_batch_indices<Loader>::value) return detail::held_loader(holder_).batch_indices();
+      return std::nullopt;
     }
 
    private:
@@ -184,6 +190,8 @@ class AnyLoader {
   void pin_memory() { loader_->pin_memory(); }
   bool distribute(const DistributedShard& shard) { return loader_->distribute(shard); }
   bool start_at(int64_t batch) { return loader_->start_at(batch); }
+  /// The held loader's batch_indices(), where it offers them.
+  std::optional<std::vector<int64_t>> batch_indices() const { return loader_->batch_indices(); }
 
  private:
   std::unique_ptr<Concept> loader_;

@@ -44,8 +44,14 @@
 //                                 where it would otherwise fetch and drop the
 //                                 batches already trained on (Note [Resuming
 //                                 mid-epoch] in src/loops/fit_loop.cpp).
+//   std::vector<int64_t> batch_indices() const
+//                                 the data set's indices of the samples in
+//                                 the batch it yielded last (Lightning's
+//                                 batch indices, which a prediction writer
+//                                 records); a DevicePrefetcher, which runs
+//                                 ahead, does not forward it.
 //
-// fulgor::ImageLoader offers all but bind_device and batches_on;
+// fulgor::ImageLoader offers all but bind_device, batches_on and batch_indices;
 // fulgor::TensorLoader offers all but bind_device and start_at; fulgor::make_data_loader's
 // loaders offer size(), set_epoch and distribute; a DevicePrefetcher forwards
 // what its loader offers. docs/training.md ("Loaders") says the same for users.
@@ -56,6 +62,7 @@
 #include <optional>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace fulgor {
 
@@ -111,6 +118,12 @@ struct has_distribute : std::false_type {};
 template <typename L>
 struct has_distribute<
     L, std::void_t<decltype(bool{std::declval<L&>().distribute(std::declval<const DistributedShard&>())})>>
+    : std::true_type {};
+
+template <typename L, typename = void>
+struct has_batch_indices : std::false_type {};
+template <typename L>
+struct has_batch_indices<L, std::void_t<decltype(std::vector<int64_t>{std::declval<const L&>().batch_indices()})>>
     : std::true_type {};
 
 template <typename L, typename = void>

@@ -82,6 +82,10 @@ class TensorLoader {
   /// there), so that a Trainer need not move it.
   bool batches_on(torch::Device device) const { return data_.device() == device && targets_.device() == device; }
 
+  /// The data set's indices of the samples in the batch made last (empty
+  /// before the first).
+  std::vector<int64_t> batch_indices() const;
+
   /// The epoch the next iteration plays (its shuffle order).
   void set_epoch(int64_t epoch) { epoch_ = epoch; }
   int64_t epoch() const { return epoch_; }
@@ -131,6 +135,11 @@ class TensorLoader {
   TensorLoaderOptions options_;
   int64_t epoch_ = 0;
   torch::Tensor order_;  // this epoch's permutation when shuffling
+  // The last batch's rows: `last_index_` when picked, else the `last_count_`
+  // rows from `last_start_` (batch_indices() builds the list when asked, off
+  // the per-step path).
+  torch::Tensor last_index_;
+  int64_t last_start_ = 0, last_count_ = 0;
 };
 
 }  // namespace fulgor

@@ -29,6 +29,17 @@ namespace detail {
 
 enum class Stage { train, validate, test, predict };
 
+// A loader's batch_indices() (Note [The loader protocol]), where it offers them.
+template <typename L>
+std::optional<std::vector<int64_t>> batch_indices_of(const L& loader) {
+  if constexpr (has_batch_indices<L>::value) return loader.batch_indices();
+  return std::nullopt;
+}
+template <typename B>
+std::optional<std::vector<int64_t>> batch_indices_of(const AnyLoader<B>& loader) {
+  return loader.batch_indices();
+}
+
 // A loader and a module's steps for it, with the batch type erased, so that
 // the loops are compiled once, in src/loops/. It speaks the loader
 // protocol (Note [The loader protocol]) for them.
@@ -51,6 +62,9 @@ class StepRunner {
   }
   // Keeps the first `n` batches and replays them every later epoch.
   void cache_first(int64_t n) { cache_limit_ = n; }
+  // Asks the loader for each batch's indices (batch_indices()): the
+  // prediction loop does, for the prediction writers.
+  void record_indices(bool on) { want_indices_ = on; }
   // Tells a loader with a set_epoch member which epoch comes next.
   virtual void set_epoch(int64_t epoch) = 0;
   // Makes a loader with a distribute member read `shard` (Note [Distributed
@@ -81,6 +95,8 @@ class StepRunner {
   // The fetched batch (nullptr when none, or when the step took it).
   virtual const void* held_batch() const = 0;
   virtual const std::type_info& batch_type() const = 0;
+  // The fetched batch's data set indices, where the loader tells.
+  const std::vector<int64_t>* batch_indices() const { return indices_ ? &*indices_ : nullptr; }
   virtual void drop_batch() = 0;
 
  protected:
@@ -90,6 +106,8 @@ class StepRunner {
   const Precision* precision_ = nullptr;
   std::optional<torch::Device> device_;
   int64_t cache_limit_ = 0;
+  std::optional<std::vector<int64_t>> indices_;
+  bool want_indices_ = false;
 
  private:
   std::optional<int64_t> length_;
@@ -154,6 +172,7 @@ class LoaderRunner : public StepRunner {
 
   bool next(bool move) override {
     fetched_.reset();
+    indices_.reset();
     if (replay_) {
       if (position_ >= cache_.size()) return false;
       if constexpr (std::is_copy_constructible_v<Batch>) fetched_.emplace(cache_[position_++]);
@@ -162,6 +181,7 @@ class LoaderRunner : public StepRunner {
       started_ = true;
       if (*it_ == *end_) return false;
       fetched_.emplace(Batch(std::move(**it_)));
+      if (want_indices_) indices_ = batch_indices_of(loader_);
       if (cache_limit_ > 0 && static_cast<int64_t>(cache_.size()) < cache_limit_) {
         if constexpr (std::is_copy_constructible_v<Batch>)
           cache_.push_back(*fetched_);
@@ -202,7 +222,10 @@ class LoaderRunner : public StepRunner {
 
   const void* held_batch() const override { return fetched_ ? &*fetched_ : nullptr; }
   const std::type_info& batch_type() const override { return typeid(Batch); }
-  void drop_batch() override { fetched_.reset(); }
+  void drop_batch() override {
+    fetched_.reset();
+    indices_.reset();
+  }
 
  private:
   Batch take_or_copy() {
