@@ -18,6 +18,7 @@
 #include "fulgor/callbacks/prediction_writer.h"
 #include "fulgor/callbacks/progress_bar.h"
 #include "fulgor/callbacks/spike_detection.h"
+#include "fulgor/callbacks/stochastic_weight_averaging.h"
 #include "fulgor/callbacks/throughput_monitor.h"
 #include "fulgor/callbacks/timer.h"
 #include "fulgor/callbacks/weight_averaging.h"
