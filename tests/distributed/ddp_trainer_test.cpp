@@ -13,6 +13,7 @@
 #include <sstream>
 #include <vector>
 
+#include "fulgor/interop/torch_load.h"
 #include "support/ddp_trainer_scenario.h"
 #include "support/spawn.h"
 
@@ -157,7 +158,29 @@ TEST(DdpTrainer, SyncDistReducesOverTheRanks) {
 struct ShardRun {
   std::map<int64_t, std::vector<int64_t>> trained_on;
   std::map<std::string, double> values;
+  // From the rank's TorchSavePredictionWriter files: each sample's prediction
+  // by its index (epoch file), and the batch files' count.
+  std::map<int64_t, double> predicted;
+  int64_t batch_files = 0;
 };
+
+void read_predictions(const std::filesystem::path& dir, int64_t rank, ShardRun& run) {
+  const std::string r = std::to_string(rank);
+  const c10::IValue predicted = fulgor::torch_load(dir / ("predictions_" + r + ".pt"));
+  const c10::IValue batch_indices = fulgor::torch_load(dir / ("batch_indices_" + r + ".pt"));
+  const auto& predictions = predicted.toListRef();
+  const auto& indices = batch_indices.toListRef();
+  ASSERT_EQ(predictions.size(), indices.size());
+  for (size_t b = 0; b < predictions.size(); ++b) {
+    std::vector<int64_t> ids;  // a Python list: generic, not typed
+    for (const auto& id : indices[b].toListRef()) ids.push_back(id.toInt());
+    const torch::Tensor values = predictions[b].toTensor();
+    ASSERT_EQ(values.size(0), static_cast<int64_t>(ids.size()));
+    for (size_t k = 0; k < ids.size(); ++k) run.predicted[ids[k]] = values[static_cast<int64_t>(k)].item<double>();
+  }
+  while (std::filesystem::exists(dir / ("predictions_" + r + "_" + std::to_string(run.batch_files) + ".pt")))
+    ++run.batch_files;
+}
 
 ShardRun read_shard_run(const std::string& path) {
   ShardRun run;
@@ -181,7 +204,9 @@ std::array<ShardRun, 2> run_shard(bool use_distributed_sampler) {
   TempDir dir;
   auto [status, log] = run_with_fulgor_run({"shard", dir.str(), use_distributed_sampler ? "on" : "off"}, dir / "log");
   EXPECT_TRUE(exited_with(status, 0)) << log;
-  return {read_shard_run(dir / "shard_rank0.txt"), read_shard_run(dir / "shard_rank1.txt")};
+  std::array<ShardRun, 2> ranks{read_shard_run(dir / "shard_rank0.txt"), read_shard_run(dir / "shard_rank1.txt")};
+  for (int64_t rank = 0; rank < 2; ++rank) read_predictions(dir / "predictions", rank, ranks[rank]);
+  return ranks;
 }
 
 std::vector<int64_t> sorted(std::vector<int64_t> ids) {
@@ -224,6 +249,17 @@ TEST(DdpTrainer, ShardsPlainLoadersAndCountsEachValidationSampleOnce) {
     EXPECT_EQ(sorted(together), range(16)) << "the ranks' samples of epoch " << epoch << " overlap";
   }
   EXPECT_NE(sorted(ranks[0].trained_on.at(0)), sorted(ranks[0].trained_on.at(1))) << "the same half every epoch";
+  // Each rank wrote its own shard's predictions, with the samples' indices:
+  // together every validation sample once.
+  std::vector<int64_t> predicted;
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(ranks[rank].batch_files, rank == 0 ? 2 : 1) << "rank " << rank;
+    for (const auto& [index, value] : ranks[rank].predicted) {
+      predicted.push_back(index);
+      EXPECT_EQ(value, 10.0 * static_cast<double>(index)) << "rank " << rank << " sample " << index;
+    }
+  }
+  EXPECT_EQ(sorted(predicted), range(7));
   const SevenSamples expected;
   for (int rank = 0; rank < 2; ++rank) {
     const auto& v = ranks[rank].values;

@@ -20,7 +20,8 @@
 // (16 shuffled training samples, 7 validation samples in batches of 3) with
 // use_distributed_sampler on or off, then validates once more, and writes the
 // samples each rank trained on per epoch and its metrics to
-// OUTDIR/shard_rankR.txt. Otherwise each rank works in OUTDIR/rankR and writes its
+// OUTDIR/shard_rankR.txt; it then predicts on the validation samples with a
+// TorchSavePredictionWriter writing into OUTDIR/predictions. Otherwise each rank works in OUTDIR/rankR and writes its
 // final parameters, the gradients it held after each backward pass and its
 // metrics to OUTDIR. Exits 0 on success, 3 with the message on a
 // fulgor::Error, 4 on any other exception.
@@ -85,6 +86,10 @@ struct ShardNet : fulgor::Module {
     for (int64_t i = 0; i < batch.target.size(0); ++i) seen.push_back(batch.target[i].item<int64_t>());
     return torch::mse_loss(lin->forward(batch.data), batch.data * 0.5);
   }
+  // Ten times the sample's id, which the prediction files are checked against.
+  torch::Tensor predict_step(torch::data::Example<> batch, int64_t) override {
+    return batch.target.to(torch::kFloat) * 10;
+  }
   void validation_step(torch::data::Example<> batch, int64_t) override {
     const torch::Tensor ids = batch.target;
     fulgor::LogOptions synced;
@@ -124,6 +129,7 @@ void shard(const std::string& out, int64_t rank, bool use_distributed_sampler) {
   options.logger = false;
   options.enable_checkpointing = false;
   options.use_distributed_sampler = use_distributed_sampler;
+  options.callbacks = {std::make_shared<fulgor::TorchSavePredictionWriter>(out + "/predictions", "batch_and_epoch")};
   fulgor::Trainer trainer(options);
   trainer.fit(model, train, val);
   std::ofstream file(out + "/shard_rank" + std::to_string(rank) + ".txt");
@@ -136,6 +142,7 @@ void shard(const std::string& out, int64_t rank, bool use_distributed_sampler) {
   file << "train_batches " << train.size() << "\nval_batches " << val.size() << "\n";
   for (const auto& [name, value] : trainer.callback_metrics()) file << "fit_" << name << " " << value << "\n";
   for (const auto& [name, value] : trainer.validate(model, val)) file << "validate_" << name << " " << value << "\n";
+  trainer.predict(model, val);
 }
 
 }  // namespace
