@@ -12,6 +12,7 @@
 #include "fulgor/callbacks/gradient_accumulation_scheduler.h"
 #include "fulgor/callbacks/lambda_callback.h"
 #include "fulgor/callbacks/learning_rate_monitor.h"
+#include "fulgor/callbacks/lr_finder.h"
 #include "fulgor/callbacks/model_checkpoint.h"
 #include "fulgor/callbacks/model_summary.h"
 #include "fulgor/callbacks/on_exception_checkpoint.h"
@@ -59,4 +60,5 @@
 #include "fulgor/seed.h"
 #include "fulgor/trainer.h"
 #include "fulgor/trainer_options.h"
+#include "fulgor/tuner.h"
 #include "fulgor/version.h"

@@ -33,6 +33,9 @@ class FitLoop {
   // Whether the fit resumes in the middle of an epoch, or by steps: it then
   // skips the sanity check (Lightning's FitLoop.restarting).
   bool restarting() const;
+  // Forgets the checkpoint load_state_dict was given: the tuner restores a
+  // sweep's starting point with it, which is no resume.
+  void forget_resume() { resume_ = nullptr; }
   void run();
   // The result fit returns once run() has.
   FitResult result() const;
