@@ -6,6 +6,7 @@
 #include "fulgor/batch.h"
 #include "fulgor/batch_size.h"
 #include "fulgor/callback.h"
+#include "fulgor/callbacks/batch_size_finder.h"
 #include "fulgor/callbacks/device_stats_monitor.h"
 #include "fulgor/callbacks/early_stopping.h"
 #include "fulgor/callbacks/finetuning.h"

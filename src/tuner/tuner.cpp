@@ -51,4 +51,12 @@ std::optional<LRFinder> Tuner::lr_find_with(const LrFindOptions& options, const 
   return finder->result();
 }
 
+std::optional<int64_t> Tuner::scale_batch_size_with(const ScaleBatchSizeOptions& options,
+                                                    const std::function<void()>& fit) {
+  auto finder = std::make_shared<BatchSizeFinder>(options);
+  finder->early_exit_ = true;
+  run_tuned_fit(trainer_, finder, fit);
+  return finder->optimal_batch_size();
+}
+
 }  // namespace fulgor
