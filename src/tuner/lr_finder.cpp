@@ -87,7 +87,13 @@ class LrRecorder final : public Callback {
     // A skipped batch: NaN, which the suggestion leaves out.
     if (!loss.defined()) return results.loss.push_back(std::numeric_limits<double>::quiet_NaN());
     const double current = loss.item<double>();
-    const int64_t step = trainer.global_step();
+    // Note [Steps of a sweep later in a fit]
+    // Lightning counts with global_step, so a sweep begun after the first
+    // optimizer step (its FineTuneLearningRateFinder example) never records
+    // a best loss, finds the first step "diverged" and stops there, and
+    // corrects no bias. Counting the sweep's own steps is the same at the
+    // start of a fit and makes a later sweep behave as one there.
+    const int64_t step = steps_taken;
     avg_loss_ = kBeta * avg_loss_ + (1 - kBeta) * current;
     const double smoothed = avg_loss_ / (1 - std::pow(kBeta, static_cast<double>(step + 1)));
     const bool diverged = o_.early_stop_threshold && step > 1 && smoothed > *o_.early_stop_threshold * best_loss_;

@@ -195,6 +195,9 @@ TEST(LearningRateFinder, FitAroundASweepGoesOnBitForBit) {
     EXPECT_GT(swept.training_steps, plain.training_steps);  // the sweeps trained too
   }
   EXPECT_EQ(mid_fit->sweeps, 2);
+  // A sweep later in the fit counts its own steps (Note [Steps of a sweep later in a fit]).
+  ASSERT_TRUE(mid_fit->result().has_value());
+  EXPECT_EQ(mid_fit->result()->results().lr.size(), 7u);
   ASSERT_TRUE(at_start->result().has_value());
   EXPECT_EQ(at_start->result()->results().lr.size(), 7u);
 }

@@ -73,8 +73,8 @@ class LRFinder {
 /// at min_lr, step k >= 1 at min_lr * (max_lr/min_lr)^((k+1)/num_training),
 /// or min_lr + (k+1)/num_training * (max_lr - min_lr)), records each step's
 /// loss smoothed as Lightning does (an exponential average with beta 0.98,
-/// divided by 1 - beta^(global_step+1)), stops early when it diverges, and
-/// then puts everything back (Note [A sweep inside a fit] in
+/// divided by 1 - beta^(n+1) after the sweep's n-th step, n from 1), stops
+/// early when it diverges, and then puts everything back (Note [A sweep inside a fit] in
 /// src/tuner/sweep.h): weights, optimizer, schedulers, loop counters,
 /// callbacks' states and random generators are as before the sweep, bit for
 /// bit. With update_attr it then sets the suggested rate (Note [Applying the
