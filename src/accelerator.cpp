@@ -101,6 +101,10 @@ std::vector<std::string> Accelerator::precisions_with(std::initializer_list<torc
 
 std::map<std::string, int64_t> Accelerator::memory_stats(torch::Device) const { return {}; }
 
+bool Accelerator::is_out_of_memory(const std::exception& error) const {
+  return dynamic_cast<const c10::OutOfMemoryError*>(&error) != nullptr;
+}
+
 namespace {
 // The device's default generator (a handle sharing it), or an undefined one
 // where LibTorch has none for the device.

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <string_view>
 
 #include "fulgor/error.h"
 #include "fulgor/registry.h"
@@ -34,6 +35,11 @@ class CpuAccelerator final : public Accelerator {
   std::vector<std::string> supported_precisions() const override { return precisions_with({torch::kBFloat16}); }
 
   // The process's resident and virtual memory, as the CPU has no allocator of its own to ask.
+  // LibTorch's CPU allocator reports a failed allocation as a plain c10::Error.
+  bool is_out_of_memory(const std::exception& error) const override {
+    return Accelerator::is_out_of_memory(error) ||
+           std::string_view(error.what()).find("DefaultCPUAllocator: can't allocate memory") != std::string_view::npos;
+  }
   std::map<std::string, int64_t> memory_stats(torch::Device) const override {
     std::ifstream statm("/proc/self/statm");
     int64_t virtual_pages = 0, resident_pages = 0;

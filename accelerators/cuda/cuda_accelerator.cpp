@@ -7,6 +7,8 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <fmt/format.h>
 
+#include <string_view>
+
 #ifdef FULGOR_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -36,6 +38,14 @@ class CudaAccelerator final : public DeviceGuardAccelerator {
   }
 
 #ifdef FULGOR_WITH_CUDA
+  // Lightning's is_oom_error: besides the allocator's OutOfMemoryError, the
+  // messages CUDA and cuDNN report a full device with.
+  bool is_out_of_memory(const std::exception& error) const override {
+    const std::string_view what = error.what();
+    const auto has = [&](std::string_view text) { return what.find(text) != std::string_view::npos; };
+    return DeviceGuardAccelerator::is_out_of_memory(error) || (has("CUDA") && has("out of memory")) ||
+           has("cuDNN error: CUDNN_STATUS_NOT_SUPPORTED.");
+  }
   // The figures of torch.cuda.memory_stats under its names, over all pools.
   std::map<std::string, int64_t> memory_stats(torch::Device device) const override {
     require_available();

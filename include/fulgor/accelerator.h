@@ -4,6 +4,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <exception>
 #include <initializer_list>
 #include <map>
 #include <string>
@@ -129,6 +130,12 @@ class Accelerator {
   /// Memory statistics of `device`, name -> number (bytes unless the name
   /// says otherwise), for DeviceStatsMonitor; empty when there are none.
   virtual std::map<std::string, int64_t> memory_stats(torch::Device device) const;
+  /// Whether `error` says that this accelerator's device (or the host, for
+  /// the CPU) ran out of memory: what BatchSizeFinder backs off from. By
+  /// default, LibTorch's c10::OutOfMemoryError, which caching allocators
+  /// throw; an accelerator whose runtime reports it otherwise recognises
+  /// that too. Must not throw.
+  virtual bool is_out_of_memory(const std::exception& error) const;
 
   /// Seeds the default random generator of each of the accelerator's devices
   /// (the CPU's, where the device type is the CPU), so that random draws on

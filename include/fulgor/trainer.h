@@ -61,6 +61,7 @@ struct FitResult {
 
 namespace detail {
 struct TrainerState;
+struct TrainerAccess;
 // Keeps the loader overloads of the Trainer's loops from taking a data
 // module or the options: `trainer.fit(model, datamodule, options)` with a
 // named FitOptions picks the data module's overload.
@@ -315,6 +316,8 @@ class Trainer {
                                          const EvalOptions& options, std::vector<torch::Tensor>* outputs,
                                          DataModuleBase* datamodule = nullptr);
 
+  // The tuner's sweeps run the fit loop inside a fit (src/tuner/).
+  friend struct detail::TrainerAccess;
   std::unique_ptr<detail::TrainerState> state_;
 };
 

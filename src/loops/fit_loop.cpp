@@ -92,9 +92,6 @@ void FitLoop::run() {
   on_run_end();
 }
 
-// Lightning's FitLoop.setup_data: the training loader (a data module's or
-// the module's is asked for now), its device and shard, and its batches
-// per epoch after limits.
 void FitLoop::setup_data() {
   s.open_loader(*train_, Stage::train);
   train_->bind(*s.accelerator, s.device_setup->device, s.precision.precision());

@@ -33,7 +33,17 @@ class FitLoop {
   // Whether the fit resumes in the middle of an epoch, or by steps: it then
   // skips the sanity check (Lightning's FitLoop.restarting).
   bool restarting() const;
+  // Forgets the checkpoint load_state_dict was given: the tuner restores a
+  // sweep's starting point with it, which is no resume.
+  void forget_resume() { resume_ = nullptr; }
   void run();
+  // Lightning's FitLoop.setup_data: the training loader (a data module's or
+  // the module's is asked for now), its device and shard, and its batches
+  // per epoch after limits. run() begins with it; BatchSizeFinder calls it
+  // to see a loader made at a new batch size.
+  void setup_data();
+  // The training loader of the fit.
+  StepRunner* train_runner() const { return train_; }
   // The result fit returns once run() has.
   FitResult result() const;
 
@@ -51,7 +61,6 @@ class FitLoop {
   TrainingEpochLoop epoch_loop;
 
  private:
-  void setup_data();
   bool done();
   void on_run_start();
   void on_advance_start();

@@ -52,6 +52,9 @@ void run_stage(detail::TrainerState& s, const char* name, ModuleBase& model, Dat
     s.launch(model);
     if (ckpt) s.checkpoints.restore_module_and_callbacks(*ckpt);
     stage(ckpt ? &*ckpt : nullptr);
+  } catch (const detail::TunerExit&) {
+    s.finish(model, "success");
+    throw;
   } catch (const std::exception& e) {
     s.on_exception(model, e);
     if (detail::launched_ranks()) stop_job(e);

@@ -40,6 +40,11 @@ namespace detail {
 
 class DdpStrategy;
 
+// Thrown by a finder the Tuner added, once its sweep is over, to end the fit
+// there (Lightning's _TunerExitException): the fit tears down as one that
+// succeeded. Not a std::exception, so that nothing takes it for a failure.
+struct TunerExit {};
+
 // Lightning's RunningStage: the loop running now.
 enum class RunningStage { none, training, sanity_checking, validating, testing, predicting };
 
@@ -64,7 +69,9 @@ struct TrainerState {
 
   Trainer& trainer;
   const TrainerOptions options;
-  const LoopLimits limits{options};
+  // The tuner's sweeps (src/tuner/) run the fit loop under their own limits
+  // for a while, and put these back.
+  LoopLimits limits{options};
   // Lightning's trainer.accumulate_grad_batches: the options' value, which a
   // callback (GradientAccumulationScheduler) may change between epochs.
   int64_t accumulate_grad_batches = options.accumulate_grad_batches;

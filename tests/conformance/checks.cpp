@@ -484,6 +484,24 @@ std::string check_memory_stats(const Accelerator& accelerator, torch::Device dev
   return fmt::format("{} statistic{}", stats.size(), stats.size() == 1 ? "" : "s");
 }
 
+// Out-of-memory errors as BatchSizeFinder meets them: LibTorch's own type,
+// which caching allocators throw, and not an error of another kind.
+std::string check_is_out_of_memory(const Accelerator& accelerator) {
+  try {
+    TORCH_CHECK_WITH(OutOfMemoryError, false, "Tried to allocate 1 TiB");
+  } catch (const std::exception& e) {
+    if (!accelerator.is_out_of_memory(e)) fail("is_out_of_memory does not recognise c10::OutOfMemoryError");
+  }
+  try {
+    TORCH_CHECK(false, "mat1 and mat2 shapes cannot be multiplied");
+  } catch (const std::exception& e) {
+    if (accelerator.is_out_of_memory(e)) fail("is_out_of_memory takes a shape error for an out-of-memory error");
+  }
+  if (accelerator.is_out_of_memory(std::invalid_argument("bad batch")))
+    fail("is_out_of_memory takes std::invalid_argument for an out-of-memory error");
+  return "c10::OutOfMemoryError, and no other error";
+}
+
 }  // namespace
 
 void Report::check(const std::string& name, const std::function<std::string()>& body) {
@@ -516,6 +534,7 @@ void run_checks(Accelerator& accelerator, const Options& options, Report& report
   report.check("device_count", [&] { return check_device_count(a); });
   report.check("parse_devices", [&] { return check_parse_devices(a); });
   report.check("bad_devices", [&] { return check_bad_devices(a); });
+  report.check("is_out_of_memory", [&] { return check_is_out_of_memory(a); });
 
   // The per-device checks run once on every distinct device selected.
   std::vector<torch::Device> devices;
