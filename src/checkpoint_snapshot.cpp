@@ -35,9 +35,17 @@ struct ArchiveObject {
 };
 template struct ArchiveObject<&torch::serialize::OutputArchive::module_>;
 
+// Note [Reusing snapshot memory]
+// Memory fresh from the allocator costs a page fault per page on first
+// touch, which made the copy of a 100 MB state take a third of a synchronous
+// save. A Trainer snapshots the same tensors at every save, in the same
+// order, so each copy takes the storage of the same tensor's copy in the
+// previous snapshot, whose write has completed by then. Storages, not
+// tensors, are kept: a tensor's owners change the archive's bytes (Note
+// [Snapshots of an archive]), a storage's do not.
 class HostCopier {
  public:
-  explicit HostCopier(bool pin) : pin_(pin) {}
+  HostCopier(bool pin, std::vector<c10::Storage> spares) : pin_(pin), spares_(std::move(spares)) {}
 
   c10::IValue copy(const c10::IValue& value) {
     if (value.isTensor()) return copy(value.toTensor());
@@ -78,31 +86,50 @@ class HostCopier {
   }
 
   std::vector<at::Tensor> take_owned() { return std::move(owned_); }
+  std::vector<c10::Storage> take_storages() { return std::move(storages_); }
 
  private:
   at::Tensor copy(const at::Tensor& tensor) {
     if (!tensor.defined()) return tensor;
     // The archive's slot and `tensor` (the caller's) are the same reference.
     const bool shared = tensor.use_count() > 1;
-    const bool pin = pin_ && !tensor.is_cpu();
-    at::Tensor copied =
-        at::empty_like(tensor, tensor.options().device(at::kCPU).pinned_memory(pin), at::MemoryFormat::Preserve);
+    at::Tensor copied = allocate(tensor);
     copied.copy_(tensor);
     if (tensor.requires_grad()) copied.requires_grad_(true);
     if (shared) owned_.push_back(copied);
     return copied;
   }
 
+  // Note [Reusing snapshot memory]
+  at::Tensor allocate(const at::Tensor& tensor) {
+    const bool pin = pin_ && !tensor.is_cpu();
+    const auto options = tensor.options().device(at::kCPU).pinned_memory(pin);
+    const size_t index = storages_.size();
+    const auto bytes = static_cast<size_t>(tensor.numel()) * tensor.element_size();
+    at::Tensor copied;
+    if (index < spares_.size() && tensor.is_non_overlapping_and_dense() && spares_[index].nbytes() == bytes &&
+        spares_[index].device().is_cpu()) {
+      copied = at::empty({0}, options).set_(spares_[index], 0, tensor.sizes(), tensor.strides());
+    } else {
+      copied = at::empty_like(tensor, options, at::MemoryFormat::Preserve);
+    }
+    storages_.push_back(copied.storage());
+    return copied;
+  }
+
   bool pin_;
+  std::vector<c10::Storage> spares_, storages_;
   std::vector<at::Tensor> owned_;
 };
 
 }  // namespace
 
-std::vector<torch::Tensor> snapshot_to_host(torch::serialize::OutputArchive& archive, bool pin) {
+std::vector<torch::Tensor> snapshot_to_host(torch::serialize::OutputArchive& archive, bool pin,
+                                            std::vector<c10::Storage>& storages) {
   torch::NoGradGuard no_grad;
-  HostCopier copier(pin);
+  HostCopier copier(pin, std::move(storages));
   copier.copy_slots(*archive_object(archive)._ivalue());
+  storages = copier.take_storages();
   return copier.take_owned();
 }
 

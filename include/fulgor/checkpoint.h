@@ -80,8 +80,11 @@ void load_module_state(torch::nn::Module& module, torch::serialize::InputArchive
 // tensors it was written from (Note [Snapshots of an archive] in
 // src/checkpoint_snapshot.cpp). Returns the copies of the tensors that had
 // other owners, to be kept until the archive is written, so that its file is
-// byte for byte the one the live tensors give.
-std::vector<torch::Tensor> snapshot_to_host(torch::serialize::OutputArchive& archive, bool pin);
+// byte for byte the one the live tensors give. `storages` holds the previous
+// snapshot's storages, reused where they fit once its write has completed
+// (Note [Reusing snapshot memory]), and is given this snapshot's.
+std::vector<torch::Tensor> snapshot_to_host(torch::serialize::OutputArchive& archive, bool pin,
+                                            std::vector<c10::Storage>& storages);
 }  // namespace detail
 
 }  // namespace fulgor

@@ -314,7 +314,8 @@ torch::serialize::OutputArchive CheckpointConnector::archive(std::vector<torch::
   }
   if (rng_epoch_start.defined()) archive.write("rng_epoch_start", rng_epoch_start);
   s.precision.save(archive);
-  if (snapshot) *snapshot = snapshot_to_host(archive, s.accelerator && s.accelerator->supports_pinned_memory());
+  if (snapshot)
+    *snapshot = snapshot_to_host(archive, s.accelerator && s.accelerator->supports_pinned_memory(), snapshot_storages_);
   return archive;
 }
 

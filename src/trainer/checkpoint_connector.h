@@ -100,6 +100,9 @@ struct CheckpointConnector {
   // The folders this Trainer has saved into, each cleared of stale temporary
   // files before its first save.
   std::set<std::string> swept_folders;
+  // The last snapshot's host memory: in use by its write, then reused by the
+  // next snapshot (Note [Reusing snapshot memory] in src/checkpoint_snapshot.cpp).
+  std::vector<c10::Storage> snapshot_storages_;
   BackgroundWriter writer_;
 
   TrainerState& s;
