@@ -114,7 +114,8 @@ struct TrainerOptions {
   /// memory, and a background thread writes the file (Trainer::
   /// save_checkpoint_async). On by default: the file, its atomicity and the
   /// resume are those of a synchronous save, and training goes on while the
-  /// disk works; the cost is host memory for one copy of the state. Off,
+  /// disk works; the cost is host memory for one copy of the state, kept by
+  /// the Trainer from one save to the next. Off,
   /// every save writes before training goes on.
   bool async_checkpointing = true;
   /// Adds a ProgressBar when none is among `callbacks`.
