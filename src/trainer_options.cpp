@@ -208,6 +208,7 @@ const std::vector<Field>& fields() {
     f.push_back(field("num_sanity_val_steps", "an integer", &TrainerOptions::num_sanity_val_steps));
     f.push_back(field("log_every_n_steps", "an integer", &TrainerOptions::log_every_n_steps));
     f.push_back(field("enable_checkpointing", "a boolean", &TrainerOptions::enable_checkpointing));
+    f.push_back(field("async_checkpointing", "a boolean", &TrainerOptions::async_checkpointing));
     f.push_back(field("enable_progress_bar", "a boolean", &TrainerOptions::enable_progress_bar));
     f.push_back(field("enable_model_summary", "a boolean", &TrainerOptions::enable_model_summary));
     f.push_back(field("accumulate_grad_batches", "an integer", &TrainerOptions::accumulate_grad_batches));

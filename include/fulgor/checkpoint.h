@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace fulgor {
 
@@ -72,6 +73,18 @@ void remove_stale_temporaries(const std::string& dir);
 // Copies the tensors of `archive` (read onto the CPU) into the module's
 // parameters and buffers in place.
 void load_module_state(torch::nn::Module& module, torch::serialize::InputArchive& archive, const std::string& path);
+
+// Replaces every tensor `archive` holds (nested archives, lists, dicts and
+// tuples included) by a copy in host memory, pinned when `pin` and the tensor
+// is on a device, so that the archive no longer shares memory with the live
+// tensors it was written from (Note [Snapshots of an archive] in
+// src/checkpoint_snapshot.cpp). Returns the copies of the tensors that had
+// other owners, to be kept until the archive is written, so that its file is
+// byte for byte the one the live tensors give. `storages` holds the previous
+// snapshot's storages, reused where they fit once its write has completed
+// (Note [Reusing snapshot memory]), and is given this snapshot's.
+std::vector<torch::Tensor> snapshot_to_host(torch::serialize::OutputArchive& archive, bool pin,
+                                            std::vector<c10::Storage>& storages);
 }  // namespace detail
 
 }  // namespace fulgor

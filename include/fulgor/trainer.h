@@ -3,6 +3,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -290,6 +291,20 @@ class Trainer {
   /// Under strategy "ddp" every rank calls it: rank 0 writes the file, and
   /// the call returns on every rank once the file is complete.
   void save_checkpoint(const std::string& path);
+  /// Saves as save_checkpoint, but with TrainerOptions::async_checkpointing
+  /// returns once the state is copied to host memory and writes the file in
+  /// the background (ModelCheckpoint's saves). `on_written` runs on the
+  /// calling thread once the file is on disk: at a later training batch, at
+  /// the next save or when the loop ends. A failed write throws
+  /// CheckpointError there. One write is in flight at most: a save waits for
+  /// the previous one first. Every end of fit (its return, a signal's stop,
+  /// an exception) waits for the write in flight. Without
+  /// async_checkpointing it is save_checkpoint followed by `on_written`.
+  void save_checkpoint_async(const std::string& path, std::function<void()> on_written = {});
+  /// Waits until the save that save_checkpoint_async started, if any, is on
+  /// disk, runs its `on_written`, or throws its CheckpointError. Under ddp
+  /// every rank calls it, and it returns once rank 0's file is complete.
+  void wait_for_checkpoint();
 
  private:
   // A data module (BasicDataModule<Batch>) or a loader; validate, test or

@@ -242,8 +242,7 @@ void ModelCheckpoint::save_last_checkpoint(Trainer& trainer) {
   if (!options_.save_last) return;
   const std::string filepath = checkpoint_path(kCheckpointNameLast);
   const std::string previous = std::exchange(last_model_path_, filepath);
-  save_checkpoint(trainer, filepath);
-  if (!previous.empty() && should_remove_checkpoint(previous, filepath)) remove_checkpoint(trainer, previous);
+  save_checkpoint(trainer, filepath, previous);
 }
 
 // save_last writes last.ckpt even when no other save happened (but nothing
@@ -265,6 +264,8 @@ bool ModelCheckpoint::check_monitor_top_k(Trainer& trainer, double current) cons
 
 void ModelCheckpoint::update_best_and_save(double current, Trainer& trainer,
                                            const std::map<std::string, double>& candidates) {
+  // The names below depend on the files on disk (Note [Removing displaced files]).
+  trainer.wait_for_checkpoint();
   const auto k = options_.save_top_k == -1 ? static_cast<int64_t>(best_k_models_.size()) + 1 : options_.save_top_k;
   std::string del_filepath;
   if (static_cast<int64_t>(best_k_models_.size()) == k && k > 0) {
@@ -290,23 +291,32 @@ void ModelCheckpoint::update_best_and_save(double current, Trainer& trainer,
                        : std::max_element(best_k_models_.begin(), best_k_models_.end(), by_score);
   best_model_path_ = best->first;
   best_model_score_ = best->second;
-  save_checkpoint(trainer, filepath);
-  if (!del_filepath.empty() && should_remove_checkpoint(del_filepath, filepath))
-    remove_checkpoint(trainer, del_filepath);
+  save_checkpoint(trainer, filepath, del_filepath);
 }
 
 void ModelCheckpoint::save_none_monitor_checkpoint(Trainer& trainer, const std::map<std::string, double>& candidates) {
+  trainer.wait_for_checkpoint();  // Note [Removing displaced files]
   const std::string filepath = metric_interpolated_filepath(candidates, trainer, best_model_path_);
   const std::string previous = std::exchange(best_model_path_, filepath);
-  save_checkpoint(trainer, filepath);
-  if (options_.save_top_k == 1 && !previous.empty() && should_remove_checkpoint(previous, filepath))
-    remove_checkpoint(trainer, previous);
+  save_checkpoint(trainer, filepath, options_.save_top_k == 1 ? previous : std::string());
 }
 
-void ModelCheckpoint::save_checkpoint(Trainer& trainer, const std::string& filepath) {
+// Note [Removing displaced files]
+// A save that displaces a file (the k-th best, the previous latest, the
+// previous last.ckpt) removes it once the new file is on disk: an
+// asynchronous save's write completes later (Note [Asynchronous
+// checkpoints] in src/trainer/background_writer.h), and a crash before then
+// must leave the old file in place. The removals run when the writes
+// complete, in the order of the saves. A new file's name depends on the
+// files on disk (a version counter, the name of the file being replaced),
+// so a save waits for the write in flight before it names its file.
+void ModelCheckpoint::save_checkpoint(Trainer& trainer, const std::string& filepath, const std::string& displaced) {
+  const std::string removed = !displaced.empty() && should_remove_checkpoint(displaced, filepath) ? displaced : "";
   saving_ = filepath;
   try {
-    trainer.save_checkpoint(filepath);
+    trainer.save_checkpoint_async(filepath, [this, &trainer, removed] {
+      if (!removed.empty()) remove_checkpoint(trainer, removed);
+    });
   } catch (...) {
     saving_.clear();
     throw;

@@ -199,6 +199,7 @@ void TrainingEpochLoop::on_advance_end() {
                       schedule_->due(epoch, batch_progress.current.processed, batch_progress.total.processed, false)))
     validate();
   s.metrics.log_step = logging_step();
+  s.checkpoints.poll();  // Note [Asynchronous checkpoints]
   if (int sig = s.agree_on_stop(SignalTrap::pending()); FULGOR_UNLIKELY(sig != 0)) fit_.stop_for_signal(sig);
 }
 

@@ -72,7 +72,8 @@ void move_archive_tensors(torch::serialize::InputArchive& archive, const Acceler
 // mean other weights (WeightAveraging: the averaged ones), so each swaps its
 // own in while the checkpoint is written and back after, also when writing
 // throws. The archive refers to the module's tensors rather than copying
-// them: the swap lasts until the file is complete.
+// them: the swap lasts until the file is complete or, for an asynchronous
+// save, until the snapshot has copied them (Note [Asynchronous checkpoints]).
 struct CheckpointWeights {
   explicit CheckpointWeights(TrainerState& state) : s(state) {
     for (auto& cb : s.callbacks) cb->swap_checkpoint_weights(*s.module);
@@ -256,8 +257,7 @@ void CheckpointConnector::restore_rng(LoadedCheckpoint& ckpt, const char* cpu_ke
     s.accelerator->set_rng_state(s.device_setup->device, device_state);
 }
 
-void CheckpointConnector::save(const std::string& path) {
-  if (!s.module) throw Error(fmt::format("save_checkpoint('{}'): this Trainer has not fitted a module", path));
+nlohmann::json CheckpointConnector::meta() {
   nlohmann::json meta;
   meta["format"] = kCheckpointFormat;
   meta["format_version"] = kCheckpointFormatVersion;
@@ -280,6 +280,11 @@ void CheckpointConnector::save(const std::string& path) {
   for (auto& cb : s.callbacks) cb->on_save_checkpoint(s.trainer, *s.module, meta);
   meta["module"] = nlohmann::json::object();
   s.module->on_save_checkpoint(meta["module"]);
+  return meta;
+}
+
+torch::serialize::OutputArchive CheckpointConnector::archive(std::vector<torch::Tensor>* snapshot) {
+  nlohmann::json meta = this->meta();
   std::vector<torch::serialize::OutputArchive> callback_tensors;
   for (auto& cb : s.callbacks) {
     torch::serialize::OutputArchive tensors;
@@ -289,7 +294,8 @@ void CheckpointConnector::save(const std::string& path) {
   }
   torch::serialize::OutputArchive archive;
   archive.write("meta", c10::IValue(meta.dump()));
-  // The archive refers to the module's tensors until the file is written.
+  // The archive refers to the module's tensors until the file is written, or
+  // until the snapshot has copied them.
   CheckpointWeights swapped(s);
   torch::serialize::OutputArchive model_archive;
   s.module->save(model_archive);
@@ -308,12 +314,47 @@ void CheckpointConnector::save(const std::string& path) {
   }
   if (rng_epoch_start.defined()) archive.write("rng_epoch_start", rng_epoch_start);
   s.precision.save(archive);
-  // Every rank loads checkpoints, rank 0 alone writes them; the others wait for the file.
-  if (!s.ddp || s.ddp->is_global_zero()) {
-    const std::string folder = std::filesystem::absolute(path).parent_path().lexically_normal().string();
-    if (swept_folders.insert(folder).second) remove_stale_temporaries(folder);
-    write_checkpoint_file(path, archive);
+  if (snapshot)
+    *snapshot = snapshot_to_host(archive, s.accelerator && s.accelerator->supports_pinned_memory(), snapshot_storages_);
+  return archive;
+}
+
+bool CheckpointConnector::prepare_to_write(const std::string& path) {
+  // Every rank loads checkpoints, rank 0 alone writes them.
+  if (s.ddp && !s.ddp->is_global_zero()) return false;
+  const std::string folder = std::filesystem::absolute(path).parent_path().lexically_normal().string();
+  if (swept_folders.insert(folder).second) remove_stale_temporaries(folder);
+  return true;
+}
+
+void CheckpointConnector::save(const std::string& path) {
+  if (!s.module) throw Error(fmt::format("save_checkpoint('{}'): this Trainer has not fitted a module", path));
+  writer_.finish();
+  auto archive = this->archive(/*snapshot=*/nullptr);
+  if (prepare_to_write(path)) write_checkpoint_file(path, archive);
+  // The other ranks wait for the file.
+  if (s.ddp) s.ddp->barrier();
+}
+
+void CheckpointConnector::save_async(const std::string& path, std::function<void()> on_written) {
+  if (!s.module) throw Error(fmt::format("save_checkpoint('{}'): this Trainer has not fitted a module", path));
+  if (writer_.pending()) {
+    ProfileScope timed(s.hooks.stage("wait_for_checkpoint_write"));
+    writer_.finish();
   }
+  std::vector<torch::Tensor> owned;
+  auto archive = this->archive(&owned);
+  const bool write = prepare_to_write(path);
+  writer_.start(path, std::move(archive), std::move(owned), write, std::move(on_written));
+}
+
+void CheckpointConnector::wait_for_write() {
+  if (writer_.pending()) {
+    ProfileScope timed(s.hooks.stage("wait_for_checkpoint_write"));
+    writer_.finish();
+  }
+  // Unconditional: the ranks' writes end at different moments, and a rank
+  // that does not write has none pending, but every rank comes here.
   if (s.ddp) s.ddp->barrier();
 }
 

@@ -5,8 +5,12 @@
 #include <torch/types.h>
 #include <nlohmann/json.hpp>
 
+#include <functional>
 #include <set>
 #include <string>
+#include <vector>
+
+#include "background_writer.h"
 
 namespace fulgor::detail {
 
@@ -47,7 +51,25 @@ struct CheckpointConnector {
   // newest checkpoint) or "best" (the ModelCheckpoint's best_model_path).
   std::string resolve(const std::string& path) const;
   LoadedCheckpoint read(const std::string& requested) const;
+  // Saves synchronously: returns once the file is on disk, after the
+  // asynchronous write in flight, if any.
   void save(const std::string& path);
+  // Saves asynchronously (Note [Asynchronous checkpoints]): returns once the
+  // state is copied to host memory; `on_written` runs on this thread once the
+  // file is on disk. Waits first for the write in flight, if any, as the
+  // profiler action "wait_for_checkpoint_write".
+  void save_async(const std::string& path, std::function<void()> on_written);
+  // After each training batch: finishes a write that has ended, which throws
+  // its CheckpointError. An atomic load when none has.
+  void poll() {
+    if (writer_.pending() && writer_.ended()) writer_.finish();
+  }
+  // Waits for the write in flight, if any, and finishes it; under ddp every
+  // rank calls it, and all then wait for rank 0's file.
+  void wait_for_write();
+  // Waits for the write in flight while an exception unwinds: returns its
+  // error ("" if none) rather than throwing it.
+  std::string wait_for_write_quietly() { return writer_.finish_quietly(); }
 
   // Lightning's _restore_modules_and_callbacks.
   void restore_module_and_callbacks(LoadedCheckpoint& ckpt);
@@ -67,9 +89,21 @@ struct CheckpointConnector {
   torch::Tensor rng_epoch_start;
 
  private:
+  nlohmann::json meta();
+  // The archive of the state now; with `snapshot`, of copies in host memory,
+  // and the copies to keep with it (snapshot_to_host).
+  torch::serialize::OutputArchive archive(std::vector<torch::Tensor>* snapshot);
+  // Whether this process writes the files (rank 0 under ddp); clears the
+  // folder of `path` of stale temporaries before its first save there.
+  bool prepare_to_write(const std::string& path);
+
   // The folders this Trainer has saved into, each cleared of stale temporary
   // files before its first save.
   std::set<std::string> swept_folders;
+  // The last snapshot's host memory: in use by its write, then reused by the
+  // next snapshot (Note [Reusing snapshot memory] in src/checkpoint_snapshot.cpp).
+  std::vector<c10::Storage> snapshot_storages_;
+  BackgroundWriter writer_;
 
   TrainerState& s;
 };

@@ -56,6 +56,9 @@ void run_stage(detail::TrainerState& s, const char* name, ModuleBase& model, Dat
     s.finish(model, "success");
     throw;
   } catch (const std::exception& e) {
+    // The write in flight completes before the callbacks hear of the
+    // exception; its own failure is reported, the exception goes on.
+    if (const std::string failed = s.checkpoints.wait_for_write_quietly(); !failed.empty()) s.warn(failed);
     s.on_exception(model, e);
     if (detail::launched_ranks()) stop_job(e);
     throw;
@@ -84,6 +87,7 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
     model.zero_grad();
     if (!s.fit_loop.restarting()) s.fit_loop.epoch_loop.val_loop.sanity_check();
     s.fit_loop.run();
+    s.checkpoints.wait_for_write();
     s.hooks.both("on_fit_end", &Callback::on_fit_end, &ModuleBase::on_fit_end);
     s.finish(model, s.fit_loop.stopped_by_signal() ? "interrupted" : "success");
   });

@@ -182,6 +182,15 @@ void Trainer::save_checkpoint(const std::string& path) {
   state_->checkpoints.save(path);
 }
 
+void Trainer::save_checkpoint_async(const std::string& path, std::function<void()> on_written) {
+  detail::ProfileScope timed(state_->hooks.stage("save_checkpoint"));
+  if (state_->options.async_checkpointing) return state_->checkpoints.save_async(path, std::move(on_written));
+  state_->checkpoints.save(path);
+  if (on_written) on_written();
+}
+
+void Trainer::wait_for_checkpoint() { state_->checkpoints.wait_for_write(); }
+
 const SimpleProfiler* Trainer::profiler() const { return state_->profiling ? &state_->profiling->profiler() : nullptr; }
 
 }  // namespace fulgor

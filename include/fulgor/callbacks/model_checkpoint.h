@@ -63,7 +63,11 @@ struct ModelCheckpointOptions {
 /// when the monitored metric is missing once validation has run, listing the
 /// metrics that were logged (before that, warns and skips the save). Its
 /// bookkeeping is saved in checkpoints, so a resumed run keeps ranking the
-/// earlier files.
+/// earlier files. Its saves are asynchronous with the Trainer's
+/// async_checkpointing (Trainer::save_checkpoint_async): the ranking
+/// (best_model_path and the others) counts a file from the moment its save
+/// begins, as the state inside the file must, and the file it displaces is
+/// removed only once the new file is on disk.
 class ModelCheckpoint : public Callback {
  public:
   explicit ModelCheckpoint(ModelCheckpointOptions options = {});
@@ -115,7 +119,7 @@ class ModelCheckpoint : public Callback {
   bool check_monitor_top_k(Trainer& trainer, double current) const;
   void update_best_and_save(double current, Trainer& trainer, const std::map<std::string, double>& candidates);
   void save_none_monitor_checkpoint(Trainer& trainer, const std::map<std::string, double>& candidates);
-  void save_checkpoint(Trainer& trainer, const std::string& filepath);
+  void save_checkpoint(Trainer& trainer, const std::string& filepath, const std::string& displaced = {});
   bool should_remove_checkpoint(const std::string& previous, const std::string& current) const;
   void remove_checkpoint(Trainer& trainer, const std::string& filepath) const;
   void remove_orphans(Trainer& trainer) const;

@@ -1,18 +1,23 @@
 // The program the checkpoint crash test starts and kills:
 //
-//   fulgor_checkpoint_writer ROOT MAX_STEPS
+//   fulgor_checkpoint_writer ROOT MAX_STEPS [KILL_AT_STEP]
 //
 // Fits WriterModel in ROOT, saving a checkpoint after every step (the three
 // lowest train_loss and last.ckpt, in ROOT/checkpoints) until MAX_STEPS, and
 // resumes from ckpt_path "last" when that folder holds a checkpoint. Prints
 // "training from step N" once training has begun (after the resume). Exits 0 on success, 3 with the message
-// on a fulgor::Error, 4 on any other exception.
+// on a fulgor::Error, 4 on any other exception. With KILL_AT_STEP, from that
+// step on, it kills itself with SIGKILL once it sees the background write
+// of last.ckpt under way (its temporary file created).
 
 #include <torch/torch.h>
 
+#include <chrono>
+#include <csignal>
 #include <filesystem>
 #include <iostream>
 #include <string>
+#include <thread>
 
 #include "fulgor/fulgor.h"
 #include "writer_model.h"
@@ -27,6 +32,27 @@ struct AnnounceTraining final : fulgor::Callback {
   }
 };
 
+// Kills the process while the write of last.ckpt is in flight: at the first
+// step from `from` on whose write it sees under way (a fast disk may finish
+// a write before it looks).
+struct KillDuringWrite final : fulgor::Callback {
+  int64_t from;
+  explicit KillDuringWrite(int64_t step) : from(step) {}
+  // Ordered after the ModelCheckpoint, as checkpointing callbacks are: its
+  // saves of the step have begun.
+  bool saves_checkpoints() const override { return true; }
+  void on_train_batch_end(fulgor::Trainer& trainer, fulgor::ModuleBase&, const torch::Tensor&, int64_t) override {
+    if (trainer.global_step() < from) return;
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::milliseconds(50);
+    while (std::chrono::steady_clock::now() < give_up) {
+      std::error_code ec;
+      for (auto it = fs::directory_iterator(trainer.checkpoint_dir(), ec); !ec && it != fs::directory_iterator();
+           it.increment(ec))
+        if (it->path().filename().string().rfind(".last.ckpt.tmp.", 0) == 0) std::raise(SIGKILL);
+    }
+  }
+};
+
 bool holds_a_checkpoint(const fs::path& dir) {
   std::error_code ec;
   for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::directory_iterator(); it.increment(ec))
@@ -37,8 +63,8 @@ bool holds_a_checkpoint(const fs::path& dir) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 3) {
-    std::cerr << "usage: fulgor_checkpoint_writer ROOT MAX_STEPS\n";
+  if (argc != 3 && argc != 4) {
+    std::cerr << "usage: fulgor_checkpoint_writer ROOT MAX_STEPS [KILL_AT_STEP]\n";
     return 2;
   }
   try {
@@ -66,6 +92,7 @@ int main(int argc, char** argv) {
     options.enable_model_summary = false;
     options.max_steps = std::stoll(argv[2]);
     options.callbacks = {std::make_shared<fulgor::ModelCheckpoint>(every_step), std::make_shared<AnnounceTraining>()};
+    if (argc == 4) options.callbacks.push_back(std::make_shared<KillDuringWrite>(std::stoll(argv[3])));
     fulgor::Trainer trainer(options);
     const bool resume = holds_a_checkpoint(trainer.checkpoint_dir());
     trainer.fit(model, loader, fulgor::FitOptions{resume ? "last" : ""});
