@@ -88,7 +88,9 @@ inline std::unique_ptr<TinyNet> adam_step_lr_net(uint64_t seed, double dropout) 
   auto model = std::make_unique<TinyNet>(dropout);
   model->make_optimizers = [](TinyNet& m) {
     auto adam = std::make_shared<torch::optim::Adam>(m.parameters(), torch::optim::AdamOptions(0.01));
-    return fulgor::OptimizerConfig(adam, {.scheduler = std::make_shared<fulgor::StepLR>(*adam, 1, 0.7)});
+    fulgor::SchedulerConfig step_lr;
+    step_lr.scheduler = std::make_shared<fulgor::StepLR>(*adam, 1, 0.7);
+    return fulgor::OptimizerConfig(adam, step_lr);
   };
   return model;
 }
