@@ -4,7 +4,6 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <sys/file.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <torch/version.h>
 #include <unistd.h>
@@ -19,6 +18,7 @@
 #include <new>
 #include <string_view>
 
+#include "checkpoint_chunks.h"
 #include "checkpoint_meta.h"
 #include "fulgor/error.h"
 #include "fulgor/module.h"
@@ -29,8 +29,10 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr char kMagic[8] = {'F', 'U', 'L', 'G', 'O', 'R', 'C', 'K'};
-constexpr uint32_t kContainerVersion = 3;
-// Version 2 differs only in its hash (fnv1a_words); such files are still read.
+constexpr uint32_t kContainerVersion = 4;
+// Versions 2 and 3 hold one hash of the whole archive (fnv1a_words, XXH3-64)
+// and no list of chunk hashes; such files are still read.
+constexpr uint32_t kWholeHashVersion = 3;
 constexpr uint32_t kFnvContainerVersion = 2;
 constexpr size_t kHeaderSize = 28;
 
@@ -77,10 +79,6 @@ void write_all(int fd, const char* data, size_t size, const std::string& path) {
   }
 }
 
-struct Xxh3StateDeleter {
-  void operator()(XXH3_state_t* state) const { XXH3_freeState(state); }
-};
-
 // Note [Failed writes inside the archive writer]
 // The archive writer calls back through LibTorch's zip code, which must not
 // hear of a failed write: told by a short write, PyTorchStreamWriter throws,
@@ -90,20 +88,16 @@ struct Xxh3StateDeleter {
 // byte as if written, and write_container throws the kept error once
 // LibTorch has returned.
 
-// Streams the archive into the file while hashing it, gathering the archive's
-// many small records into large writes.
+// Streams the archive into the file while hashing it (Note [Checked chunks]),
+// gathering the archive's many small records into large writes.
 class ArchiveSink {
  public:
-  ArchiveSink(int fd, const std::string& path) : fd_(fd), path_(path), hash_state_(XXH3_createState()) {
-    if (!hash_state_) throw std::bad_alloc();
-    XXH3_64bits_reset(hash_state_.get());
-    buffer_.reserve(kBufferSize);
-  }
+  ArchiveSink(int fd, const std::string& path) : fd_(fd), path_(path) { buffer_.reserve(kBufferSize); }
 
   size_t write(const void* data, size_t size) {
     if (!error_.empty()) return size;  // Note [Failed writes inside the archive writer]
     const char* bytes = static_cast<const char*>(data);
-    XXH3_64bits_update(hash_state_.get(), bytes, size);
+    hashes_.update(bytes, size);
     length_ += size;
     try {
       if (buffer_.size() + size > kBufferSize) flush();
@@ -122,20 +116,20 @@ class ArchiveSink {
   }
   const std::string& error() const { return error_; }
   uint64_t length() const { return length_; }
-  uint64_t hash() const { return XXH3_64bits_digest(hash_state_.get()); }
+  std::string hash_table() { return hashes_.table(); }
 
  private:
   static constexpr size_t kBufferSize = 1 << 20;
   int fd_;
   const std::string& path_;
-  std::unique_ptr<XXH3_state_t, Xxh3StateDeleter> hash_state_;
+  detail::ChunkHasher hashes_;
   std::string buffer_, error_;
   uint64_t length_ = 0;
 };
 
 // Writes the archive after a header whose length and hash are filled in at
-// the end. Until then the header is zeros, which marks an unfinished
-// temporary (is_unfinished_checkpoint).
+// the end, and the chunks' hashes after it. Until then the header is zeros,
+// which marks an unfinished temporary (is_unfinished_checkpoint).
 void write_container(int fd, torch::serialize::OutputArchive& archive, const std::string& path) {
   char header[kHeaderSize] = {};
   write_all(fd, header, kHeaderSize, path);
@@ -149,10 +143,12 @@ void write_container(int fd, torch::serialize::OutputArchive& archive, const std
   }
   if (!sink.error().empty()) throw CheckpointError(sink.error());
   sink.flush();
+  const std::string table = sink.hash_table();
+  write_all(fd, table.data(), table.size(), path);
   std::memcpy(header, kMagic, sizeof(kMagic));
   put_le<uint32_t>(header + 8, kContainerVersion);
   put_le<uint64_t>(header + 12, sink.length());
-  put_le<uint64_t>(header + 20, sink.hash());
+  put_le<uint64_t>(header + 20, XXH3_64bits(table.data(), table.size()));
   if (::pwrite(fd, header, kHeaderSize, 0) != static_cast<ssize_t>(kHeaderSize))
     throw CheckpointError(system_error("write", path));
 }
@@ -285,76 +281,105 @@ void remove_stale_temporaries(const std::string& dir) {
 }  // namespace detail
 
 namespace {
-// A file mapped read-only: the archive is checked and parsed where the page
-// cache holds it, without copying 40 MB into a buffer first.
-class MappedFile {
+// A checkpoint file open for reading.
+class CheckpointFile {
  public:
-  explicit MappedFile(const std::string& path) {
+  explicit CheckpointFile(const std::string& path) : path_(path) {
     // Non-blocking, so that a FIFO is refused below rather than waited on;
     // it changes nothing for a regular file.
-    const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) throw CheckpointError(fmt::format("cannot read checkpoint '{}': {}", path, std::strerror(errno)));
+    fd_ = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd_ < 0) throw CheckpointError(fmt::format("cannot read checkpoint '{}': {}", path, std::strerror(errno)));
     struct stat info {};
-    if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
-      ::close(fd);
+    if (::fstat(fd_, &info) != 0 || !S_ISREG(info.st_mode)) {
+      ::close(fd_);
       throw CheckpointError(fmt::format("cannot read checkpoint '{}': it is not a regular file", path));
     }
-    size_ = static_cast<size_t>(info.st_size);
-    if (size_ > 0) {
-      void* data = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
-      if (data == MAP_FAILED) {
-        ::close(fd);
-        throw CheckpointError(fmt::format("cannot read checkpoint '{}': {}", path, std::strerror(errno)));
-      }
-      data_ = static_cast<const char*>(data);
-    }
-    ::close(fd);
+    size_ = static_cast<uint64_t>(info.st_size);
   }
-  ~MappedFile() {
-    if (data_) ::munmap(const_cast<char*>(data_), size_);
+  ~CheckpointFile() { ::close(fd_); }
+  CheckpointFile(const CheckpointFile&) = delete;
+  CheckpointFile& operator=(const CheckpointFile&) = delete;
+
+  int fd() const { return fd_; }
+  uint64_t size() const { return size_; }
+  // `size` bytes at `offset`, which the file was found to hold.
+  std::string read(uint64_t offset, uint64_t size) const {
+    std::string bytes(size, '\0');
+    const int64_t n = detail::pread_full(fd_, bytes.data(), size, offset);
+    if (n < 0) throw CheckpointError(fmt::format("cannot read checkpoint '{}': {}", path_, std::strerror(errno)));
+    if (static_cast<uint64_t>(n) != size)
+      throw CheckpointError(fmt::format("checkpoint '{}' is truncated: it shrank while being read", path_));
+    return bytes;
   }
-  MappedFile(const MappedFile&) = delete;
-  MappedFile& operator=(const MappedFile&) = delete;
-  std::string_view bytes() const { return {data_ ? data_ : "", size_}; }
 
  private:
-  const char* data_ = nullptr;
-  size_t size_ = 0;
+  const std::string& path_;
+  int fd_ = -1;
+  uint64_t size_ = 0;
 };
 }  // namespace
 
 torch::serialize::InputArchive read_checkpoint_file(const std::string& path) {
-  const MappedFile file(path);
-  const std::string_view bytes = file.bytes();
-  if (bytes.size() < kHeaderSize || std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0) {
-    if (bytes.size() < sizeof(kMagic) && std::string_view(kMagic, bytes.size()) == bytes)
+  const CheckpointFile file(path);
+  const std::string head = file.read(0, std::min<uint64_t>(file.size(), kHeaderSize));
+  if (head.size() < kHeaderSize || std::memcmp(head.data(), kMagic, sizeof(kMagic)) != 0) {
+    if (head.size() < sizeof(kMagic) && std::string_view(kMagic, head.size()) == head)
       throw CheckpointError(
-          fmt::format("checkpoint '{}' is truncated: {} bytes, not even a header", path, bytes.size()));
+          fmt::format("checkpoint '{}' is truncated: {} bytes, not even a header", path, head.size()));
     throw CheckpointError(fmt::format("'{}' is not a fulgor checkpoint (it does not start with \"FULGORCK\")", path));
   }
-  const auto version = get_le<uint32_t>(bytes.data() + 8);
-  const auto length = get_le<uint64_t>(bytes.data() + 12);
-  const auto hash = get_le<uint64_t>(bytes.data() + 20);
-  if (version != kContainerVersion && version != kFnvContainerVersion)
-    throw CheckpointError(fmt::format("checkpoint '{}' has container version {}; this fulgor reads versions {} and {}",
+  const auto version = get_le<uint32_t>(head.data() + 8);
+  const auto length = get_le<uint64_t>(head.data() + 12);
+  const auto hash = get_le<uint64_t>(head.data() + 20);
+  if (version < kFnvContainerVersion || version > kContainerVersion)
+    throw CheckpointError(fmt::format("checkpoint '{}' has container version {}; this fulgor reads versions {} to {}",
                                       path, version, kFnvContainerVersion, kContainerVersion));
-  if (bytes.size() - kHeaderSize < length)
+  const uint64_t present = file.size() - kHeaderSize;
+  // The length is compared with the file before the table's size is
+  // computed from it, which then cannot overflow.
+  const bool chunked = version == kContainerVersion;
+  const uint64_t expected = chunked && length <= present ? length + 8 * detail::chunk_count(length) : length;
+  if (present < expected)
+    throw CheckpointError(fmt::format("checkpoint '{}' is truncated: {} of {} bytes present", path, present, expected));
+  if (present > expected)
     throw CheckpointError(
-        fmt::format("checkpoint '{}' is truncated: {} of {} bytes present", path, bytes.size() - kHeaderSize, length));
-  if (bytes.size() - kHeaderSize > length)
-    throw CheckpointError(fmt::format("checkpoint '{}' is corrupted: {} bytes past the end of its data", path,
-                                      bytes.size() - kHeaderSize - length));
-  const char* data = bytes.data() + kHeaderSize;
-  const uint64_t actual = version == kFnvContainerVersion ? fnv1a_words(data, length) : XXH3_64bits(data, length);
-  if (actual != hash)
-    throw CheckpointError(fmt::format("checkpoint '{}' is corrupted: its contents do not match its checksum", path));
+        fmt::format("checkpoint '{}' is corrupted: {} bytes past the end of its data", path, present - expected));
+  const CheckpointError corrupted(
+      fmt::format("checkpoint '{}' is corrupted: its contents do not match its checksum", path));
+  auto unreadable = [&](const std::string& why) {
+    return CheckpointError(fmt::format("checkpoint '{}' cannot be read by LibTorch {}: {}", path, TORCH_VERSION, why));
+  };
   torch::serialize::InputArchive archive;
-  try {
-    archive.load_from(data, length, torch::Device(torch::kCPU));
-  } catch (const c10::Error& e) {
-    throw CheckpointError(fmt::format("checkpoint '{}' cannot be read by LibTorch {}: {}", path, TORCH_VERSION,
-                                      e.what_without_backtrace()));
+  if (!chunked) {
+    const std::string data = file.read(kHeaderSize, length);
+    const uint64_t actual =
+        version == kFnvContainerVersion ? fnv1a_words(data.data(), length) : XXH3_64bits(data.data(), length);
+    if (actual != hash) throw corrupted;
+    try {
+      archive.load_from(data.data(), length, torch::Device(torch::kCPU));
+    } catch (const c10::Error& e) {
+      throw unreadable(e.what_without_backtrace());
+    }
+    return archive;
   }
+  std::string table = file.read(kHeaderSize + length, expected - length);
+  if (XXH3_64bits(table.data(), table.size()) != hash) throw corrupted;
+  detail::CheckedArchive checked(file.fd(), kHeaderSize, length, std::move(table));  // Note [Checked chunks]
+  auto check_rest = [&] {
+    if (checked.check_rest()) return;
+    if (checked.read_error() != 0)
+      throw CheckpointError(fmt::format("cannot read checkpoint '{}': {}", path, std::strerror(checked.read_error())));
+    throw corrupted;
+  };
+  try {
+    archive.load_from([&](uint64_t pos, void* buf, size_t n) { return checked.read(pos, buf, n); },
+                      [&] { return static_cast<size_t>(length); }, torch::Device(torch::kCPU));
+  } catch (const c10::Error& e) {
+    // A read stopped at a chunk that does not match: LibTorch names a symptom.
+    check_rest();
+    throw unreadable(e.what_without_backtrace());
+  }
+  check_rest();
   return archive;
 }
 
@@ -373,6 +398,22 @@ namespace {
 // CheckpointError naming the tensor and both dtypes: the user converts the
 // module (module.to(torch::kFloat64)) to the checkpoint's dtype, or loads the
 // weights for another dtype explicitly.
+
+// Note [Loading without a copy]
+// A tensor is loaded into the module's existing one: optimizers and hooks
+// keep referring to that tensor, which may live on any device. Where nothing
+// else sees its memory, it takes the saved tensor's memory instead of a copy
+// (as torch::load does), which spares a pass over all the weights. Where its
+// memory is shared (a view, a flattened buffer, tied weights saved apart) or
+// the saved memory is already someone's (a second load from one archive),
+// the values are copied, so no two tensors come to share memory that did not.
+bool can_take_storage(const torch::Tensor& target, const torch::Tensor& saved) {
+  auto alone = [](const torch::Tensor& t) {
+    return t.layout() == torch::kStrided && !t.is_view() && t.is_contiguous() && t.storage_offset() == 0 &&
+           t.storage().nbytes() == t.nbytes() && t.storage().use_count() == 1;
+  };
+  return target.device() == saved.device() && alone(target) && alone(saved);
+}
 
 // `prefix` is the dotted name of `module` within the module loaded ("" or "fc1.").
 void load_state(torch::nn::Module& module, torch::serialize::InputArchive& archive, const std::string& path,
@@ -398,9 +439,11 @@ void load_state(torch::nn::Module& module, torch::serialize::InputArchive& archi
           "checkpoint '{}': {} '{}{}' is {}, the module's is {}; convert the module to {} before loading it", path,
           kind, prefix, key, c10::toString(saved.scalar_type()), c10::toString(target.scalar_type()),
           c10::toString(saved.scalar_type())));
-    // Copied into the existing tensor: it may live on any device, and
-    // optimizers keep referring to it.
-    target.copy_(saved);
+    // Note [Loading without a copy]
+    if (can_take_storage(target, saved))
+      target.set_(saved);
+    else
+      target.copy_(saved);
   };
   // Module::save nests one archive per submodule; read them the same way.
   for (auto& item : module.named_parameters(/*recurse=*/false)) load(item.key(), item.value(), false);

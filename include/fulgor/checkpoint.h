@@ -15,19 +15,24 @@ class ModuleBase;
 class Accelerator;
 
 // Note [Checkpoint files]
-// A checkpoint is one file: a 28-byte header, then a LibTorch archive
+// A checkpoint is one file: a 28-byte header, a LibTorch archive
 // (torch::serialize::OutputArchive, the same zip container on every LibTorch
-// version). docs/training.md describes it byte by byte.
+// version), then the archive's chunk hashes. docs/training.md describes it
+// byte by byte.
 //   bytes 0..7    "FULGORCK"
-//   bytes 8..11   container version, little-endian uint32 (3)
-//   bytes 12..19  archive length in bytes, little-endian uint64
-//   bytes 20..27  XXH3-64 (seed 0) of the archive, little-endian uint64, so
-//                 `tail -c +29 FILE | xxhsum -H3 --little-endian` prints
-//                 these 8 bytes in hex
-// Version 2 files, whose hash was FNV-1a over the archive's little-endian
-// 64-bit words (the last zero-padded), are still read.
+//   bytes 8..11   container version, little-endian uint32 (4)
+//   bytes 12..19  N, the archive's length in bytes, little-endian uint64
+//   bytes 20..27  XXH3-64 (seed 0) of the list of chunk hashes, little-endian
+//   then          the archive, N bytes
+//   then          K = ceil(N / 262144) little-endian uint64s: the XXH3-64 of
+//                 each 256 KiB chunk of the archive, the last one partial
+// Version 3 files, with the XXH3-64 of the whole archive in bytes 20..27 and
+// no list, and version 2 files, with FNV-1a over the archive's little-endian
+// 64-bit words (the last zero-padded) there, are still read.
 // The header lets a truncated, corrupted or foreign file be recognised before
-// LibTorch parses it. The archive holds:
+// LibTorch parses it, and the chunk hashes let each chunk be checked as it
+// is read (Note [Checked chunks] in src/checkpoint_chunks.h). The archive
+// holds:
 //   "meta"        a JSON string: format, fulgor and LibTorch versions, loop
 //                 progress, callback states, scheduler states, hyper-parameters
 //                 and the module's on_save_checkpoint state
@@ -38,9 +43,9 @@ class Accelerator;
 //                 the CPU's when the epoch began (the sampler's shuffle)
 //   "grad_scaler" the loss scaler's state, with fp16 mixed precision
 // Files are written atomically: a temporary file in the same folder, written
-// (the archive streamed, the header's length and hash filled in last),
-// fsync'ed, then renamed over the destination, then the folder is
-// fsync'ed. A crash or a full disk leaves the previous file intact. See
+// (the archive streamed, the hashes after it, the header's length and hash
+// filled in last), fsync'ed, then renamed over the destination, then the
+// folder is fsync'ed. A crash or a full disk leaves the previous file intact. See
 // Note [Temporary checkpoint files] (src/checkpoint.cpp) for what a crash
 // leaves behind and how it is removed.
 

@@ -1,7 +1,7 @@
 // Checkpoint files, read as the Trainer resumes from them.
 //
 // An input that starts with "FULGORCK" is a whole checkpoint file, whose
-// header, length and checksum are checked before LibTorch parses it. Any
+// header, length and checksums are checked before LibTorch parses it. Any
 // other input is the metadata JSON of a checkpoint that is otherwise valid:
 // the Trainer writes one with its metadata replaced by the input, so that
 // what reads the metadata is fuzzed behind the checksum.

@@ -6,7 +6,7 @@
 valid.ckpt is the checkpoint fulgor writes for the target's one-parameter
 module (fulgor_fuzz_replay --write-checkpoint-seed). The other files are that
 checkpoint broken in the ways the reader must name (truncated, corrupted,
-another version, the previous version, a checksum that holds over something that is no archive),
+another version, the previous versions, a checksum that holds over something that is no archive),
 and its metadata as JSON, which the target puts into an otherwise valid
 checkpoint, as written and with the damage the Trainer must refuse.
 """
@@ -21,8 +21,11 @@ import sys
 import zipfile
 
 
+CHUNK = 262144
+
+
 def xxh3(data):
-    """The checksum of Note [Checkpoint files] (include/fulgor/checkpoint.h), by
+    """The hash of Note [Checkpoint files] (include/fulgor/checkpoint.h), by
     xxhsum (Debian package xxhash)."""
     out = subprocess.run(["xxhsum", "-H3", "--little-endian", "-"], input=data, check=True,
                          capture_output=True).stdout.decode()
@@ -39,10 +42,15 @@ def fnv(data):
     return h
 
 
-def header(archive, version=3, length=None):
+def container(archive, version=4, length=None):
+    """A whole file: version 4 lists its chunks' hashes after the archive and
+    hashes the list; versions 2 and 3 hash the whole archive."""
     length = len(archive) if length is None else length
+    if version == 4:
+        table = b"".join(struct.pack("<Q", xxh3(archive[at:at + CHUNK])) for at in range(0, len(archive), CHUNK))
+        return b"FULGORCK" + struct.pack("<IQQ", version, length, xxh3(table)) + archive + table
     checksum = fnv(archive) if version == 2 else xxh3(archive)
-    return b"FULGORCK" + struct.pack("<IQQ", version, length, checksum)
+    return b"FULGORCK" + struct.pack("<IQQ", version, length, checksum) + archive
 
 
 def metadata_of(archive):
@@ -59,8 +67,9 @@ def main(replay, out):
     subprocess.run([replay, "--write-checkpoint-seed", valid_path], check=True)
     with open(valid_path, "rb") as f:
         valid = f.read()
-    archive = valid[28:]
-    assert header(archive) == valid[:28], "the header is not as Note [Checkpoint files] says"
+    (length,) = struct.unpack("<Q", valid[12:20])
+    archive = valid[28:28 + length]
+    assert container(archive) == valid, "the file is not as Note [Checkpoint files] says"
 
     def write(name, data):
         with open(os.path.join(out, name), "wb") as f:
@@ -72,11 +81,12 @@ def main(replay, out):
     write("truncated_half", valid[:len(valid) // 2])
     write("corrupted_byte", bytes(corrupted))
     write("trailing_bytes", valid + b"\0\0\0")
-    write("version_2", header(archive, version=2) + archive)
-    write("version_4", header(archive, version=4) + archive)
-    write("length_huge", header(archive, length=2**64 - 1) + archive)
-    write("empty_archive_valid_checksum", header(b""))
-    write("not_a_zip_valid_checksum", header(b"hello, not a zip") + b"hello, not a zip")
+    write("version_2", container(archive, version=2))
+    write("version_3", container(archive, version=3))
+    write("version_5", b"FULGORCK" + struct.pack("<I", 5) + valid[12:])
+    write("length_huge", container(archive, length=2**64 - 1))
+    write("empty_archive_valid_checksum", container(b""))
+    write("not_a_zip_valid_checksum", container(b"hello, not a zip"))
 
     meta = metadata_of(archive)
     callbacks = meta["callbacks"]
