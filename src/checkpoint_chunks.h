@@ -3,13 +3,14 @@
 //
 // Note [Checked chunks]
 // Version 4 hashes the archive in chunks of 256 KiB, each with its own XXH3-64,
-// listed after the archive; the header holds the XXH3-64 of that list. A
-// reader checks a chunk just before LibTorch first reads from it, and copies
-// it out while it is still in the processor's cache: the file passes through
-// memory once, as it does for torch::load, where one hash over the whole
-// archive needed a pass of its own before LibTorch could be given any of it.
-// LibTorch still never parses a byte that was not checked, and the chunks
-// it did not read are checked before the archive is used.
+// listed after the archive; the header holds the XXH3-64 of that list. When
+// LibTorch first asks for bytes of a chunk, the reader reads the chunk into
+// LibTorch's buffer and hashes it there, while it is in the processor's
+// cache, before returning: the file passes through memory once, as it does
+// for torch::load, where one hash over the whole archive needed a pass of
+// its own before LibTorch could be given any of it. LibTorch still never
+// parses a byte that was not checked, and the chunks it did not read are
+// checked before the archive is used.
 
 #include <xxhash.h>
 
