@@ -1,8 +1,9 @@
 // Saving and loading a 10-million-parameter model: a Trainer checkpoint (model,
 // optimizer state, loop state, RNG states; written atomically) against
-// torch::save + fsync / torch::load of the module alone; and the training
+// torch::save + fsync / torch::load of the module alone; the training
 // thread's stall per asynchronous save of a 100 MB model against a
-// synchronous save.
+// synchronous save; and the steps per second of a fit of that model saving
+// every N steps against the same fit without checkpoints.
 
 #include <fcntl.h>
 #include <torch/torch.h>
@@ -14,6 +15,7 @@
 #include <sstream>
 
 #include "benchmarks.h"
+#include "fulgor/callbacks/model_checkpoint.h"
 #include "fulgor/checkpoint.h"
 #include "fulgor/data/tensor_loader.h"
 #include "fulgor/module.h"
@@ -91,6 +93,60 @@ void async_stall(Report& report, const Settings& settings, const std::filesystem
   report.figures["checkpoint_async_stall_ratio"] = stall_s / sync_s;
 }
 
+// A fit of `steps` steps that saves every `every` steps (none if 0), in a
+// folder of its own as a new run has; its time in seconds.
+double fit_saving_every(int64_t width, int64_t steps, int64_t every, bool async, const std::filesystem::path& dir) {
+  torch::manual_seed(0);
+  Wide model(width);
+  TensorLoader loader = wide_loader(width);
+  TrainerOptions options;
+  options.accelerator = "cpu";
+  options.devices = 1;
+  options.max_steps = steps;
+  options.enable_progress_bar = false;
+  options.enable_model_summary = false;
+  options.logger = false;
+  options.enable_checkpointing = every > 0;
+  options.async_checkpointing = async;
+  options.default_root_dir = dir.string();
+  if (every > 0) {
+    ModelCheckpointOptions checkpoints;
+    checkpoints.every_n_train_steps = every;
+    options.callbacks = {std::make_shared<ModelCheckpoint>(checkpoints)};
+  }
+  Trainer trainer(options);
+  const auto start = std::chrono::steady_clock::now();
+  trainer.fit(model, loader);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::filesystem::remove_all(dir);
+  return seconds;
+}
+
+// Steps per second of fits of the 100 MB model that save every N steps
+// (the last save N/2 steps before the end, as a run's last save seldom falls
+// on its last step), asynchronously and synchronously, against the same
+// fits without checkpoints, run interleaved.
+void saving_every_n_steps(Report& report, const Settings& settings, const std::filesystem::path& dir) {
+  const int64_t width = settings.quick ? 1000 : 5000, every = 20, steps = 3 * every + every / 2;
+  // Interleaved, and only fit() timed: building the model takes longer than some fits.
+  std::vector<std::vector<double>> seconds(3);
+  for (int r = 0, run = 0; r < std::max(3, settings.repeats / 2); ++r)
+    for (int v = 0; v < 3; ++v)
+      seconds[v].push_back(
+          fit_saving_every(width, steps, v == 0 ? 0 : every, v == 1, dir / ("run-" + std::to_string(run++))));
+  const std::vector<double> times = {median(seconds[0]), median(seconds[1]), median(seconds[2])};
+  const double none = steps / times[0], async = steps / times[1], sync = steps / times[2];
+  const std::string what =
+      fmt::format("{:.1f}M parameters, {} steps, a save every {}", width * width / 1e6, steps, every);
+  report.row({"checkpoint", "fit without checkpoints, " + what, fmt::format("{:.1f} steps/s", none), ""});
+  report.row({"checkpoint", "fit saving asynchronously", fmt::format("{:.1f} steps/s", async),
+              fmt::format("{:.3f}x the steps/s", async / none)});
+  report.row({"checkpoint", "fit saving synchronously", fmt::format("{:.1f} steps/s", sync),
+              fmt::format("{:.3f}x the steps/s", sync / none)});
+  report.figures["checkpoint_every_n_steps_async_ratio"] = async / none;
+  report.figures["checkpoint_every_n_steps_sync_ratio"] = sync / none;
+}
+
 }  // namespace
 
 void checkpoint_benchmark(Report& report, const Settings& settings) {
@@ -122,6 +178,7 @@ void checkpoint_benchmark(Report& report, const Settings& settings) {
   report.figures["checkpoint_save_ratio"] = save[1] / save[0];
   report.figures["checkpoint_load_ratio"] = load[1] / load[0];
   async_stall(report, settings, dir);
+  saving_every_n_steps(report, settings, dir);
   std::filesystem::remove_all(dir);
 }
 
