@@ -2,13 +2,14 @@
 
 #include <xxh_x86dispatch.h>
 
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <new>
+
+#include "huge_pages.h"
 
 namespace fulgor::detail {
 namespace {
@@ -21,20 +22,6 @@ uint64_t get_le64(const char* in) {
   uint64_t value = 0;
   for (int i = 0; i < 8; ++i) value |= static_cast<uint64_t>(static_cast<unsigned char>(in[i])) << (8 * i);
   return value;
-}
-
-// Note [Huge pages for loaded tensors]
-// A read of megabytes fills a tensor's memory, fresh from the allocator:
-// faulting it in 4 KiB pages took three quarters of a load's time (a 40 MB
-// model: 10,000 faults, about 14 ms). Asked for transparent huge pages, the
-// kernel faults it in 2 MiB pages where its setting allows them
-// (/sys/kernel/mm/transparent_hugepage/enabled "always" or "madvise"); where
-// it does not, the advice changes nothing.
-void advise_huge_pages(char* buf, size_t size) {
-  constexpr uintptr_t kPage = 4096;
-  const uintptr_t first = (reinterpret_cast<uintptr_t>(buf) + kPage - 1) & ~(kPage - 1);
-  const uintptr_t last = (reinterpret_cast<uintptr_t>(buf) + size) & ~(kPage - 1);
-  if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);
 }
 
 }  // namespace
@@ -102,7 +89,7 @@ bool CheckedArchive::verify(uint64_t chunk, char* into) {
 
 size_t CheckedArchive::read(uint64_t pos, void* buf, size_t size) {
   char* out = static_cast<char*>(buf);
-  if (size >= (size_t{4} << 20)) advise_huge_pages(out, size);  // Note [Huge pages for loaded tensors]
+  advise_huge_pages(out, size);  // Note [Huge pages for fresh tensor memory]
   size_t copied = 0;
   while (copied < size && pos < length_) {
     const uint64_t chunk = pos / kChecksumChunk, start = chunk * kChecksumChunk;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "fulgor/checkpoint.h"
+#include "huge_pages.h"
 
 namespace fulgor::detail {
 namespace {
@@ -112,6 +113,8 @@ class HostCopier {
       copied = at::empty({0}, options).set_(spares_[index], 0, tensor.sizes(), tensor.strides());
     } else {
       copied = at::empty_like(tensor, options, at::MemoryFormat::Preserve);
+      if (!pin)
+        advise_huge_pages(copied.data_ptr(), copied.storage().nbytes());  // Note [Huge pages for fresh tensor memory]
     }
     storages_.push_back(copied.storage());
     return copied;
