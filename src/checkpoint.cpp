@@ -22,6 +22,7 @@
 #include "checkpoint_meta.h"
 #include "fulgor/error.h"
 #include "fulgor/module.h"
+#include "read_at.h"
 
 namespace fulgor {
 namespace {
@@ -305,11 +306,9 @@ class CheckpointFile {
   // `size` bytes at `offset`, which the file was found to hold.
   std::string read(uint64_t offset, uint64_t size) const {
     std::string bytes(size, '\0');
-    const int64_t n = detail::pread_full(fd_, bytes.data(), size, offset);
-    if (n < 0) throw CheckpointError(fmt::format("cannot read checkpoint '{}': {}", path_, std::strerror(errno)));
-    if (static_cast<uint64_t>(n) != size)
-      throw CheckpointError(fmt::format("checkpoint '{}' is truncated: it shrank while being read", path_));
-    return bytes;
+    if (detail::read_at(fd_, offset, bytes.data(), size)) return bytes;
+    if (errno != 0) throw CheckpointError(fmt::format("cannot read checkpoint '{}': {}", path_, std::strerror(errno)));
+    throw CheckpointError(fmt::format("checkpoint '{}' is truncated: it shrank while being read", path_));
   }
 
  private:

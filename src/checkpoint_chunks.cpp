@@ -2,14 +2,13 @@
 
 #include <xxh_x86dispatch.h>
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <new>
 
 #include "huge_pages.h"
+#include "read_at.h"
 
 namespace fulgor::detail {
 namespace {
@@ -52,26 +51,14 @@ std::string ChunkHasher::table() {
   return std::move(table_);
 }
 
-int64_t pread_full(int fd, void* buf, size_t size, uint64_t offset) {
-  char* out = static_cast<char*>(buf);
-  size_t done = 0;
-  while (done < size) {
-    const ssize_t n = ::pread(fd, out + done, size - done, static_cast<off_t>(offset + done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return -1;
-    if (n == 0) break;
-    done += static_cast<size_t>(n);
-  }
-  return static_cast<int64_t>(done);
-}
-
 CheckedArchive::CheckedArchive(int fd, uint64_t offset, uint64_t length, std::string table)
     : fd_(fd), offset_(offset), length_(length), table_(std::move(table)), checked_(chunk_count(length), false) {}
 
 bool CheckedArchive::read_into(char* out, uint64_t from, uint64_t size) {
-  const int64_t n = pread_full(fd_, out, size, offset_ + from);
-  if (n < 0) read_error_ = errno;
-  return n == static_cast<int64_t>(size);
+  if (read_at(fd_, offset_ + from, out, size)) return true;
+  // A file that ends early is named as corrupted: its chunks no longer match.
+  if (errno != 0) read_error_ = errno;
+  return false;
 }
 
 bool CheckedArchive::verify(uint64_t chunk, char* into) {

@@ -43,10 +43,6 @@ class ChunkHasher {
   std::string table_;
 };
 
-// Reads `size` bytes at `offset` of `fd`, fewer only at the end of the file;
-// -1 with errno on an error.
-int64_t pread_full(int fd, void* buf, size_t size, uint64_t offset);
-
 // The archive in an open file, its bytes from `offset` on, whose chunks are
 // checked against `table` before any of their bytes is returned. A read that
 // reaches a chunk that does not match, or that the system cannot read, stops

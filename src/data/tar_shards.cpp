@@ -14,6 +14,7 @@
 #include <optional>
 
 #include "fulgor/data/image_decode.h"
+#include "read_at.h"
 
 namespace fulgor {
 namespace {
@@ -22,21 +23,6 @@ int open_shard(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw DataError(fmt::format("tar shard '{}' cannot be opened ({})", path, std::strerror(errno)));
   return fd;
-}
-
-// Reads `size` bytes at `offset`; false at the file's end or on an error.
-bool read_at(int fd, uint64_t offset, void* out, uint64_t size) {
-  auto* at = static_cast<char*>(out);
-  while (size > 0) {
-    const ssize_t n = ::pread(fd, at, size, static_cast<off_t>(offset));
-    if (n < 0 && errno == EINTR) continue;
-    if (n == 0) errno = 0;  // the file ends early
-    if (n <= 0) return false;
-    at += n;
-    offset += static_cast<uint64_t>(n);
-    size -= static_cast<uint64_t>(n);
-  }
-  return true;
 }
 
 // A header's numeric field: octal text, or base-256 (GNU, for large sizes).
@@ -182,7 +168,7 @@ void TarShards::scan(size_t shard) {
   char header[512];
   for (;;) {
     // Archives end with zero blocks: one cut at a member's end lacks them.
-    if (!read_at(fd, offset, header, 512))
+    if (!detail::read_at(fd, offset, header, 512))
       throw DataError(fmt::format("tar shard '{}' is truncated: it ends at byte {} without the end-of-archive blocks",
                                   path, file_size));
     if (std::all_of(header, header + 512, [](char c) { return c == 0; })) break;  // the archive's end
@@ -201,7 +187,7 @@ void TarShards::scan(size_t shard) {
     const bool regular = type == '0' || type == '\0';
     if (type == 'L' || type == 'x' || (regular && ext == "cls")) {
       content.resize(size);
-      if (!read_at(fd, data, content.data(), size))
+      if (!detail::read_at(fd, data, content.data(), size))
         throw DataError(fmt::format("tar shard '{}': member '{}' cannot be read", path, name));
     }
     if (type == 'L') long_name = tar_text(content.data(), content.size());
@@ -281,7 +267,7 @@ std::vector<int64_t> TarShards::streams() const { return indexed_ ? std::vector<
 void TarShards::read(int64_t index, std::vector<uint8_t>& bytes) const {
   const Sample& s = samples_[static_cast<size_t>(index)];
   bytes.resize(s.size);
-  if (!read_at(files_->fds[s.shard], s.offset, bytes.data(), s.size))
+  if (!detail::read_at(files_->fds[s.shard], s.offset, bytes.data(), s.size))
     throw DataError(
         fmt::format("{}: cannot be read ({})", name(index), errno ? std::strerror(errno) : "it ends early"));
 }
