@@ -33,21 +33,11 @@ constexpr char kMagic[8] = {'F', 'U', 'L', 'G', 'O', 'R', 'C', 'K'};
 constexpr uint32_t kContainerVersion = 4;
 // Versions 2 and 3 hold one hash of the whole archive (fnv1a_words, XXH3-64)
 // and no list of chunk hashes; such files are still read.
-constexpr uint32_t kWholeHashVersion = 3;
 constexpr uint32_t kFnvContainerVersion = 2;
 constexpr size_t kHeaderSize = 28;
 
-template <typename T>
-void put_le(char* out, T value) {
-  for (size_t i = 0; i < sizeof(T); ++i) out[i] = static_cast<char>((value >> (8 * i)) & 0xff);
-}
-
-template <typename T>
-T get_le(const char* in) {
-  T value = 0;
-  for (size_t i = 0; i < sizeof(T); ++i) value |= static_cast<T>(static_cast<unsigned char>(in[i])) << (8 * i);
-  return value;
-}
+using detail::get_le;
+using detail::put_le;
 
 // Version 2's hash: FNV-1a over little-endian 64-bit words, the last one
 // zero-padded.

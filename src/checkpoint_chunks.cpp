@@ -13,14 +13,10 @@
 namespace fulgor::detail {
 namespace {
 
-void put_le64(std::string& out, uint64_t value) {
-  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xff));
-}
-
-uint64_t get_le64(const char* in) {
-  uint64_t value = 0;
-  for (int i = 0; i < 8; ++i) value |= static_cast<uint64_t>(static_cast<unsigned char>(in[i])) << (8 * i);
-  return value;
+void append_le64(std::string& out, uint64_t value) {
+  char bytes[8];
+  put_le<uint64_t>(bytes, value);
+  out.append(bytes, sizeof(bytes));
 }
 
 }  // namespace
@@ -38,7 +34,7 @@ void ChunkHasher::update(const char* bytes, size_t size) {
     size -= take;
     in_chunk_ += take;
     if (in_chunk_ == kChecksumChunk) {
-      put_le64(table_, XXH3_64bits_digest(state_.get()));
+      append_le64(table_, XXH3_64bits_digest(state_.get()));
       XXH3_64bits_reset(state_.get());
       in_chunk_ = 0;
     }
@@ -46,7 +42,7 @@ void ChunkHasher::update(const char* bytes, size_t size) {
 }
 
 std::string ChunkHasher::table() {
-  if (in_chunk_ > 0) put_le64(table_, XXH3_64bits_digest(state_.get()));
+  if (in_chunk_ > 0) append_le64(table_, XXH3_64bits_digest(state_.get()));
   in_chunk_ = 0;
   return std::move(table_);
 }
@@ -66,7 +62,7 @@ bool CheckedArchive::verify(uint64_t chunk, char* into) {
   const uint64_t size = std::min(kChecksumChunk, length_ - start);
   if (!read_into(into, start, size)) return false;
   // Hashed just after it is read, while it is in the cache.
-  if (XXH3_64bits_dispatch(into, size) != get_le64(&table_[8 * chunk])) {
+  if (XXH3_64bits_dispatch(into, size) != get_le<uint64_t>(&table_[8 * chunk])) {
     corrupted_ = true;
     return false;
   }

@@ -25,6 +25,19 @@ constexpr uint64_t kChecksumChunk = uint64_t{1} << 18;
 
 inline uint64_t chunk_count(uint64_t length) { return (length + kChecksumChunk - 1) / kChecksumChunk; }
 
+// The container's integers are little-endian whatever the machine's order.
+template <typename T>
+void put_le(char* out, T value) {
+  for (size_t i = 0; i < sizeof(T); ++i) out[i] = static_cast<char>((value >> (8 * i)) & 0xff);
+}
+
+template <typename T>
+T get_le(const char* in) {
+  T value = 0;
+  for (size_t i = 0; i < sizeof(T); ++i) value |= static_cast<T>(static_cast<unsigned char>(in[i])) << (8 * i);
+  return value;
+}
+
 struct Xxh3StateDeleter {
   void operator()(XXH3_state_t* state) const { XXH3_freeState(state); }
 };
