@@ -51,16 +51,22 @@ TensorLoader wide_loader(int64_t width) {
   return TensorLoader(torch::randn({2, width}), torch::randn({2, width}), loader_options);
 }
 
-std::unique_ptr<Trainer> fitted_trainer(Wide& model, TensorLoader& loader, const std::filesystem::path& dir) {
+// A quiet Trainer on the CPU writing under `dir`, without checkpoints.
+TrainerOptions quiet_options(const std::filesystem::path& dir) {
   TrainerOptions options;
   options.accelerator = "cpu";
   options.devices = 1;
-  options.max_epochs = 1;
   options.enable_progress_bar = false;
   options.enable_model_summary = false;
   options.enable_checkpointing = false;
   options.logger = false;
   options.default_root_dir = dir.string();
+  return options;
+}
+
+std::unique_ptr<Trainer> fitted_trainer(Wide& model, TensorLoader& loader, const std::filesystem::path& dir) {
+  TrainerOptions options = quiet_options(dir);
+  options.max_epochs = 1;
   auto trainer = std::make_unique<Trainer>(options);
   trainer->fit(model, loader);
   return trainer;
@@ -99,16 +105,10 @@ double fit_saving_every(int64_t width, int64_t steps, int64_t every, bool async,
   torch::manual_seed(0);
   Wide model(width);
   TensorLoader loader = wide_loader(width);
-  TrainerOptions options;
-  options.accelerator = "cpu";
-  options.devices = 1;
+  TrainerOptions options = quiet_options(dir);
   options.max_steps = steps;
-  options.enable_progress_bar = false;
-  options.enable_model_summary = false;
-  options.logger = false;
   options.enable_checkpointing = every > 0;
   options.async_checkpointing = async;
-  options.default_root_dir = dir.string();
   if (every > 0) {
     ModelCheckpointOptions checkpoints;
     checkpoints.every_n_train_steps = every;
