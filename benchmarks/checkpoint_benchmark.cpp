@@ -16,7 +16,7 @@
 
 #include "benchmarks.h"
 #include "fulgor/callbacks/model_checkpoint.h"
-#include "fulgor/checkpoint.h"
+#include "fulgor/checkpoint/checkpoint.h"
 #include "fulgor/data/tensor_loader.h"
 #include "fulgor/module.h"
 #include "fulgor/trainer.h"

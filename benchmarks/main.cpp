@@ -15,8 +15,8 @@
 #include <iostream>
 
 #include "benchmarks.h"
-#include "fulgor/runtime_info.h"
-#include "fulgor/version.h"
+#include "fulgor/core/runtime_info.h"
+#include "fulgor/core/version.h"
 
 namespace fulgor::bench {
 

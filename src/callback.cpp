@@ -3,8 +3,8 @@
 #include <string>
 #include <typeinfo>
 
-#include "demangle.h"
-#include "fulgor/error.h"
+#include "detail/demangle.h"
+#include "fulgor/core/error.h"
 
 namespace fulgor {
 

@@ -4,8 +4,8 @@
 
 #include <typeinfo>
 
-#include "demangle.h"
-#include "fulgor/error.h"
+#include "detail/demangle.h"
+#include "fulgor/core/error.h"
 
 namespace fulgor {
 

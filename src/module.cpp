@@ -8,7 +8,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "fulgor/error.h"
+#include "fulgor/core/error.h"
 #include "fulgor/trainer.h"
 
 namespace fulgor {

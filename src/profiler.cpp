@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "fulgor/error.h"
+#include "fulgor/core/error.h"
 
 namespace fulgor {
 

@@ -7,9 +7,9 @@
 #include <fstream>
 #include <string_view>
 
-#include "fulgor/error.h"
-#include "fulgor/registry.h"
-#include "fulgor/runtime_info.h"
+#include "fulgor/core/error.h"
+#include "fulgor/core/registry.h"
+#include "fulgor/core/runtime_info.h"
 
 namespace fulgor {
 namespace {
@@ -28,7 +28,7 @@ class CpuAccelerator final : public Accelerator {
                                       torch::Device(torch::kCPU));
   }
 
-  // Note [BLAS threads] in src/runtime_info.cpp.
+  // Note [BLAS threads] in src/core/runtime_info.cpp.
   void setup_device(const DeviceSetup&) override { limit_blas_threads(); }
   void synchronize(torch::Device) const override {}
   std::string distributed_backend() const override { return "gloo"; }

@@ -14,8 +14,8 @@
 #include <c10/cuda/CUDAFunctions.h>
 #endif
 
-#include "fulgor/device_guard_accelerator.h"
-#include "fulgor/registry.h"
+#include "fulgor/core/device_guard_accelerator.h"
+#include "fulgor/core/registry.h"
 
 namespace fulgor {
 namespace {

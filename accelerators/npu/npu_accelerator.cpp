@@ -6,8 +6,8 @@
 #include <fmt/format.h>
 
 #include "fulgor/detail/compat.h"
-#include "fulgor/device_guard_accelerator.h"
-#include "fulgor/registry.h"
+#include "fulgor/core/device_guard_accelerator.h"
+#include "fulgor/core/registry.h"
 
 namespace fulgor {
 namespace {

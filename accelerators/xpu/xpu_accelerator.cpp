@@ -4,8 +4,8 @@
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
-#include "fulgor/device_guard_accelerator.h"
-#include "fulgor/registry.h"
+#include "fulgor/core/device_guard_accelerator.h"
+#include "fulgor/core/registry.h"
 
 namespace fulgor {
 namespace {

@@ -14,10 +14,10 @@
 #include <string_view>
 #include <vector>
 
-#include "fulgor/batch.h"
+#include "fulgor/core/batch.h"
 #include "fulgor/data/any_loader.h"
-#include "fulgor/manual_optimizer.h"
-#include "fulgor/scheduler.h"
+#include "fulgor/optim/manual_optimizer.h"
+#include "fulgor/optim/scheduler.h"
 
 namespace fulgor {
 

@@ -10,16 +10,16 @@
 #include <string>
 #include <vector>
 
-#include "fulgor/accelerator.h"
+#include "fulgor/core/accelerator.h"
 #include "fulgor/callback.h"
-#include "fulgor/data.h"
+#include "fulgor/data/data_loader.h"
 #include "fulgor/data_module.h"
 #include "fulgor/detail/step_runner.h"
-#include "fulgor/error.h"
-#include "fulgor/logger.h"
+#include "fulgor/core/error.h"
+#include "fulgor/loggers/logger.h"
 #include "fulgor/module.h"
 #include "fulgor/profiler.h"
-#include "fulgor/trainer_options.h"
+#include "fulgor/config/trainer_options.h"
 
 namespace fulgor {
 

@@ -4,8 +4,8 @@
 
 #include <map>
 
-#include "fulgor/error.h"
-#include "fulgor/registry.h"
+#include "fulgor/core/error.h"
+#include "fulgor/core/registry.h"
 #include "fulgor/trainer.h"
 
 namespace fulgor {

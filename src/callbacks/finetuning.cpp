@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <utility>
 
-#include "fulgor/error.h"
+#include "fulgor/core/error.h"
 #include "fulgor/module.h"
 #include "fulgor/trainer.h"
 

@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "fulgor/error.h"
+#include "fulgor/core/error.h"
 #include "fulgor/module.h"
 #include "fulgor/trainer.h"
 

@@ -6,7 +6,7 @@
 #include <map>
 #include <string>
 
-#include "demangle.h"
+#include "detail/demangle.h"
 #include "fulgor/trainer.h"
 
 namespace fulgor {

@@ -15,8 +15,8 @@
 #include <utility>
 #include <vector>
 
-#include "fulgor/checkpoint.h"
-#include "fulgor/error.h"
+#include "fulgor/checkpoint/checkpoint.h"
+#include "fulgor/core/error.h"
 #include "fulgor/trainer.h"
 #include "python_format.h"
 
@@ -305,7 +305,7 @@ void ModelCheckpoint::save_none_monitor_checkpoint(Trainer& trainer, const std::
 // A save that displaces a file (the k-th best, the previous latest, the
 // previous last.ckpt) removes it once the new file is on disk: an
 // asynchronous save's write completes later (Note [Asynchronous
-// checkpoints] in src/trainer/background_writer.h), and a crash before then
+// checkpoints] in src/checkpoint/background_writer.h), and a crash before then
 // must leave the old file in place. The removals run when the writes
 // complete, in the order of the saves. A new file's name depends on the
 // files on disk (a version counter, the name of the file being replaced),

@@ -4,7 +4,7 @@
 
 #include <filesystem>
 
-#include "fulgor/error.h"
+#include "fulgor/core/error.h"
 #include "fulgor/trainer.h"
 
 namespace fulgor {

@@ -5,7 +5,7 @@
 
 #include <utility>
 
-#include "fulgor/error.h"
+#include "fulgor/core/error.h"
 #include "fulgor/interop/torch_save.h"
 #include "fulgor/trainer.h"
 

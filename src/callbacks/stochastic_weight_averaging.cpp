@@ -9,7 +9,7 @@
 #include <utility>
 
 #include "fulgor/callbacks/weight_averaging.h"
-#include "fulgor/error.h"
+#include "fulgor/core/error.h"
 #include "fulgor/module.h"
 #include "fulgor/trainer.h"
 

@@ -6,8 +6,8 @@
 #include <numeric>
 #include <utility>
 
-#include "fulgor/accelerator.h"
-#include "fulgor/error.h"
+#include "fulgor/core/accelerator.h"
+#include "fulgor/core/error.h"
 #include "fulgor/trainer.h"
 
 namespace fulgor {

@@ -6,7 +6,7 @@
 #include <cmath>
 #include <regex>
 
-#include "fulgor/error.h"
+#include "fulgor/core/error.h"
 #include "fulgor/trainer.h"
 
 namespace fulgor {

@@ -5,8 +5,8 @@
 
 #include <utility>
 
-#include "fulgor/checkpoint.h"
-#include "fulgor/error.h"
+#include "fulgor/checkpoint/checkpoint.h"
+#include "fulgor/core/error.h"
 #include "fulgor/module.h"
 #include "fulgor/trainer.h"
 

@@ -14,7 +14,7 @@
 #include "data/stream_order.h"
 #include "fulgor/data/image_decode.h"
 #include "fulgor/distributed/sampler.h"
-#include "fulgor/error.h"
+#include "fulgor/core/error.h"
 
 namespace fulgor {
 namespace {

@@ -14,7 +14,7 @@
 #include <optional>
 
 #include "fulgor/data/image_decode.h"
-#include "read_at.h"
+#include "detail/read_at.h"
 
 namespace fulgor {
 namespace {

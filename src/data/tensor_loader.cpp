@@ -8,7 +8,7 @@
 
 #include "fulgor/data/epoch_sampler.h"
 #include "fulgor/distributed/sampler.h"
-#include "fulgor/error.h"
+#include "fulgor/core/error.h"
 
 namespace fulgor {
 namespace {

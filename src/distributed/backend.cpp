@@ -11,7 +11,7 @@
 #include <map>
 #include <mutex>
 
-#include "fulgor/error.h"
+#include "fulgor/core/error.h"
 #include "process_group_state.h"
 
 namespace fulgor {

@@ -5,7 +5,7 @@
 #include <cerrno>
 #include <cstdlib>
 
-#include "fulgor/error.h"
+#include "fulgor/core/error.h"
 
 namespace fulgor {
 namespace {

@@ -23,7 +23,7 @@
 #include <thread>
 #include <vector>
 
-#include "fulgor/error.h"
+#include "fulgor/core/error.h"
 #include "processes.h"
 
 extern char** environ;

@@ -9,7 +9,7 @@
 #include <functional>
 
 #include "fulgor/distributed/process_group.h"
-#include "fulgor/error.h"
+#include "fulgor/core/error.h"
 
 namespace fulgor {
 

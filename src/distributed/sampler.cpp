@@ -6,7 +6,7 @@
 
 #include <algorithm>
 
-#include "fulgor/error.h"
+#include "fulgor/core/error.h"
 
 namespace fulgor {
 namespace {

@@ -5,10 +5,10 @@
 
 #include <set>
 
-#include "checkpoint_meta.h"
-#include "demangle.h"
-#include "fulgor/checkpoint.h"
-#include "fulgor/error.h"
+#include "checkpoint/meta.h"
+#include "detail/demangle.h"
+#include "fulgor/checkpoint/checkpoint.h"
+#include "fulgor/core/error.h"
 #include "fulgor/interop/optimizer_state.h"
 #include "fulgor/interop/torch_save.h"
 

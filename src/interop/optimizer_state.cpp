@@ -13,9 +13,9 @@
 #include <utility>
 #include <vector>
 
-#include "demangle.h"
+#include "detail/demangle.h"
 #include "fulgor/detail/compat.h"
-#include "fulgor/error.h"
+#include "fulgor/core/error.h"
 #include "fulgor/interop/torch_load.h"
 
 // Note [torch.optim state in LibTorch]

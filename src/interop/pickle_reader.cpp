@@ -12,7 +12,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "fulgor/error.h"
+#include "fulgor/core/error.h"
 
 namespace fulgor::detail {
 namespace {

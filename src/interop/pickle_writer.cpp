@@ -5,7 +5,7 @@
 
 #include <cstring>
 
-#include "fulgor/error.h"
+#include "fulgor/core/error.h"
 
 namespace fulgor::detail {
 namespace {

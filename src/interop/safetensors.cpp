@@ -10,7 +10,7 @@
 #include <set>
 
 #include "fulgor/detail/compat.h"
-#include "fulgor/error.h"
+#include "fulgor/core/error.h"
 #include "interop/safetensors_reader.h"
 
 namespace fulgor {

@@ -6,7 +6,7 @@
 
 #include <set>
 
-#include "fulgor/error.h"
+#include "fulgor/core/error.h"
 #include "fulgor/interop/torch_load.h"
 
 namespace fulgor {

@@ -6,7 +6,7 @@
 #include <map>
 #include <memory>
 
-#include "fulgor/error.h"
+#include "fulgor/core/error.h"
 #include "interop/pickle_reader.h"
 #include "interop/torch_archive.h"
 

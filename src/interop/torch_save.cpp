@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <fstream>
 
-#include "fulgor/error.h"
+#include "fulgor/core/error.h"
 #include "interop/pickle_writer.h"
 
 namespace fulgor {

@@ -6,8 +6,8 @@
 
 #include <fstream>
 
-#include "fulgor/checkpoint.h"
-#include "fulgor/error.h"
+#include "fulgor/checkpoint/checkpoint.h"
+#include "fulgor/core/error.h"
 #include "fulgor/interop/safetensors.h"
 #include "fulgor/interop/torch_load.h"
 #include "fulgor/interop/torch_save.h"

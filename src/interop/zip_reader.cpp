@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "fulgor/error.h"
+#include "fulgor/core/error.h"
 
 namespace fulgor::detail {
 namespace {

@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "fulgor/error.h"
+#include "fulgor/core/error.h"
 #include "protobuf.h"
 #include "tfrecord.h"
 

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "fulgor/strategy.h"
+#include "fulgor/distributed/strategy.h"
 #include "trainer/state.h"
 
 namespace fulgor::detail {

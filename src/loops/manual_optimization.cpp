@@ -3,7 +3,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include "fulgor/strategy.h"
+#include "fulgor/distributed/strategy.h"
 #include "trainer/module_access.h"
 #include "trainer/state.h"
 

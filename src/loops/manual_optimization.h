@@ -7,7 +7,7 @@
 
 #include <torch/types.h>
 
-#include "fulgor/manual_optimizer.h"
+#include "fulgor/optim/manual_optimizer.h"
 #include "fulgor/module.h"
 
 namespace fulgor::detail {

@@ -4,7 +4,7 @@
 #include <fmt/ranges.h>
 #include <torch/torch.h>
 
-#include "fulgor/error.h"
+#include "fulgor/core/error.h"
 
 namespace fulgor::metrics {
 

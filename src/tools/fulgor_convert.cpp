@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "fulgor/error.h"
+#include "fulgor/core/error.h"
 #include "fulgor/interop/weights_file.h"
 
 namespace {

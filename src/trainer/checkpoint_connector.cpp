@@ -11,15 +11,15 @@
 #include <optional>
 #include <vector>
 
-#include "checkpoint_meta.h"
+#include "checkpoint/meta.h"
 #include "fulgor/callbacks/model_checkpoint.h"
-#include "fulgor/checkpoint.h"
+#include "fulgor/checkpoint/checkpoint.h"
 #include "fulgor/interop/torch_load.h"
-#include "fulgor/strategy.h"
-#include "fulgor/version.h"
+#include "fulgor/distributed/strategy.h"
+#include "fulgor/core/version.h"
 #include "python_checkpoint.h"
 #include "state.h"
-#include "tensor_moves.h"
+#include "detail/tensor_moves.h"
 
 namespace fulgor::detail {
 

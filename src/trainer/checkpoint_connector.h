@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "background_writer.h"
+#include "checkpoint/background_writer.h"
 
 namespace fulgor::detail {
 
@@ -101,7 +101,7 @@ struct CheckpointConnector {
   // files before its first save.
   std::set<std::string> swept_folders;
   // The last snapshot's host memory: in use by its write, then reused by the
-  // next snapshot (Note [Reusing snapshot memory] in src/checkpoint_snapshot.cpp).
+  // next snapshot (Note [Reusing snapshot memory] in src/checkpoint/snapshot.cpp).
   std::vector<c10::Storage> snapshot_storages_;
   BackgroundWriter writer_;
 

@@ -6,9 +6,9 @@
 
 #include <algorithm>
 
-#include "fulgor/error.h"
+#include "fulgor/core/error.h"
 #include "fulgor/metrics/metric.h"
-#include "fulgor/strategy.h"
+#include "fulgor/distributed/strategy.h"
 #include "state.h"
 
 namespace fulgor::detail {

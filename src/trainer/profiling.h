@@ -2,7 +2,7 @@
 
 // The Trainer's side of profiler = "simple": which action a hook, a strategy
 // call or a loop stage records into, named as Lightning names it, and a scope
-// that times one call. Note [Profiling at no cost] in src/loops/call.h says how the
+// that times one call. Note [Profiling at no cost] in src/loops/hooks.h says how the
 // loops use them.
 
 #include <cstdint>

@@ -4,7 +4,7 @@
 
 #include <fstream>
 
-#include "fulgor/error.h"
+#include "fulgor/core/error.h"
 #include "fulgor/interop/optimizer_state.h"
 #include "fulgor/interop/state_dict.h"
 

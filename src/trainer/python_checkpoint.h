@@ -6,7 +6,7 @@
 #include <string>
 
 #include "fulgor/module.h"
-#include "fulgor/scheduler.h"
+#include "fulgor/optim/scheduler.h"
 
 namespace fulgor::detail {
 

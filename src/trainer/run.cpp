@@ -7,9 +7,9 @@
 #include <optional>
 
 #include "distributed/launcher.h"
-#include "fulgor/error.h"
-#include "fulgor/strategy.h"
-#include "signals.h"
+#include "fulgor/core/error.h"
+#include "fulgor/distributed/strategy.h"
+#include "trainer/signals.h"
 #include "state.h"
 
 namespace fulgor {

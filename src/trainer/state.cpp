@@ -9,9 +9,9 @@
 #include <typeinfo>
 
 #include "distributed/launcher.h"
-#include "fulgor/registry.h"
-#include "fulgor/seed.h"
-#include "fulgor/strategy.h"
+#include "fulgor/core/registry.h"
+#include "fulgor/config/seed.h"
+#include "fulgor/distributed/strategy.h"
 #include "module_access.h"
 #include "state.h"
 

@@ -25,12 +25,12 @@
 
 #include "checkpoint_connector.h"
 #include "fulgor/trainer.h"
-#include "loops/call.h"
+#include "loops/hooks.h"
 #include "loops/fit_loop.h"
 #include "loops/manual_optimization.h"
 #include "loops/prediction_loop.h"
 #include "metric_store.h"
-#include "precision_plugin.h"
+#include "precision/trainer_precision.h"
 #include "profiling.h"
 
 namespace fulgor {
@@ -86,7 +86,7 @@ struct TrainerState {
   // The data module of the loop running or last run (nullptr: it had none).
   DataModuleBase* datamodule = nullptr;
   OptimizerConfig optim;
-  PrecisionPlugin precision;
+  TrainerPrecision precision;
   // Whether the fit running optimizes manually (the module's
   // automatic_optimization() when it began), and what the module steps with.
   bool manual = false;

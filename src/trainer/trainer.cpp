@@ -10,7 +10,7 @@
 #include "fulgor/callbacks/model_summary.h"
 #include "fulgor/callbacks/progress_bar.h"
 #include "fulgor/loggers/tensorboard.h"
-#include "fulgor/strategy.h"
+#include "fulgor/distributed/strategy.h"
 #include "state.h"
 
 namespace fulgor {

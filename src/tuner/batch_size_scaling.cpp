@@ -10,7 +10,7 @@
 
 #include "fulgor/callbacks/batch_size_finder.h"
 #include "fulgor/data_module.h"
-#include "fulgor/error.h"
+#include "fulgor/core/error.h"
 #include "fulgor/module.h"
 #include "fulgor/trainer.h"
 #include "sweep.h"

@@ -12,7 +12,7 @@
 #include <limits>
 #include <utility>
 
-#include "fulgor/error.h"
+#include "fulgor/core/error.h"
 #include "fulgor/module.h"
 #include "fulgor/trainer.h"
 #include "sweep.h"

@@ -8,8 +8,8 @@
 #include <algorithm>
 #include <typeinfo>
 
-#include "demangle.h"
-#include "fulgor/error.h"
+#include "detail/demangle.h"
+#include "fulgor/core/error.h"
 #include "sweep.h"
 
 namespace fulgor {

@@ -5,10 +5,10 @@
 #include <gtest/gtest.h>
 
 #include "emulated_runtimes.h"
-#include "fulgor/batch.h"
+#include "fulgor/core/batch.h"
 #include "fulgor/detail/compat.h"
-#include "fulgor/error.h"
-#include "fulgor/registry.h"
+#include "fulgor/core/error.h"
+#include "fulgor/core/registry.h"
 
 namespace fulgor {
 namespace {

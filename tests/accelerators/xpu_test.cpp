@@ -10,9 +10,9 @@
 #include <tuple>
 
 #include "emulated_runtimes.h"
-#include "fulgor/batch.h"
-#include "fulgor/error.h"
-#include "fulgor/registry.h"
+#include "fulgor/core/batch.h"
+#include "fulgor/core/error.h"
+#include "fulgor/core/registry.h"
 
 namespace fulgor {
 namespace {

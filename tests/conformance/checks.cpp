@@ -16,11 +16,11 @@
 #include <utility>
 #include <vector>
 
-#include "fulgor/batch.h"
+#include "fulgor/core/batch.h"
 #include "fulgor/data/tensor_loader.h"
-#include "fulgor/error.h"
+#include "fulgor/core/error.h"
 #include "fulgor/module.h"
-#include "fulgor/seed.h"
+#include "fulgor/config/seed.h"
 #include "fulgor/trainer.h"
 
 namespace fulgor::conformance {

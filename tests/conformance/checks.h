@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "fulgor/accelerator.h"
-#include "fulgor/devices.h"
+#include "fulgor/core/accelerator.h"
+#include "fulgor/core/devices.h"
 
 namespace fulgor::conformance {
 

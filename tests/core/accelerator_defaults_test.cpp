@@ -10,10 +10,10 @@
 #include <string>
 #include <vector>
 
-#include "fulgor/error.h"
-#include "fulgor/precision.h"
-#include "fulgor/registry.h"
-#include "fulgor/seed.h"
+#include "fulgor/core/error.h"
+#include "fulgor/precision/precision.h"
+#include "fulgor/core/registry.h"
+#include "fulgor/config/seed.h"
 
 namespace fulgor {
 namespace {

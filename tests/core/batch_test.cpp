@@ -4,8 +4,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "fulgor/batch.h"
-#include "fulgor/registry.h"
+#include "fulgor/core/batch.h"
+#include "fulgor/core/registry.h"
 
 namespace fulgor {
 namespace {

@@ -7,9 +7,9 @@
 #include <cstdlib>
 
 #include "fulgor/detail/compat.h"
-#include "fulgor/error.h"
-#include "fulgor/registry.h"
-#include "fulgor/runtime_info.h"
+#include "fulgor/core/error.h"
+#include "fulgor/core/registry.h"
+#include "fulgor/core/runtime_info.h"
 
 namespace fulgor {
 namespace {

@@ -1,7 +1,7 @@
 #include <gtest/gtest.h>
 
-#include "fulgor/devices.h"
-#include "fulgor/error.h"
+#include "fulgor/core/devices.h"
+#include "fulgor/core/error.h"
 
 namespace fulgor {
 namespace {

@@ -7,8 +7,8 @@
 #include <filesystem>
 #include <regex>
 
-#include "fulgor/registry.h"
-#include "fulgor/runtime_info.h"
+#include "fulgor/core/registry.h"
+#include "fulgor/core/runtime_info.h"
 
 namespace {
 

@@ -11,7 +11,7 @@
 #include <set>
 #include <vector>
 
-#include "fulgor/error.h"
+#include "fulgor/core/error.h"
 #include "fulgor/metrics.h"
 
 namespace fulgor::metrics {

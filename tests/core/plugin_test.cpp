@@ -9,8 +9,8 @@
 #include <fstream>
 #include <iostream>
 
-#include "fulgor/error.h"
-#include "fulgor/registry.h"
+#include "fulgor/core/error.h"
+#include "fulgor/core/registry.h"
 
 namespace fulgor {
 namespace {

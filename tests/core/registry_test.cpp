@@ -3,8 +3,8 @@
 #include <atomic>
 #include <thread>
 
-#include "fulgor/error.h"
-#include "fulgor/registry.h"
+#include "fulgor/core/error.h"
+#include "fulgor/core/registry.h"
 
 namespace fulgor {
 namespace {

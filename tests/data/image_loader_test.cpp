@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "fulgor/accelerator.h"
+#include "fulgor/core/accelerator.h"
 #include "fulgor/callback.h"
 #include "fulgor/data/image_loader.h"
 #include "fulgor/data/prefetcher.h"

@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "fulgor/data.h"
-#include "fulgor/error.h"
-#include "fulgor/seed.h"
+#include "fulgor/data/data_loader.h"
+#include "fulgor/core/error.h"
+#include "fulgor/config/seed.h"
 
 namespace fulgor {
 namespace {

@@ -9,8 +9,8 @@
 #include "fulgor/data/epoch_sampler.h"
 #include "fulgor/data/prefetcher.h"
 #include "fulgor/data/tensor_loader.h"
-#include "fulgor/error.h"
-#include "fulgor/registry.h"
+#include "fulgor/core/error.h"
+#include "fulgor/core/registry.h"
 
 namespace fulgor {
 namespace {

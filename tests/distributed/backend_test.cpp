@@ -5,8 +5,8 @@
 #include <algorithm>
 
 #include "fulgor/distributed/process_group.h"
-#include "fulgor/error.h"
-#include "fulgor/registry.h"
+#include "fulgor/core/error.h"
+#include "fulgor/core/registry.h"
 #include "support/spawn.h"
 
 namespace {

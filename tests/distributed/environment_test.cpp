@@ -4,7 +4,7 @@
 
 #include <map>
 
-#include "fulgor/error.h"
+#include "fulgor/core/error.h"
 
 namespace {
 

@@ -7,7 +7,7 @@
 #include <map>
 #include <set>
 
-#include "fulgor/error.h"
+#include "fulgor/core/error.h"
 
 namespace {
 

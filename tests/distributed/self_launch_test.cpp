@@ -11,7 +11,7 @@
 #include <thread>
 
 #include "fulgor/fulgor.h"
-#include "fulgor/strategy.h"
+#include "fulgor/distributed/strategy.h"
 #include "support/spawn.h"
 
 namespace {

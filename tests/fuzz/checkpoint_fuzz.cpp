@@ -19,7 +19,7 @@
 
 #include "fulgor/fulgor.h"
 #include "fuzz.h"
-#include "json_input.h"
+#include "config/json_input.h"
 
 namespace fulgor::fuzz {
 namespace {

@@ -25,7 +25,7 @@ CHUNK = 262144
 
 
 def xxh3(data):
-    """The hash of Note [Checkpoint files] (include/fulgor/checkpoint.h), by
+    """The hash of Note [Checkpoint files] (include/fulgor/checkpoint/checkpoint.h), by
     xxhsum (Debian package xxhash)."""
     out = subprocess.run(["xxhsum", "-H3", "--little-endian", "-"], input=data, check=True,
                          capture_output=True).stdout.decode()

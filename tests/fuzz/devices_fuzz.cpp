@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "fulgor/devices.h"
-#include "fulgor/error.h"
-#include "fulgor/registry.h"
+#include "fulgor/core/devices.h"
+#include "fulgor/core/error.h"
+#include "fulgor/core/registry.h"
 #include "fuzz.h"
 
 namespace fulgor::fuzz {

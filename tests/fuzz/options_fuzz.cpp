@@ -15,10 +15,10 @@
 #include <string>
 #include <vector>
 
-#include "fulgor/cli.h"
-#include "fulgor/error.h"
+#include "fulgor/config/cli.h"
+#include "fulgor/core/error.h"
 #include "fuzz.h"
-#include "json_input.h"
+#include "config/json_input.h"
 
 namespace fulgor::fuzz {
 namespace {

@@ -6,7 +6,7 @@
 
 #include <filesystem>
 
-#include "fulgor/error.h"
+#include "fulgor/core/error.h"
 #include "fuzz.h"
 #include "interop/safetensors_reader.h"
 

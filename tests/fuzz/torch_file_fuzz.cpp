@@ -7,7 +7,7 @@
 
 #include <torch/torch.h>
 
-#include "fulgor/error.h"
+#include "fulgor/core/error.h"
 #include "fuzz.h"
 #include "interop/pickle_reader.h"
 #include "interop/torch_archive.h"

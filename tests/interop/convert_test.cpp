@@ -1,7 +1,7 @@
 // fulgor-convert, run as a user runs it, between Python's files and back.
 
 #include <fmt/format.h>
-#include <fulgor/checkpoint.h>
+#include <fulgor/checkpoint/checkpoint.h>
 #include <fulgor/interop/safetensors.h>
 #include <fulgor/interop/torch_load.h>
 #include <fulgor/interop/weights_file.h>

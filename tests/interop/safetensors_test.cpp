@@ -2,7 +2,7 @@
 // specification (torch_files.py), and its reader's refusals.
 
 #include <fmt/format.h>
-#include <fulgor/error.h>
+#include <fulgor/core/error.h>
 #include <fulgor/detail/compat.h>
 #include <fulgor/interop/safetensors.h>
 

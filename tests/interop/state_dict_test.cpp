@@ -1,7 +1,7 @@
 // load_state_dict: Python's weights into the equivalent LibTorch network, by
 // name, from bare state dicts, containers and Lightning checkpoints.
 
-#include <fulgor/error.h>
+#include <fulgor/core/error.h>
 #include <fulgor/interop/state_dict.h>
 
 #include "interop_support.h"

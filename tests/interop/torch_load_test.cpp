@@ -1,6 +1,6 @@
 // torch_load against files Python's torch.save wrote (torch_files.py).
 
-#include <fulgor/error.h>
+#include <fulgor/core/error.h>
 #include <fulgor/interop/torch_load.h>
 
 #include <fstream>

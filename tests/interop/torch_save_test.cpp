@@ -1,7 +1,7 @@
 // torch_save and save_state_dict, read back by Python's
 // torch.load(weights_only=True) and load_state_dict.
 
-#include <fulgor/error.h>
+#include <fulgor/core/error.h>
 #include <fulgor/interop/state_dict.h>
 #include <fulgor/interop/torch_load.h>
 #include <fulgor/interop/torch_save.h>

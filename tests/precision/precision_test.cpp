@@ -1,9 +1,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "fulgor/error.h"
-#include "fulgor/precision.h"
-#include "fulgor/registry.h"
+#include "fulgor/core/error.h"
+#include "fulgor/precision/precision.h"
+#include "fulgor/core/registry.h"
 
 namespace fulgor {
 namespace {

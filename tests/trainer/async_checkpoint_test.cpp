@@ -1,5 +1,5 @@
 // Asynchronous saves (Note [Asynchronous checkpoints] in
-// src/trainer/background_writer.h): the file a synchronous save writes, a
+// src/checkpoint/background_writer.h): the file a synchronous save writes, a
 // signal or a kill with a write in flight, a failed write, and the files a
 // ModelCheckpoint displaces removed only once the new one is on disk.
 

@@ -4,7 +4,7 @@
 #include <string>
 
 #include "fulgor/callback.h"
-#include "fulgor/scheduler.h"
+#include "fulgor/optim/scheduler.h"
 
 namespace fulgor {
 

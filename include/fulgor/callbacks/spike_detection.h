@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "fulgor/callback.h"
-#include "fulgor/error.h"
+#include "fulgor/core/error.h"
 
 namespace fulgor {
 

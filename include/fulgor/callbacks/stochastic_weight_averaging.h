@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "fulgor/callback.h"
-#include "fulgor/scheduler.h"
+#include "fulgor/optim/scheduler.h"
 
 namespace fulgor {
 

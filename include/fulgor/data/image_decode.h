@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "fulgor/error.h"
+#include "fulgor/core/error.h"
 
 namespace fulgor {
 

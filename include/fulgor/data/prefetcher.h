@@ -4,10 +4,10 @@
 #include <optional>
 #include <utility>
 
-#include "fulgor/accelerator.h"
-#include "fulgor/batch.h"
+#include "fulgor/core/accelerator.h"
+#include "fulgor/core/batch.h"
 #include "fulgor/data/loader_protocol.h"
-#include "fulgor/error.h"
+#include "fulgor/core/error.h"
 
 namespace fulgor {
 

@@ -15,7 +15,7 @@
 #include <utility>
 #include <vector>
 
-#include "fulgor/precision.h"
+#include "fulgor/precision/precision.h"
 
 namespace fulgor::detail {
 

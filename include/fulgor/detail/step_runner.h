@@ -14,15 +14,15 @@
 #include <utility>
 #include <vector>
 
-#include "fulgor/accelerator.h"
-#include "fulgor/batch_size.h"
+#include "fulgor/core/accelerator.h"
+#include "fulgor/core/batch_size.h"
 #include "fulgor/data/any_loader.h"
 #include "fulgor/data/loader_protocol.h"
 #include "fulgor/data_module.h"
 #include "fulgor/detail/convert_batch.h"
-#include "fulgor/error.h"
+#include "fulgor/core/error.h"
 #include "fulgor/module.h"
-#include "fulgor/precision.h"
+#include "fulgor/precision/precision.h"
 
 namespace fulgor {
 namespace detail {

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "fulgor/accelerator.h"
+#include "fulgor/core/accelerator.h"
 #include "fulgor/distributed/environment.h"
 
 namespace fulgor {

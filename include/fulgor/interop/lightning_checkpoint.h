@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "fulgor/module.h"
-#include "fulgor/scheduler.h"
+#include "fulgor/optim/scheduler.h"
 
 namespace fulgor {
 

@@ -7,7 +7,7 @@
 #include <optional>
 #include <string>
 
-#include "fulgor/logger.h"
+#include "fulgor/loggers/logger.h"
 
 namespace fulgor {
 

@@ -36,7 +36,7 @@
 
 #include "ddp_trainer_scenario.h"
 #include "fulgor/distributed/environment.h"
-#include "fulgor/error.h"
+#include "fulgor/core/error.h"
 
 namespace {
 

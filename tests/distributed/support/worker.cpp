@@ -20,9 +20,9 @@
 #include "fulgor/distributed/environment.h"
 #include "fulgor/distributed/gradient_sync.h"
 #include "fulgor/distributed/process_group.h"
-#include "fulgor/error.h"
+#include "fulgor/core/error.h"
 #include "fulgor/metrics.h"
-#include "fulgor/registry.h"
+#include "fulgor/core/registry.h"
 #include "scenarios.h"
 
 namespace {

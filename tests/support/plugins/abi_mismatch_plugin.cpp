@@ -1,5 +1,5 @@
 // A plugin as if compiled against fulgor headers of another plugin ABI version.
-#include "fulgor/registry.h"
+#include "fulgor/core/registry.h"
 
 namespace {
 class FutureAccelerator final : public fulgor::Accelerator {

@@ -1,7 +1,7 @@
 // Accelerators that break the Accelerator contract on purpose, so that the
 // conformance suite's tests can show it catches them.
-#include "fulgor/device_guard_accelerator.h"
-#include "fulgor/registry.h"
+#include "fulgor/core/device_guard_accelerator.h"
+#include "fulgor/core/registry.h"
 
 namespace {
 

@@ -1,6 +1,6 @@
 // A plugin that claims a name the built-ins already use, next to a new one:
 // neither may end up registered.
-#include "fulgor/registry.h"
+#include "fulgor/core/registry.h"
 
 namespace {
 class ImpostorAccelerator final : public fulgor::Accelerator {

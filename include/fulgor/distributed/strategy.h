@@ -1,0 +1,102 @@
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/types.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fulgor/core/accelerator.h"
+#include "fulgor/distributed/environment.h"
+#include "fulgor/distributed/gradient_sync.h"
+#include "fulgor/distributed/process_group.h"
+#include "fulgor/loggers/logger.h"
+#include "fulgor/module.h"
+#include "fulgor/config/trainer_options.h"
+
+namespace fulgor::detail {
+
+/// The strategy names TrainerOptions::strategy accepts.
+const std::vector<std::string>& strategy_names();
+
+/// Throws ConfigError listing the known names when `strategy` is not one.
+void check_strategy(const std::string& strategy);
+
+/// Whether `strategy` ("auto", "single_device" or "ddp") runs data-parallel in
+/// the job `environment` describes: "ddp" when the job has more than one
+/// process, and "auto" likewise.
+bool runs_data_parallel(const std::string& strategy, const DistributedEnvironment& environment);
+
+/// Whether a Trainer with `strategy` starts the ranks of a job itself (Note
+/// [The Trainer's own launcher]): its devices select more than one device, in
+/// a process no launcher started, and the strategy is "auto" or "ddp", as
+/// Lightning's "auto" becomes "ddp" with its subprocess script launcher.
+/// Throws ConfigError for "single_device" with more than one device, and when
+/// the accelerator's distributed backend is not registered.
+bool launches_ranks(const std::string& strategy, const DistributedEnvironment& environment,
+                    const Accelerator& accelerator, const Devices& devices, size_t selected);
+
+/// The device this process trains on, and what setup_device is told of it:
+/// `selected[local_rank]` of the devices `devices` selected. A selection of
+/// one device that processes share (the CPU: every entry is the same device)
+/// serves every local rank. Throws ConfigError when the selection has too few
+/// devices for the processes of this node.
+DeviceSetup device_setup(const Accelerator& accelerator, const Devices& devices,
+                         const std::vector<torch::Device>& selected, const DistributedEnvironment& environment);
+
+/// Strategy "ddp": one process per device, joined in a c10d process group.
+///
+/// Contract:
+///   - The first construction in a process is a collective over the job's
+///     ranks: it makes the process group with the accelerator's
+///     distributed_backend() and `options`, which later ones share (see Note
+///     [One process group per process]). One per Trainer, kept across its loops.
+///   - attach() starts gradient synchronization for a module, copying rank 0's
+///     parameters and buffers to every rank; detach() ends it.
+///   - Each training batch: before_forward(sync), forward, the backward pass,
+///     after_backward().
+///     With sync false the gradients only accumulate locally, without any
+///     communication; before an optimizer step on gradients of such passes
+///     alone, reduce_gradients().
+///   - Every other member is a collective too: all ranks call it in the same
+///     order. A peer that fails or does not answer within the timeout makes it
+///     throw DistributedError naming this rank and the peer.
+class DdpStrategy {
+ public:
+  DdpStrategy(const DistributedEnvironment& environment, const Accelerator& accelerator, torch::Device device,
+              ProcessGroupOptions options = {});
+  ~DdpStrategy();
+
+  const DistributedEnvironment& environment() const { return environment_; }
+  bool is_global_zero() const { return environment_.rank == 0; }
+  ProcessGroup& group() { return group_; }
+
+  void attach(torch::nn::Module& module);
+  void detach();
+  void before_forward(bool sync);
+  /// Waits for the gradients' averaging that the backward pass began.
+  void after_backward();
+  /// Averages the gradients over the ranks now (a window that ended without
+  /// a synchronized backward pass).
+  void reduce_gradients();
+  /// A logged value combined over the ranks.
+  double reduce(double value, Reduce reduce);
+  /// The largest of the ranks' values: the ranks agree on whether to stop
+  /// (a stop request or a signal that reached some ranks only).
+  int64_t max_over_ranks(int64_t value);
+  void barrier() { group_.barrier(); }
+
+ private:
+  DistributedEnvironment environment_;
+  ProcessGroup group_;
+  torch::nn::Module* module_ = nullptr;
+  std::unique_ptr<GradientSynchronizer> synchronizer_;
+};
+
+/// A logger for ranks other than 0: it answers name, version and log_dir like
+/// `logger` but writes nothing.
+std::shared_ptr<Logger> silenced_logger(std::shared_ptr<Logger> logger);
+
+}  // namespace fulgor::detail

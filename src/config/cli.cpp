@@ -1,0 +1,158 @@
+#include "fulgor/config/cli.h"
+
+#include <fmt/format.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "fulgor/core/error.h"
+#include "config/json_input.h"
+
+namespace fulgor {
+namespace {
+
+using nlohmann::json;
+
+// A config file is a few kilobytes; a path that reads on and on (/dev/zero)
+// is refused once it has given this much.
+constexpr std::streamsize kMaxConfigBytes = 16 << 20;
+
+std::string read_config_text(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw ConfigError(fmt::format("--config {}: is a folder, not a JSON file", path));
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ConfigError(fmt::format("--config {}: cannot open the file: {}", path, std::strerror(errno)));
+  std::string text;
+  try {
+    char buffer[1 << 16];
+    while (in.read(buffer, sizeof(buffer)) || in.gcount() > 0) {
+      text.append(buffer, static_cast<size_t>(in.gcount()));
+      if (static_cast<std::streamsize>(text.size()) > kMaxConfigBytes)
+        throw ConfigError(
+            fmt::format("--config {}: larger than {} MiB, not a config file", path, kMaxConfigBytes >> 20));
+    }
+  } catch (const std::ios_base::failure& e) {
+    // libstdc++ throws on a failed read (an I/O error, a folder) whatever the stream's exception mask.
+    throw ConfigError(fmt::format("--config {}: cannot read the file: {}", path, e.code().message()));
+  }
+  if (in.bad()) throw ConfigError(fmt::format("--config {}: cannot read the file", path));
+  return text;
+}
+
+json read_config(const std::string& path) {
+  detail::JsonInput config = detail::read_json(read_config_text(path), /*comments=*/true);
+  if (config.not_json) throw ConfigError(fmt::format("--config {}: not valid JSON: {}", path, config.error));
+  if (!config.error.empty()) throw ConfigError(fmt::format("--config {}: {}", path, config.error));
+  if (!config.value.is_object())
+    throw ConfigError(fmt::format("--config {}: expected a JSON object of sections (\"trainer\", ...)", path));
+  return std::move(config.value);
+}
+
+void apply_config(CommandLine& result, const json& config, const std::string& path) {
+  for (const auto& section : config.items()) {
+    if (section.key() == "trainer") {
+      try {
+        from_json(section.value(), result.trainer);
+      } catch (const ConfigError& e) {
+        throw ConfigError(fmt::format("--config {}: {}", path, e.what()));
+      }
+    } else if (auto& held = result.sections[section.key()]; section.value().is_object() && held.is_object()) {
+      held.update(section.value());
+    } else {
+      held = section.value();
+    }
+  }
+}
+
+// A value given as --<section>.<key>=<text>: the JSON it is, or else the text as a string.
+json section_value(const std::string& name, const std::string& text) {
+  detail::JsonInput parsed = detail::read_json(text);
+  if (parsed.not_json) return text;
+  if (!parsed.error.empty()) throw ConfigError(fmt::format("--{}: {}", name, parsed.error));
+  return std::move(parsed.value);
+}
+
+}  // namespace
+
+CommandLine parse_command_line(int argc, const char* const* argv, TrainerOptions defaults) {
+  CommandLine result;
+  result.trainer = std::move(defaults);
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      result.help_requested = true;
+      continue;
+    }
+    if (arg.rfind("--", 0) != 0)
+      throw ConfigError(
+          fmt::format("unexpected argument '{}': expected --config FILE or --<section>.<key>=<value>", arg));
+    std::string name = arg.substr(2), value;
+    bool has_value = false;
+    if (auto eq = name.find('='); eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+      has_value = true;
+    } else if (i + 1 < argc) {
+      value = argv[++i];
+      has_value = true;
+    }
+    if (!has_value) throw ConfigError(fmt::format("argument '{}' needs a value", arg));
+    if (name == "config") {
+      // A path is bytes to the system, UTF-8 or not.
+      apply_config(result, read_config(value), value);
+      continue;
+    }
+    // Options become JSON strings, which must be UTF-8.
+    if (!detail::is_valid_utf8(name))
+      throw ConfigError(fmt::format("argument {}: the option name is not valid UTF-8", detail::json_for_message(name)));
+    if (!detail::is_valid_utf8(value))
+      throw ConfigError(fmt::format("--{}: the value {} is not valid UTF-8", name, detail::json_for_message(value)));
+    auto dot = name.find('.');
+    if (dot == std::string::npos || dot == 0 || dot + 1 == name.size())
+      throw ConfigError(
+          fmt::format("unexpected argument '{}': expected --config FILE or --<section>.<key>=<value>", arg));
+    std::string section = name.substr(0, dot), key = name.substr(dot + 1);
+    if (section == "trainer") {
+      try {
+        set_option(result.trainer, key, value);
+      } catch (const ConfigError& e) {
+        throw ConfigError(fmt::format("--{}: {}", name, e.what()));
+      }
+    } else {
+      // A section a config file gave as a single value is replaced by one of keys, as later arguments win.
+      json& held = result.sections[section];
+      if (!held.is_object()) held = json::object();
+      held[key] = section_value(name, value);
+    }
+  }
+  return result;
+}
+
+namespace detail {
+void throw_unreadable_section_value(const std::string& section, const std::string& key, const json& value,
+                                    const std::string& why) {
+  // nlohmann's words without its "[json.exception.type_error.302] " tag.
+  std::string reason = why;
+  if (auto tag = reason.find("] "); reason.rfind("[json.exception.", 0) == 0 && tag != std::string::npos)
+    reason = reason.substr(tag + 2);
+  throw ConfigError(fmt::format("--{}.{}: cannot read {}: {}", section, key, json_for_message(value), reason));
+}
+}  // namespace detail
+
+std::string command_line_help(const std::string& program, const TrainerOptions& defaults) {
+  std::ostringstream out;
+  out << "usage: " << program
+      << " [--config FILE.json] [--trainer.<option>=<value> ...] [--<section>.<key>=<value> ...]\n\n"
+      << "Trainer options (default in brackets):\n";
+  json values = defaults;
+  for (const auto& name : trainer_option_names())
+    out << fmt::format("  --trainer.{:<26} [{}]\n", name,
+                       values[name].dump(-1, ' ', false, json::error_handler_t::replace));
+  return out.str();
+}
+
+}  // namespace fulgor

@@ -1,0 +1,197 @@
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <mutex>
+
+#include "fulgor/distributed/backend.h"
+#include "fulgor/core/error.h"
+#include "fulgor/distributed/strategy.h"
+
+namespace fulgor::detail {
+
+const std::vector<std::string>& strategy_names() {
+  static const std::vector<std::string> names = {"auto", "ddp", "single_device"};
+  return names;
+}
+
+void check_strategy(const std::string& strategy) {
+  const auto& names = strategy_names();
+  if (std::find(names.begin(), names.end(), strategy) == names.end())
+    throw ConfigError(fmt::format("unknown strategy '{}'; known strategies: {}", strategy, fmt::join(names, ", ")));
+}
+
+bool runs_data_parallel(const std::string& strategy, const DistributedEnvironment& environment) {
+  check_strategy(strategy);
+  // A "ddp" process started without a launcher is a job of one: it trains
+  // alone, like Lightning's ddp on one device.
+  return strategy != "single_device" && environment.is_distributed();
+}
+
+bool launches_ranks(const std::string& strategy, const DistributedEnvironment& environment,
+                    const Accelerator& accelerator, const Devices& devices, size_t selected) {
+  if (environment.is_distributed() || selected < 2) return false;
+  if (strategy != "single_device") {
+    // Refused before any rank starts, rather than by every rank at once.
+    const std::string backend = accelerator.distributed_backend();
+    if (!has_distributed_backend(backend))
+      throw ConfigError(fmt::format(
+          "devices={} selects {} devices of accelerator '{}', so strategy '{}' trains on {} processes over its "
+          "distributed backend '{}', which is not registered (registered: {}): register it "
+          "(REGISTER_DISTRIBUTED_BACKEND), or use devices=1",
+          devices.str(), selected, accelerator.name(), strategy, selected, backend,
+          fmt::join(distributed_backend_names(), ", ")));
+    return true;
+  }
+  throw ConfigError(fmt::format(
+      "devices={} selects {} devices of accelerator '{}', but strategy 'single_device' runs on one device: use "
+      "devices=1, or strategy 'auto' or 'ddp' to train on all {} (one process each)",
+      devices.str(), selected, accelerator.name(), selected));
+}
+
+namespace {
+
+// Note [A device's index] (DeviceSetup::index): LibTorch gives each of a
+// CPU-backed accelerator's devices as the one CPU device, so the index comes
+// from the `devices` value, read as the default parse_devices reads it.
+int64_t index_of(const Accelerator& accelerator, const Devices& devices, torch::Device device, size_t position) {
+  if (device.has_index()) return device.index();
+  if (accelerator.device_count() <= 1) return 0;
+  const Devices chosen = devices.is_auto() ? Devices(accelerator.auto_device_count()) : devices;
+  const auto indices = parse_device_indices(chosen, accelerator.device_count(), accelerator.name());
+  return indices.at(std::min(position, indices.size() - 1));
+}
+
+}  // namespace
+
+DeviceSetup device_setup(const Accelerator& accelerator, const Devices& devices,
+                         const std::vector<torch::Device>& selected, const DistributedEnvironment& environment) {
+  const auto local_rank = static_cast<size_t>(environment.local_rank);
+  const bool shared = !selected.empty() && std::all_of(selected.begin(), selected.end(),
+                                                       [&](const torch::Device& d) { return d == selected.front(); });
+  if (local_rank >= selected.size() && !shared)
+    throw ConfigError(fmt::format(
+        "devices={} selects {} devices of accelerator '{}', but this is local rank {} of {} processes on this "
+        "node (from {}): select at least one device per process",
+        devices.str(), selected.size(), accelerator.name(), environment.local_rank, environment.local_world_size,
+        environment.source));
+  const size_t position = local_rank < selected.size() ? local_rank : 0;
+  DeviceSetup setup{selected[position]};
+  setup.index = index_of(accelerator, devices, setup.device, position);
+  setup.local_rank = environment.local_rank;
+  setup.local_world_size = environment.local_world_size;
+  setup.rank = environment.rank;
+  setup.world_size = environment.world_size;
+  return setup;
+}
+
+namespace {
+
+// Note [One process group per process]
+// Every Trainer of a process uses the same group, made by the first: a second
+// group would host a second rendezvous store on the same port, which ranks
+// still leaving the first one could reach. It lives until the process exits
+// (never destroyed, so no collective library is torn down during static
+// destruction), like PyTorch's default process group.
+ProcessGroup shared_group(const DistributedEnvironment& environment, const Accelerator& accelerator,
+                          torch::Device device, const ProcessGroupOptions& options) {
+  static std::mutex mutex;
+  static ProcessGroup* group = nullptr;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (!group) group = new ProcessGroup(environment, accelerator, device, options);
+  return *group;
+}
+
+}  // namespace
+
+DdpStrategy::DdpStrategy(const DistributedEnvironment& environment, const Accelerator& accelerator,
+                         torch::Device device, ProcessGroupOptions options)
+    : environment_(environment), group_(shared_group(environment, accelerator, device, options)) {}
+
+DdpStrategy::~DdpStrategy() = default;
+
+void DdpStrategy::attach(torch::nn::Module& module) {
+  synchronizer_.reset();
+  module_ = &module;
+  synchronizer_ = std::make_unique<GradientSynchronizer>(group_, module);
+}
+
+void DdpStrategy::detach() {
+  synchronizer_.reset();
+  module_ = nullptr;
+}
+
+void DdpStrategy::before_forward(bool sync) {
+  synchronizer_->set_sync(sync);
+  synchronizer_->before_forward();
+}
+
+void DdpStrategy::after_backward() { synchronizer_->finish_backward(); }
+
+void DdpStrategy::reduce_gradients() {
+  // One flat all_reduce. Every rank reduces every parameter, in the same
+  // order; one that got no gradient here contributes zeros and, as with the
+  // GradientSynchronizer, gets a grad only where the mean is not zero.
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> params, flat;
+  for (const auto& p : module_->parameters())
+    if (p.requires_grad()) {
+      params.push_back(p);
+      flat.push_back(p.grad().defined() ? p.grad().reshape({-1}) : torch::zeros({p.numel()}, p.options()));
+    }
+  if (params.empty()) return;
+  torch::Tensor mean = torch::cat(flat);
+  group_.all_reduce(mean, ReduceOp::mean);
+  int64_t offset = 0;
+  for (auto& p : params) {
+    torch::Tensor part = mean.narrow(0, offset, p.numel()).view(p.sizes());
+    offset += p.numel();
+    if (p.grad().defined())
+      p.mutable_grad().copy_(part);
+    else if (part.ne(0).any().item<bool>())
+      p.mutable_grad() = part.clone();
+  }
+}
+
+double DdpStrategy::reduce(double value, Reduce reduce) {
+  switch (reduce) {
+    case Reduce::mean:
+      return group_.all_reduce(value, ReduceOp::mean);
+    case Reduce::sum:
+      return group_.all_reduce(value, ReduceOp::sum);
+    case Reduce::max:
+      return group_.all_reduce(value, ReduceOp::max);
+    case Reduce::min:
+      return group_.all_reduce(value, ReduceOp::min);
+  }
+  return value;
+}
+
+int64_t DdpStrategy::max_over_ranks(int64_t value) {
+  return static_cast<int64_t>(group_.all_reduce(static_cast<double>(value), ReduceOp::max));
+}
+
+namespace {
+
+class SilencedLogger final : public Logger {
+ public:
+  explicit SilencedLogger(std::shared_ptr<Logger> inner) : inner_(std::move(inner)) {}
+  std::string name() const override { return inner_->name(); }
+  std::string version() const override { return inner_->version(); }
+  std::string log_dir() const override { return inner_->log_dir(); }
+  void log_hyperparams(const nlohmann::json&) override {}
+  void log_metrics(const std::map<std::string, double>&, int64_t) override {}
+  void finalize(const std::string&) override {}
+
+ private:
+  std::shared_ptr<Logger> inner_;
+};
+
+}  // namespace
+
+std::shared_ptr<Logger> silenced_logger(std::shared_ptr<Logger> logger) {
+  return std::make_shared<SilencedLogger>(std::move(logger));
+}
+
+}  // namespace fulgor::detail
