@@ -169,7 +169,18 @@ void write_safetensors(const StateDict& tensors, const std::filesystem::path& pa
   uint64_t at = 0;
   for (const auto& entry : tensors) {
     if (entry.key() == "__metadata__") throw InteropError("safetensors reserves the name '__metadata__' for metadata");
-    torch::Tensor t = entry.value().detach().cpu().contiguous();
+    // A view that repeats its storage's elements (a stride of 0) would be
+    // written out element by element: 2^62 of them from a file of bytes.
+    const torch::Tensor& view = entry.value();
+    uint64_t bytes = 0;
+    if (__builtin_mul_overflow(static_cast<uint64_t>(view.numel()), view.element_size(), &bytes) ||
+        (view.has_storage() && bytes > view.storage().nbytes()))
+      throw InteropError(fmt::format("cannot write '{}': tensor '{}' is a view of {} elements ({}) and its storage "
+                                     "holds {}: safetensors stores each element; write view.contiguous() or "
+                                     "view.clone() if the copy is meant",
+                                     path.string(), entry.key(), view.numel(), fmt::join(view.sizes(), "x"),
+                                     view.has_storage() ? view.storage().nbytes() / view.element_size() : 0));
+    torch::Tensor t = view.detach().cpu().contiguous();
     header[entry.key()] = {{"dtype", detail::name_of(t.scalar_type())},
                            {"shape", t.sizes().vec()},
                            {"data_offsets", {at, at + t.nbytes()}}};
