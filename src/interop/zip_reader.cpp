@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <limits>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -56,7 +57,12 @@ void apply_zip64_extra(const uint8_t* extra, size_t length, uint64_t& size, uint
 }  // namespace
 
 std::shared_ptr<MappedFile> MappedFile::open(const std::filesystem::path& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  return open(path, 0, std::numeric_limits<uint64_t>::max());
+}
+
+std::shared_ptr<MappedFile> MappedFile::open(const std::filesystem::path& path, uint64_t offset, uint64_t length) {
+  // Non-blocking: a FIFO is refused below rather than waited on.
+  int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) throw InteropError(fmt::format("cannot open '{}': {}", path.string(), std::strerror(errno)));
   struct stat st {};
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -64,6 +70,12 @@ std::shared_ptr<MappedFile> MappedFile::open(const std::filesystem::path& path) 
     throw InteropError(fmt::format("'{}' is not a regular file", path.string()));
   }
   size_t size = static_cast<size_t>(st.st_size);
+  if (length == std::numeric_limits<uint64_t>::max()) length = size - std::min<uint64_t>(offset, size);
+  if (offset > size || size - offset < length) {
+    ::close(fd);
+    throw InteropError(fmt::format("'{}' is truncated: it has {} bytes, {} from byte {} on are needed", path.string(),
+                                   size, length, offset));
+  }
   void* data = nullptr;
   if (size > 0) {
     // Private and writable: tensors over the mapping may be changed in place
@@ -76,7 +88,12 @@ std::shared_ptr<MappedFile> MappedFile::open(const std::filesystem::path& path) 
     }
   }
   ::close(fd);
-  return std::shared_ptr<MappedFile>(new MappedFile(static_cast<uint8_t*>(data), size, true, path.string()));
+  auto* base = static_cast<uint8_t*>(data);
+  auto file = std::shared_ptr<MappedFile>(new MappedFile(base == nullptr ? nullptr : base + offset,
+                                                         static_cast<size_t>(length), true, path.string()));
+  file->base_ = base;
+  file->mapped_size_ = size;
+  return file;
 }
 
 std::shared_ptr<MappedFile> MappedFile::copy_of(const void* data, size_t size, std::string name) {
@@ -87,7 +104,7 @@ std::shared_ptr<MappedFile> MappedFile::copy_of(const void* data, size_t size, s
 
 MappedFile::~MappedFile() {
   if (mapped_) {
-    if (data_ != nullptr) munmap(data_, size_);
+    if (base_ != nullptr) munmap(base_, mapped_size_);
   } else {
     std::free(data_);
   }
@@ -130,6 +147,12 @@ ZipReader::ZipReader(std::shared_ptr<MappedFile> file) : file_(std::move(file)) 
 void ZipReader::read_central_directory(size_t offset, size_t count) {
   const uint8_t* data = file_->data();
   size_t size = file_->size();
+  struct Span {
+    uint64_t begin, end;
+    const std::string* name;
+    bool operator<(const Span& other) const { return begin < other.begin; }
+  };
+  std::vector<Span> spans;
   for (size_t i = 0; i < count; ++i) {
     if (offset > size || size - offset < 46 || little_endian(data + offset, 4) != kCentralHeader)
       throw InteropError(fmt::format("'{}': central directory entry {} of {} is missing or corrupted", file_->name(),
@@ -155,8 +178,16 @@ void ZipReader::read_central_directory(size_t offset, size_t count) {
                                      file_->name(), name, length, start, size));
     if (!records_.emplace(name, ZipRecord{start, length, static_cast<uint32_t>(crc)}).second)
       throw InteropError(fmt::format("'{}': record '{}' appears twice", file_->name(), name));
+    spans.push_back({local, start + length, &records_.find(name)->first});
     offset += 46 + name_length + extra + comment;
   }
+  // Each record from its local header to its data's end, in the file's order.
+  std::sort(spans.begin(), spans.end());
+  for (size_t i = 1; i < spans.size(); ++i)
+    if (spans[i].begin < spans[i - 1].end)
+      throw InteropError(fmt::format("'{}': records '{}' and '{}' overlap; fulgor refuses zip archives whose records "
+                                     "share bytes",
+                                     file_->name(), *spans[i - 1].name, *spans[i].name));
 }
 
 uint8_t* ZipReader::read(const std::string& name, size_t* size) const {

@@ -9,7 +9,8 @@
 // alias it (copy-on-write: a tensor written to in place never changes the
 // file). It accepts what PyTorchStreamWriter and Python's zipfile write:
 // stored (uncompressed) records, zip64 where offsets or sizes need it. Every
-// offset and size is checked against the file before it is used, and a
+// offset and size is checked against the file before it is used, records
+// may not overlap (one byte read as many records is a "zip bomb"), and a
 // record's CRC-32 can be checked (all of them, as torch.load checks each one it
 // reads), so truncated and corrupted files are refused naming the record.
 
@@ -27,8 +28,12 @@ namespace fulgor::detail {
 /// A read-only view of a whole file, mapped copy-on-write.
 class MappedFile {
  public:
-  /// Maps `path`; throws InteropError naming it when it cannot be opened.
+  /// Maps `path`; throws InteropError naming it when it cannot be opened or
+  /// is not a regular file.
   static std::shared_ptr<MappedFile> open(const std::filesystem::path& path);
+  /// Maps the `length` bytes of `path` from `offset` on (the archive inside
+  /// a checkpoint); throws InteropError when the file is shorter.
+  static std::shared_ptr<MappedFile> open(const std::filesystem::path& path, uint64_t offset, uint64_t length);
   /// Copies `size` bytes (for inputs that are not files, like the fuzzers').
   static std::shared_ptr<MappedFile> copy_of(const void* data, size_t size, std::string name);
   ~MappedFile();
@@ -44,6 +49,9 @@ class MappedFile {
       : data_(data), size_(size), mapped_(mapped), name_(std::move(name)) {}
   uint8_t* data_;
   size_t size_;
+  // The whole mapping, where data_ is a part of it.
+  uint8_t* base_ = nullptr;
+  size_t mapped_size_ = 0;
   bool mapped_;
   std::string name_;
 };
