@@ -200,12 +200,10 @@ class PickleReader {
   }
   c10::IValue pop_value() { return pop().value; }
   // Note [Pickles from elsewhere]: the depth of what `item` holds.
-  size_t depth_of(const Item& item) const {
-    return is_mutable(item.value) ? containers_.at(item.value.internalToPointer()).depth : item.depth;
-  }
+  size_t depth_of(const Item& item) { return is_mutable(item.value) ? container(item.value).depth : item.depth; }
   // Places `item` inside another value: its depth is final from here on.
   size_t place(const Item& item) {
-    if (is_mutable(item.value)) containers_.at(item.value.internalToPointer()).placed = true;
+    if (is_mutable(item.value)) container(item.value).placed = true;
     return depth_of(item);
   }
   size_t place_all(const std::vector<Item>& items) {
@@ -218,12 +216,12 @@ class PickleReader {
     size_t depth = child_depth + 1;
     if (depth > kMaxPickleDepth)
       fail(fmt::format("values nest deeper than {} levels, more than fulgor reads", kMaxPickleDepth));
-    if (is_mutable(value)) containers_.try_emplace(value.internalToPointer(), Container{depth, false});
+    if (is_mutable(value)) containers_.insert_or_assign(value.internalToPointer(), Container{depth, false, value});
     stack_.push_back(Item{std::move(value), callable, depth});
   }
   // Adds values `child_depth` deep to the list or dict on top of the stack.
   void grow_top(size_t child_depth) {
-    Container& top_container = containers_.at(top().value.internalToPointer());
+    Container& top_container = container(top().value);
     if (top_container.placed)
       fail("a list or dict is changed after it was placed inside another value (a recursive structure), "
            "which fulgor does not read");
@@ -270,9 +268,15 @@ class PickleReader {
   struct Container {
     size_t depth;
     bool placed;
+    c10::IValue kept;  // alive, so that no later list or dict takes its address
   };
   // Every list and dict built so far, by identity (Note [Pickles from elsewhere]).
   std::unordered_map<const void*, Container> containers_;
+  Container& container(const c10::IValue& value) {
+    auto it = containers_.find(value.internalToPointer());
+    if (it == containers_.end()) fail("a list or dict of unknown origin");
+    return it->second;
+  }
 };
 
 std::vector<Item> PickleReader::pop_to_mark() {

@@ -4,6 +4,8 @@ chunk hashes valid (a checksum is not a signature):
 
     plant_archive.py CHECKPOINT OUT KIND [MARKER]
 
+(for deep_tuple, MARKER is the depth instead, a million by default)
+
 KIND:
   setstate    the module class of the parameter "w" gets a __setstate__,
               compiled by torch.jit from Python, that creates MARKER
@@ -80,7 +82,7 @@ def main(path, out, kind, marker=None):
         methods = setstate_methods(marker, os.path.dirname(os.path.abspath(out))).replace("CLASS", cls)
         records[name] = records[name].rstrip(b"\n") + b"\n" + methods.encode()
     elif kind == "deep_tuple":
-        records[folder + "/data.pkl"] = b"\x80\x02)" + b"\x85" * 1000000 + b"."
+        records[folder + "/data.pkl"] = b"\x80\x02)" + b"\x85" * int(marker or 1000000) + b"."
     elif kind == "memo_huge":
         records[folder + "/data.pkl"] = b"\x80\x02)r\xff\xff\xff\xff."
     elif kind == "torchbind":
