@@ -13,6 +13,10 @@
 namespace fulgor::detail {
 namespace {
 
+// The most a code record or a pickle of source ranges may hold once inflated:
+// each declares one class's attributes.
+constexpr size_t kMaxSideRecord = size_t{16} << 20;
+
 bool all_digits(std::string_view s) {
   return !s.empty() && std::all_of(s.begin(), s.end(), [](unsigned char c) { return std::isdigit(c) != 0; });
 }
@@ -81,9 +85,8 @@ bool is_declaration(std::string_view text) {
 
 // The code record of one module class: its header and declarations only.
 void check_code(const ZipReader& zip, const std::string& record) {
-  size_t size = 0;
-  const auto* data = reinterpret_cast<const char*>(zip.read(record, &size));
-  std::string_view code(data, size);
+  const std::string text = zip.read_copy(record, kMaxSideRecord);
+  std::string_view code(text);
   size_t number = 0;
   for (size_t at = 0; at < code.size(); ++number) {
     size_t end = std::min(code.find('\n', at), code.size());
@@ -157,7 +160,7 @@ bool is_data_type(std::string_view type) {
 }
 
 void check_script_archive(const std::shared_ptr<MappedFile>& archive) {
-  ZipReader zip(archive);
+  ZipReader zip(archive, /*deflated=*/true);
   const std::string& file = archive->name();
   if (zip.records().empty()) throw InteropError(fmt::format("'{}': the archive holds no records", file));
   const std::string& first = zip.records().begin()->first;
@@ -184,9 +187,9 @@ void check_script_archive(const std::shared_ptr<MappedFile>& archive) {
   std::vector<std::string> others = debug;
   if (zip.has(folder + "constants.pkl")) others.push_back(folder + "constants.pkl");
   for (const std::string& name : others) {
-    size_t size = 0;
-    const uint8_t* pickle = zip.read(name, &size);
-    read_pickle(pickle, size, no_storages, fmt::format("'{}', record '{}'", file, name), PickleDialect::libtorch);
+    const std::string pickle = zip.read_copy(name, kMaxSideRecord);
+    read_pickle(reinterpret_cast<const uint8_t*>(pickle.data()), pickle.size(), no_storages,
+                fmt::format("'{}', record '{}'", file, name), PickleDialect::libtorch);
   }
 }
 

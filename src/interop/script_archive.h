@@ -14,7 +14,8 @@
 //  - records: data.pkl, constants.pkl, version, byteorder, .data/version,
 //    .data/serialization_id, tensor data (data/N) and code of module classes
 //    (code/__torch__.py, code/__torch__/___torch_mangle_N.py, with their
-//    .debug_pkl), all in one folder, uncompressed, not overlapping;
+//    .debug_pkl), all in one folder, not overlapping; data stored, code
+//    stored or deflated (LibTorch deflates it) to at most 16 MiB;
 //  - code: one `class Module(Module):` per record whose body only declares
 //    attributes (parameter and buffer names, `name : Type`,
 //    `__annotations__["name"] = Type`) of plain types: no method, so nothing

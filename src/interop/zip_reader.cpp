@@ -119,7 +119,7 @@ bool looks_like_zip(const uint8_t* data, size_t size) {
   return size >= 4 && little_endian(data, 4) == kLocalHeader;
 }
 
-ZipReader::ZipReader(std::shared_ptr<MappedFile> file) : file_(std::move(file)) {
+ZipReader::ZipReader(std::shared_ptr<MappedFile> file, bool deflated) : file_(std::move(file)), deflated_(deflated) {
   const uint8_t* data = file_->data();
   size_t size = file_->size();
   if (size < kEndSize) throw InteropError(fmt::format("'{}' is too short to be a zip archive ({} bytes)", file_->name(), size));
@@ -166,19 +166,20 @@ void ZipReader::read_central_directory(size_t offset, size_t count) {
       throw InteropError(fmt::format("'{}': the central directory is truncated", file_->name()));
     std::string name(reinterpret_cast<const char*>(h + 46), name_length);
     apply_zip64_extra(h + 46 + name_length, extra, length, compressed, local);
-    if (method != 0 || compressed != length)
+    const bool deflated = deflated_ && method == 8;
+    if (!deflated && (method != 0 || compressed != length))
       throw InteropError(fmt::format("'{}': record '{}' is compressed (method {}); torch.save and fulgor store "
                                      "records uncompressed",
                                      file_->name(), name, method));
     if (local > size || size - local < 30 || little_endian(data + local, 4) != kLocalHeader)
       throw InteropError(fmt::format("'{}': the local header of record '{}' is missing or corrupted", file_->name(), name));
     uint64_t start = local + 30 + little_endian(data + local + 26, 2) + little_endian(data + local + 28, 2);
-    if (start > size || size - start < length)
+    if (start > size || size - start < compressed)
       throw InteropError(fmt::format("'{}' is truncated: record '{}' needs {} bytes at offset {}, the file has {}",
-                                     file_->name(), name, length, start, size));
-    if (!records_.emplace(name, ZipRecord{start, length, static_cast<uint32_t>(crc)}).second)
+                                     file_->name(), name, compressed, start, size));
+    if (!records_.emplace(name, ZipRecord{start, length, static_cast<uint32_t>(crc), compressed, deflated}).second)
       throw InteropError(fmt::format("'{}': record '{}' appears twice", file_->name(), name));
-    spans.push_back({local, start + length, &records_.find(name)->first});
+    spans.push_back({local, start + compressed, &records_.find(name)->first});
     offset += 46 + name_length + extra + comment;
   }
   // Each record from its local header to its data's end, in the file's order.
@@ -193,8 +194,40 @@ void ZipReader::read_central_directory(size_t offset, size_t count) {
 uint8_t* ZipReader::read(const std::string& name, size_t* size) const {
   auto it = records_.find(name);
   if (it == records_.end()) throw InteropError(fmt::format("'{}' has no record '{}'", file_->name(), name));
+  if (it->second.deflated)
+    throw InteropError(fmt::format("'{}': record '{}' is compressed; fulgor reads it stored", file_->name(), name));
   *size = it->second.size;
   return file_->data() + it->second.offset;
+}
+
+std::string ZipReader::read_copy(const std::string& name, size_t limit) const {
+  auto it = records_.find(name);
+  if (it == records_.end()) throw InteropError(fmt::format("'{}' has no record '{}'", file_->name(), name));
+  const ZipRecord& record = it->second;
+  if (record.size > limit)
+    throw InteropError(fmt::format("'{}': record '{}' holds {} bytes; fulgor reads up to {} of it", file_->name(),
+                                   name, record.size, limit));
+  const auto* stored = reinterpret_cast<const char*>(file_->data() + record.offset);
+  std::string out(record.size, '\0');
+  if (!record.deflated) {
+    std::memcpy(out.data(), stored, record.size);
+  } else {
+    z_stream z{};
+    if (inflateInit2(&z, -MAX_WBITS) != Z_OK) throw InteropError("zlib cannot start an inflater");
+    z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(stored));
+    z.avail_in = static_cast<uInt>(record.stored_size);
+    z.next_out = reinterpret_cast<Bytef*>(out.data());
+    z.avail_out = static_cast<uInt>(record.size);
+    const int status = inflate(&z, Z_FINISH);
+    const bool whole = status == Z_STREAM_END && z.total_out == record.size;
+    inflateEnd(&z);
+    if (!whole)
+      throw InteropError(fmt::format("'{}': record '{}' does not inflate to its {} bytes", file_->name(), name,
+                                     record.size));
+  }
+  if (crc32_z(crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(out.data()), out.size()) != record.crc32)
+    throw InteropError(fmt::format("'{}' is corrupted: record '{}' fails its CRC-32 check", file_->name(), name));
+  return out;
 }
 
 // Note [Checking CRCs in parallel]

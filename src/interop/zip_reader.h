@@ -59,21 +59,28 @@ class MappedFile {
 /// One stored record of the archive.
 struct ZipRecord {
   size_t offset = 0;  ///< of its data in the file
-  size_t size = 0;
+  size_t size = 0;    ///< uncompressed
   uint32_t crc32 = 0;
+  size_t stored_size = 0;  ///< in the file: `size`, or less where deflated
+  bool deflated = false;
 };
 
 /// The records of a zip archive, by name.
 class ZipReader {
  public:
   /// Reads the central directory; throws InteropError when the file is not a
-  /// zip archive fulgor can read, or is truncated.
-  explicit ZipReader(std::shared_ptr<MappedFile> file);
+  /// zip archive fulgor can read, or is truncated. Deflated records are
+  /// refused unless `deflated` (LibTorch's archives deflate their code).
+  explicit ZipReader(std::shared_ptr<MappedFile> file, bool deflated = false);
 
   bool has(const std::string& name) const { return records_.count(name) != 0; }
   const std::map<std::string, ZipRecord>& records() const { return records_; }
-  /// The record's bytes; throws InteropError when it is missing.
+  /// The record's bytes; throws InteropError when it is missing or deflated.
   uint8_t* read(const std::string& name, size_t* size) const;
+  /// A copy of the record's bytes, inflated where deflated, its CRC-32
+  /// checked; throws InteropError when it is missing, corrupted, or longer
+  /// than `limit` (checked before anything is inflated).
+  std::string read_copy(const std::string& name, size_t limit) const;
   /// Checks every record's CRC-32; throws InteropError naming the first that
   /// fails.
   void verify() const;
@@ -82,6 +89,7 @@ class ZipReader {
  private:
   void read_central_directory(size_t offset, size_t count);
   std::shared_ptr<MappedFile> file_;
+  bool deflated_;
   std::map<std::string, ZipRecord> records_;
 };
 

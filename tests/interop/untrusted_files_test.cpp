@@ -138,6 +138,7 @@ TEST_F(UntrustedTorchFile, TupleKeysAreRefusedClearly) {
 }
 
 TEST_F(UntrustedTorchFile, LongIntegersAreRefusedAtOnce) {
+  hostile_dir();  // written before the clock starts
   const auto start = std::chrono::steady_clock::now();
   EXPECT_NE(load_error("long_integers.pt").find("an integer of 4096 bytes"), std::string::npos);
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
