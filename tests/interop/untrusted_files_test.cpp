@@ -8,6 +8,7 @@
 #include <fulgor/core/error.h>
 #include <fulgor/interop/safetensors.h>
 #include <fulgor/interop/torch_load.h>
+#include <fulgor/interop/torch_save.h>
 #include <fulgor/interop/weights_file.h>
 
 #include "interop_support.h"
@@ -167,6 +168,28 @@ TEST_F(UntrustedTorchFile, AnExpandedViewIsReadButNotMaterialised) {
     EXPECT_NE(std::string(e.what()).find("'w'"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("its storage holds 1"), std::string::npos) << e.what();
   }
+}
+
+TEST(UntrustedDestination, AFolderIsAnErrorAndNoTemporaryIsLeft) {
+  ScratchDir dir("convert_to_folder");
+  StateDict state;
+  state.insert("w", torch::ones({2}));
+  save_state_dict(state, dir.path() / "w.pt");
+  for (const char* name : {"out.safetensors", "out.pt"}) {
+    fs::create_directories(dir.path() / name);
+    std::string output;
+    FILE* pipe = popen(fmt::format("{} {} {} 2>&1", FULGOR_CONVERT, (dir.path() / "w.pt").string(),
+                                   (dir.path() / name).string())
+                           .c_str(),
+                       "r");
+    char buffer[4096];
+    while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) output.append(buffer, n);
+    const int status = pclose(pipe);
+    EXPECT_EQ(WIFEXITED(status) ? WEXITSTATUS(status) : -1, 1) << output;
+    EXPECT_NE(output.find("it is a folder; name a file"), std::string::npos) << output;
+  }
+  for (const auto& entry : fs::directory_iterator(dir.path()))
+    EXPECT_EQ(entry.path().string().find(".tmp"), std::string::npos) << entry.path();
 }
 
 }  // namespace
