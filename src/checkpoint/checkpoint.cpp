@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <new>
 #include <string_view>
@@ -23,6 +24,7 @@
 #include "fulgor/core/error.h"
 #include "fulgor/module.h"
 #include "detail/read_at.h"
+#include "interop/script_archive.h"
 
 namespace fulgor {
 namespace {
@@ -306,6 +308,17 @@ class CheckpointFile {
   int fd_ = -1;
   uint64_t size_ = 0;
 };
+// Note [Archives that hold no code]: what LibTorch would parse is checked
+// first; `corrupted` says whether the file fails its checksums, the likelier
+// reason for what the check refuses.
+void check_holds_data(const std::string& path, uint64_t length, const std::function<void()>& corrupted) {
+  try {
+    detail::check_script_archive(detail::MappedFile::open(path, kHeaderSize, length));
+  } catch (const InteropError& e) {
+    corrupted();
+    throw CheckpointError(fmt::format("checkpoint {}", e.what()));
+  }
+}
 }  // namespace
 
 torch::serialize::InputArchive read_checkpoint_file(const std::string& path) {
@@ -344,6 +357,7 @@ torch::serialize::InputArchive read_checkpoint_file(const std::string& path) {
     const uint64_t actual =
         version == kFnvContainerVersion ? fnv1a_words(data.data(), length) : XXH3_64bits(data.data(), length);
     if (actual != hash) throw corrupted;
+    check_holds_data(path, length, [] {});
     try {
       archive.load_from(data.data(), length, torch::Device(torch::kCPU));
     } catch (const c10::Error& e) {
@@ -360,6 +374,7 @@ torch::serialize::InputArchive read_checkpoint_file(const std::string& path) {
       throw CheckpointError(fmt::format("cannot read checkpoint '{}': {}", path, std::strerror(checked.read_error())));
     throw corrupted;
   };
+  check_holds_data(path, length, check_rest);
   try {
     archive.load_from([&](uint64_t pos, void* buf, size_t n) { return checked.read(pos, buf, n); },
                       [&] { return static_cast<size_t>(length); }, torch::Device(torch::kCPU));

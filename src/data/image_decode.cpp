@@ -138,7 +138,9 @@ ImageFormat image_format(const uint8_t* data, size_t size, const std::string& na
   throw DataError(fmt::format("{}: not a JPEG or PNG image ({} bytes; fulgor decodes JPEG and PNG)", name, size));
 }
 
-ImageDecoder::ImageDecoder() : turbojpeg_(tjInitDecompress()), transformer_(tjInitTransform()) {
+ImageDecoder::ImageDecoder(int64_t max_pixels)
+    : max_pixels_(max_pixels), turbojpeg_(tjInitDecompress()), transformer_(tjInitTransform()) {
+  if (max_pixels < 1) throw ConfigError(fmt::format("max_pixels={} is not valid: >= 1", max_pixels));
   if (!turbojpeg_ || !transformer_) {
     const std::string why = tjGetErrorStr2(nullptr);
     if (turbojpeg_) tjDestroy(turbojpeg_);
@@ -153,18 +155,36 @@ ImageDecoder::~ImageDecoder() {
   tjFree(cropped_);
 }
 
+void ImageDecoder::check_pixels(int64_t width, int64_t height, const std::string& name) const {
+  if (width * height > max_pixels_)
+    throw DataError(fmt::format("{}: declares {} x {} = {} pixels, more than the limit of {} (a decompression bomb, "
+                                "as PIL calls it; raise ImageLoaderOptions::max_image_pixels for larger images)",
+                                name, width, height, width * height, max_pixels_));
+}
+
 ImageHeader ImageDecoder::header(const uint8_t* data, size_t size, const std::string& name) {
-  if (image_format(data, size, name) == ImageFormat::png) return png_header(data, size, name);
-  const JpegHeader head = jpeg_header(turbojpeg_, data, size, name);
-  return {ImageFormat::jpeg, head.width, head.height};
+  ImageHeader head;
+  if (image_format(data, size, name) == ImageFormat::png) {
+    head = png_header(data, size, name);
+  } else {
+    const JpegHeader jpeg = jpeg_header(turbojpeg_, data, size, name);
+    head = {ImageFormat::jpeg, jpeg.width, jpeg.height};
+  }
+  check_pixels(head.width, head.height, name);
+  return head;
 }
 
 void ImageDecoder::decode(const uint8_t* data, size_t size, const std::string& name, const DecodeRequest& request,
                           DecodedImage& out) {
   require_channels(request.channels);
   const ImageFormat format = image_format(data, size, name);
-  if (format == ImageFormat::png) return decode_png(data, size, name, request.channels, out);
+  if (format == ImageFormat::png) {
+    const ImageHeader head = png_header(data, size, name);
+    check_pixels(head.width, head.height, name);
+    return decode_png(data, size, name, request.channels, out);
+  }
   auto [width, height, subsampling] = jpeg_header(turbojpeg_, data, size, name);
+  check_pixels(width, height, name);
   // The scale is chosen for the region, whether or not it is cut out.
   const tjscalingfactor scaling = jpeg_scaling(width, height, request);
   const double scale = static_cast<double>(scaling.num) / scaling.denom;

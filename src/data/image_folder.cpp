@@ -1,6 +1,9 @@
 #include "fulgor/data/image_folder.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
@@ -12,6 +15,7 @@
 #include <system_error>
 #include <utility>
 
+#include "detail/read_at.h"
 #include "fulgor/data/image_decode.h"
 
 namespace fulgor {
@@ -27,26 +31,49 @@ bool has_image_extension(const std::string& name) {
   return false;
 }
 
+// Note [Folders from elsewhere]
+// torchvision walks a class folder following symbolic links; a link back to
+// a folder above it would walk forever, and a FIFO named x.jpg would block
+// the first read forever. The walk keeps each folder's (device, inode) and
+// those above it, refuses a link that leads back up, and keeps regular files
+// only (following links to them): FIFOs, devices, sockets and links that lead
+// nowhere (or to themselves) are no images.
+using FileId = std::pair<dev_t, ino_t>;
+
 // torchvision's make_dataset for one class: sorted(os.walk(folder,
 // followlinks=True)), each folder's files sorted, as paths joined with "/".
 std::vector<std::string> class_files(const std::string& folder) {
   std::vector<std::pair<std::string, std::vector<std::string>>> walked;
-  std::vector<std::string> pending{folder};
+  struct Pending {
+    std::string dir;
+    std::vector<FileId> above;  // this folder and those above it
+  };
+  struct stat top {};
+  if (::stat(folder.c_str(), &top) != 0) return {};
+  std::vector<Pending> pending{{folder, {{top.st_dev, top.st_ino}}}};
   while (!pending.empty()) {
-    const std::string dir = std::move(pending.back());
+    const Pending current = std::move(pending.back());
     pending.pop_back();
     std::vector<std::string> files;
     std::error_code ec;
-    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-      const std::string path = dir + "/" + it->path().filename().string();
-      std::error_code kind;
-      if (fs::is_directory(it->path(), kind))
-        pending.push_back(path);
-      else
+    for (fs::directory_iterator it(current.dir, ec), end; !ec && it != end; it.increment(ec)) {
+      const std::string path = current.dir + "/" + it->path().filename().string();
+      struct stat info {};
+      if (::stat(path.c_str(), &info) != 0) continue;  // a link to nowhere, or to itself
+      if (S_ISDIR(info.st_mode)) {
+        const FileId id{info.st_dev, info.st_ino};
+        if (std::find(current.above.begin(), current.above.end(), id) != current.above.end())
+          throw DataError(fmt::format("ImageFolder: '{}' leads back to a folder above it (a symbolic link loop)",
+                                      path));
+        Pending next{path, current.above};
+        next.above.push_back(id);
+        pending.push_back(std::move(next));
+      } else if (S_ISREG(info.st_mode)) {
         files.push_back(it->path().filename().string());
+      }
     }
     std::sort(files.begin(), files.end());
-    walked.emplace_back(dir, std::move(files));
+    walked.emplace_back(current.dir, std::move(files));
   }
   std::sort(walked.begin(), walked.end());
   std::vector<std::string> paths;
@@ -92,13 +119,21 @@ ImageFolder::ImageFolder(const std::string& root) {
 void ImageFolder::read(int64_t index, std::vector<uint8_t>& bytes) const { read_file(name(index), bytes); }
 
 void read_file(const std::string& path, std::vector<uint8_t>& bytes) {
-  std::unique_ptr<FILE, int (*)(FILE*)> file(std::fopen(path.c_str(), "rb"), &std::fclose);
-  if (!file) throw DataError(fmt::format("{}: cannot be read ({})", path, std::strerror(errno)));
-  bytes.clear();
-  uint8_t chunk[1 << 16];
-  size_t got = 0;
-  while ((got = std::fread(chunk, 1, sizeof chunk, file.get())) > 0) bytes.insert(bytes.end(), chunk, chunk + got);
-  if (std::ferror(file.get())) throw DataError(fmt::format("{}: read failed ({})", path, std::strerror(errno)));
+  // Non-blocking, so that a FIFO is refused below rather than waited on
+  // (Note [Folders from elsewhere]); a regular file's size is known up front.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) throw DataError(fmt::format("{}: cannot be read ({})", path, std::strerror(errno)));
+  struct stat info {};
+  if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
+    ::close(fd);
+    throw DataError(fmt::format("{}: not a regular file (a FIFO, a device or a socket is no image)", path));
+  }
+  bytes.resize(static_cast<size_t>(info.st_size));
+  const bool read = detail::read_at(fd, 0, bytes.data(), bytes.size());
+  const int error = errno;
+  ::close(fd);
+  if (!read)
+    throw DataError(fmt::format("{}: read failed ({})", path, error != 0 ? std::strerror(error) : "it shrank"));
 }
 
 }  // namespace fulgor

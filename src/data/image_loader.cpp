@@ -105,6 +105,7 @@ struct ImageLoader::Run {
 
   // Decodes position `position` into `out`, without the lock.
   struct Scratch {
+    explicit Scratch(int64_t max_pixels) : decoder(max_pixels) {}
     ImageDecoder decoder;
     std::vector<uint8_t> bytes;
     DecodedImage image;
@@ -131,7 +132,7 @@ struct ImageLoader::Run {
   }
 
   void work() {
-    Scratch scratch;
+    Scratch scratch(options.max_image_pixels);
     for (;;) {
       std::pair<int64_t, void*> task;
       {
@@ -172,7 +173,7 @@ bool ImageLoader::Run::next(Batch& out) {
     Slot& slot = slots[static_cast<size_t>(consumed % options.prefetch_batches)];
     if (threads.empty()) {
       // No workers: this thread decodes until the batch is whole.
-      if (!inline_scratch) inline_scratch = std::make_unique<Scratch>();
+      if (!inline_scratch) inline_scratch = std::make_unique<Scratch>(options.max_image_pixels);
       while (!(slot.batch == consumed && slot.remaining == 0)) {
         auto task = claim();
         lock.unlock();

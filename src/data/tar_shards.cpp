@@ -1,6 +1,7 @@
 #include "fulgor/data/tar_shards.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -8,6 +9,7 @@
 #include <algorithm>
 
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -20,8 +22,14 @@ namespace fulgor {
 namespace {
 
 int open_shard(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // Non-blocking, so that a FIFO is refused rather than waited on.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) throw DataError(fmt::format("tar shard '{}' cannot be opened ({})", path, std::strerror(errno)));
+  struct stat info {};
+  if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
+    ::close(fd);
+    throw DataError(fmt::format("tar shard '{}' is not a regular file", path));
+  }
   return fd;
 }
 
@@ -47,7 +55,7 @@ std::optional<std::string> pax_path(const std::string& records) {
     const size_t space = records.find(' ', at);
     if (space == std::string::npos) break;
     const size_t length = std::strtoull(records.c_str() + at, nullptr, 10);
-    if (length == 0 || at + length > records.size()) break;
+    if (length < space - at + 2 || length > records.size() - at) break;
     const std::string record = records.substr(space + 1, at + length - space - 2);
     if (record.rfind("path=", 0) == 0) return record.substr(5);
     at += length;
@@ -63,6 +71,28 @@ uint64_t size_of(int fd, const std::string& path) {
 }
 
 constexpr const char* kIndexMagic = "fulgor-tar-index";
+
+// Note [Shards from elsewhere]
+// A shard's headers declare sizes up to 2^64 - 1 and a .cls member any
+// number: each is checked against the file's size or a fixed limit before
+// anything is allocated for it. Class indices stay below a million (the
+// loader keeps one name per class, and ImageNet-21k has 21841); a pax record,
+// a long name or a .cls member is at most 1 MiB.
+constexpr int64_t kMaxClasses = 1'000'000;
+constexpr uint64_t kMaxTextMember = uint64_t{1} << 20;
+
+// A .cls member's class index: digits (and the line's end), below kMaxClasses.
+int64_t class_index(const std::string& content, const std::string& what) {
+  const char* first = content.data();
+  const char* last = first + content.size();
+  while (last != first && (last[-1] == '\n' || last[-1] == '\r' || last[-1] == ' ')) --last;
+  int64_t v = -1;
+  const auto [end, error] = std::from_chars(first, last, v);
+  if (first == last || error != std::errc() || end != last || v < 0 || v >= kMaxClasses)
+    throw DataError(fmt::format("{} holds '{}', not a class index (an integer from 0 to {})", what,
+                                content.substr(0, 40), kMaxClasses - 1));
+  return v;
+}
 
 // WebDataset's base_plus_ext: the key is the path up to the first dot of its file name.
 std::pair<std::string, std::string> key_and_extension(const std::string& path) {
@@ -134,6 +164,9 @@ TarShards::TarShards(const std::vector<std::string>& shards, bool use_index) {
     }
     counts_.push_back(static_cast<int64_t>(samples_.size() - before));
   }
+  if (samples_.empty())
+    throw DataError(fmt::format("the tar shards {} hold no samples (an image member and a .cls member each)",
+                                fmt::join(shards_, ", ")));
   // Streamed shards are read in order (Note [Streamed shards]), where the
   // kernel's larger read-ahead helps.
   if (!indexed_)
@@ -178,7 +211,7 @@ void TarShards::scan(size_t shard) {
     std::string name = tar_text(header + 345, 155);
     name = (name.empty() ? "" : name + "/") + tar_text(header, 100);
     if (long_name) name = *std::exchange(long_name, std::nullopt);
-    if (data + (size + 511) / 512 * 512 > file_size)
+    if (size > file_size || data + (size + 511) / 512 * 512 > file_size)
       throw DataError(fmt::format("tar shard '{}': member '{}' is truncated ({} of its {} bytes)", path, name,
                                   file_size - std::min(file_size, data), size));
     const char type = header[156];
@@ -186,6 +219,10 @@ void TarShards::scan(size_t shard) {
     const auto [member_key, ext] = key_and_extension(name);
     const bool regular = type == '0' || type == '\0';
     if (type == 'L' || type == 'x' || (regular && ext == "cls")) {
+      if (size > kMaxTextMember)
+        throw DataError(fmt::format("tar shard '{}': member '{}' has {} bytes; fulgor reads names and class indices "
+                                    "of up to {} bytes",
+                                    path, name, size, kMaxTextMember));
       content.resize(size);
       if (!detail::read_at(fd, data, content.data(), size))
         throw DataError(fmt::format("tar shard '{}': member '{}' cannot be read", path, name));
@@ -199,13 +236,7 @@ void TarShards::scan(size_t shard) {
       }
       if ((ext == "jpg" || ext == "jpeg" || ext == "png") && !image) image = Sample{shard, data, size, 0, name};
       if (ext == "cls") {
-        char* end = nullptr;
-        const long long v = std::strtoll(content.c_str(), &end, 10);
-        while (end && (*end == '\n' || *end == ' ' || *end == '\r')) ++end;
-        if (content.empty() || !end || *end || v < 0)
-          throw DataError(fmt::format("tar shard '{}': member '{}' holds '{}', not a class index (an integer >= 0)",
-                                      path, name, content));
-        target = v;
+        target = class_index(content, fmt::format("tar shard '{}': member '{}'", path, name));
       }
     }
     offset = data + (size + 511) / 512 * 512;
@@ -241,7 +272,8 @@ bool TarShards::load_index(size_t shard) {
     in >> sample.offset >> sample.size >> sample.target;
     in.get();
     std::getline(in, sample.member);
-    if (!in || sample.member.empty() || sample.target < 0 || sample.offset + sample.size > file_size)
+    if (!in || sample.member.empty() || sample.target < 0 || sample.target >= kMaxClasses ||
+        sample.size > file_size || sample.offset > file_size - sample.size)
       throw DataError(fmt::format("index '{}', line {}: not 'OFFSET SIZE CLASS MEMBER' within the shard's {} bytes",
                                   path, i + 2, file_size));
     samples_.push_back(std::move(sample));

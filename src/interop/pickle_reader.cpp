@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "fulgor/core/error.h"
+#include "interop/script_archive.h"
 
 namespace fulgor::detail {
 namespace {
@@ -35,6 +36,11 @@ enum class Callable {
   bytearray,
   codecs_encode,
   tensor_type,
+  // LibTorch's archives only (PickleDialect::libtorch).
+  script_module,
+  typed_list,
+  type_tag,
+  complex,
 };
 
 const std::map<std::string, Callable>& callables() {
@@ -58,6 +64,22 @@ const std::map<std::string, Callable>& callables() {
   return table;
 }
 
+// What LibTorch's Pickler (torch/csrc/jit/serialization/pickler.cpp, 1.13 to
+// 2.6) names besides the tensor rebuild, storages, OrderedDict and
+// torch.device: typed lists, a dict's or list's type, complex numbers, and
+// the module classes of the archive (below).
+const std::map<std::string, Callable>& libtorch_callables() {
+  static const std::map<std::string, Callable> table = {
+      {"torch.jit._pickle.build_intlist", Callable::typed_list},
+      {"torch.jit._pickle.build_tensorlist", Callable::typed_list},
+      {"torch.jit._pickle.build_doublelist", Callable::typed_list},
+      {"torch.jit._pickle.build_boollist", Callable::typed_list},
+      {"torch.jit._pickle.restore_type_tag", Callable::type_tag},
+      {"builtins.complex", Callable::complex},
+  };
+  return table;
+}
+
 const std::map<std::string, c10::ScalarType>& dtypes() {
   using S = c10::ScalarType;
   static const std::map<std::string, c10::ScalarType> table = {
@@ -72,17 +94,22 @@ const std::map<std::string, c10::ScalarType>& dtypes() {
 }
 
 // One stack or memo entry: a value, or a global fulgor knows how to call
-// (whose value is then its qualified name).
+// (whose value is then its qualified name), and how deep it nests (for a
+// list or dict, PickleReader::containers_ keeps the depth instead).
 struct Item {
   c10::IValue value;
   Callable callable = Callable::none;
+  size_t depth = 0;
 };
+
+bool is_mutable(const c10::IValue& value) { return value.isList() || value.isGenericDict(); }
 
 c10::impl::GenericDict new_dict() { return c10::impl::GenericDict(c10::AnyType::get(), c10::AnyType::get()); }
 c10::impl::GenericList new_list() { return c10::impl::GenericList(c10::AnyType::get()); }
 
 // The decimal digits of a little-endian two's-complement integer too wide for
-// int64, as Python prints it.
+// int64, as Python prints it: nine digits at a time, by long division of
+// 32-bit words.
 std::string decimal_of(std::vector<uint8_t> bytes) {
   bool negative = (bytes.back() & 0x80) != 0;
   if (negative) {  // magnitude = ~x + 1
@@ -93,19 +120,24 @@ std::string decimal_of(std::vector<uint8_t> bytes) {
       carry = v >> 8;
     }
   }
-  std::string digits;
-  while (std::any_of(bytes.begin(), bytes.end(), [](uint8_t b) { return b != 0; })) {
-    unsigned remainder = 0;
-    for (auto it = bytes.rbegin(); it != bytes.rend(); ++it) {
-      unsigned v = (remainder << 8) | *it;
-      *it = static_cast<uint8_t>(v / 10);
-      remainder = v % 10;
+  std::vector<uint32_t> words((bytes.size() + 3) / 4, 0);
+  for (size_t i = 0; i < bytes.size(); ++i) words[i / 4] |= static_cast<uint32_t>(bytes[i]) << (8 * (i % 4));
+  std::vector<uint32_t> groups;  // base 10^9, least significant first
+  while (!words.empty() && words.back() == 0) words.pop_back();
+  while (!words.empty()) {
+    uint64_t remainder = 0;
+    for (auto it = words.rbegin(); it != words.rend(); ++it) {
+      uint64_t v = (remainder << 32) | *it;
+      *it = static_cast<uint32_t>(v / 1000000000u);
+      remainder = v % 1000000000u;
     }
-    digits.push_back(static_cast<char>('0' + remainder));
+    groups.push_back(static_cast<uint32_t>(remainder));
+    while (!words.empty() && words.back() == 0) words.pop_back();
   }
-  if (digits.empty()) digits = "0";
-  if (negative) digits.push_back('-');
-  return {digits.rbegin(), digits.rend()};
+  std::string digits = negative ? "-" : "";
+  digits += groups.empty() ? "0" : std::to_string(groups.back());
+  for (size_t i = groups.size() > 1 ? groups.size() - 1 : 0; i-- > 0;) digits += fmt::format("{:09d}", groups[i]);
+  return digits;
 }
 
 // Python's str.encode('latin1'), which protocol 2 uses to carry bytes.
@@ -126,8 +158,9 @@ std::string latin1_of(const std::string& utf8, const std::string& source) {
 
 class PickleReader {
  public:
-  PickleReader(const uint8_t* data, size_t size, const PersistentLoad& persistent_load, const std::string& source)
-      : data_(data), size_(size), persistent_load_(persistent_load), source_(source) {}
+  PickleReader(const uint8_t* data, size_t size, const PersistentLoad& persistent_load, const std::string& source,
+               PickleDialect dialect)
+      : data_(data), size_(size), persistent_load_(persistent_load), source_(source), dialect_(dialect) {}
 
   c10::IValue run();
 
@@ -166,16 +199,54 @@ class PickleReader {
     return item;
   }
   c10::IValue pop_value() { return pop().value; }
+  // Note [Pickles from elsewhere]: the depth of what `item` holds.
+  size_t depth_of(const Item& item) { return is_mutable(item.value) ? container(item.value).depth : item.depth; }
+  // Places `item` inside another value: its depth is final from here on.
+  size_t place(const Item& item) {
+    if (is_mutable(item.value)) container(item.value).placed = true;
+    return depth_of(item);
+  }
+  size_t place_all(const std::vector<Item>& items) {
+    size_t deepest = 0;
+    for (const Item& item : items) deepest = std::max(deepest, place(item));
+    return deepest;
+  }
+  // Pushes a value made of values `child_depth` deep.
+  void push_made(c10::IValue value, size_t child_depth, Callable callable = Callable::none) {
+    size_t depth = child_depth + 1;
+    if (depth > kMaxPickleDepth)
+      fail(fmt::format("values nest deeper than {} levels, more than fulgor reads", kMaxPickleDepth));
+    if (is_mutable(value)) containers_.insert_or_assign(value.internalToPointer(), Container{depth, false, value});
+    stack_.push_back(Item{std::move(value), callable, depth});
+  }
+  // Adds values `child_depth` deep to the list or dict on top of the stack.
+  void grow_top(size_t child_depth) {
+    Container& top_container = container(top().value);
+    if (top_container.placed)
+      fail("a list or dict is changed after it was placed inside another value (a recursive structure), "
+           "which fulgor does not read");
+    top_container.depth = std::max(top_container.depth, child_depth + 1);
+    if (top_container.depth > kMaxPickleDepth)
+      fail(fmt::format("values nest deeper than {} levels, more than fulgor reads", kMaxPickleDepth));
+  }
   Item& top() {
     if (stack_.size() <= floor()) fail("an opcode needs a value on an empty stack");
     return stack_.back();
   }
   size_t floor() const { return marks_.empty() ? 0 : marks_.back(); }
-  std::vector<c10::IValue> pop_to_mark();
-  void push(c10::IValue value) { stack_.push_back(Item{std::move(value)}); }
+  std::vector<Item> pop_to_mark();
+  static std::vector<c10::IValue> values(std::vector<Item> items) {
+    std::vector<c10::IValue> out;
+    out.reserve(items.size());
+    for (Item& item : items) out.push_back(std::move(item.value));
+    return out;
+  }
+  void push(c10::IValue value) { push_made(std::move(value), 0); }
   void push_integer(size_t bytes);
   void push_global(const std::string& module, const std::string& name);
-  void memo_put(uint64_t index) { memo_[index] = top(); }
+  void memo_put(uint64_t index);
+  void check_key(const c10::IValue& key);
+  void new_object();
   void memo_get(uint64_t index);
   bool step(uint8_t op);
   bool push_literal(uint8_t op);
@@ -190,22 +261,70 @@ class PickleReader {
   size_t at_ = 0;
   const PersistentLoad& persistent_load_;
   const std::string& source_;
+  PickleDialect dialect_;
   std::vector<Item> stack_;
   std::vector<size_t> marks_;
-  std::unordered_map<uint64_t, Item> memo_;
+  std::vector<Item> memo_;
+  struct Container {
+    size_t depth;
+    bool placed;
+    c10::IValue kept;  // alive, so that no later list or dict takes its address
+  };
+  // Every list and dict built so far, by identity (Note [Pickles from elsewhere]).
+  std::unordered_map<const void*, Container> containers_;
+  Container& container(const c10::IValue& value) {
+    auto it = containers_.find(value.internalToPointer());
+    if (it == containers_.end()) fail("a list or dict of unknown origin");
+    return it->second;
+  }
 };
 
-std::vector<c10::IValue> PickleReader::pop_to_mark() {
+std::vector<Item> PickleReader::pop_to_mark() {
   if (marks_.empty()) fail("an opcode needs a mark and there is none");
   size_t mark = marks_.back();
   marks_.pop_back();
-  std::vector<c10::IValue> items;
-  for (size_t i = mark; i < stack_.size(); ++i) items.push_back(std::move(stack_[i].value));
+  std::vector<Item> items(std::make_move_iterator(stack_.begin() + static_cast<ptrdiff_t>(mark)),
+                          std::make_move_iterator(stack_.end()));
   stack_.resize(mark);
   return items;
 }
 
+void PickleReader::memo_put(uint64_t index) {
+  if (index > memo_.size())
+    fail(fmt::format("memo entry {} is written while the memo has {}: a pickler writes the next one", index,
+                     memo_.size()));
+  if (index == memo_.size())
+    memo_.push_back(top());
+  else
+    memo_[index] = top();
+}
+
+// Note [Pickles from elsewhere]: keys LibTorch's dicts can hash.
+void PickleReader::check_key(const c10::IValue& key) {
+  if (!(key.isString() || key.isInt() || key.isDouble() || key.isBool() || key.isNone() || key.isTensor()))
+    fail(fmt::format("a dict key of type {}; fulgor reads dicts keyed by strings, numbers, bools, None or tensors",
+                     key.tagKind()));
+}
+
+// NEWOBJ of a module class of a LibTorch archive: its attributes, a dict
+// that BUILD fills.
+void PickleReader::new_object() {
+  Item args = pop();
+  Item type = pop();
+  if (type.callable != Callable::script_module || !args.value.isTuple() ||
+      !args.value.toTupleRef().elements().empty())
+    fail("NEWOBJ of something other than a module class of the archive");
+  push_made(new_dict(), 0);
+}
+
 void PickleReader::push_integer(size_t bytes) {
+  // Python prints at most 4300 digits (int_max_str_digits); 1785 bytes hold
+  // at most 4299.
+  constexpr size_t kMaxIntegerBytes = 1785;
+  static_assert(kMaxIntegerDigits == 4300);
+  if (bytes > kMaxIntegerBytes)
+    fail(fmt::format("an integer of {} bytes; fulgor reads integers of up to {} bytes ({} digits, as Python prints)",
+                     bytes, kMaxIntegerBytes, kMaxIntegerDigits));
   const uint8_t* p = take(bytes);
   if (bytes == 0) return push(int64_t{0});
   bool negative = (p[bytes - 1] & 0x80) != 0;
@@ -223,15 +342,22 @@ void PickleReader::push_global(const std::string& raw_module, const std::string&
   std::string module = raw_module == "__builtin__" ? "builtins" : raw_module;
   std::string qualified = module + "." + name;
   auto callable = callables().find(qualified);
-  if (callable != callables().end()) {
-    stack_.push_back(Item{qualified, callable->second});
-    return;
+  if (callable != callables().end()) return push_made(qualified, 0, callable->second);
+  if (dialect_ == PickleDialect::libtorch) {
+    auto libtorch = libtorch_callables().find(qualified);
+    if (libtorch != libtorch_callables().end()) return push_made(qualified, 0, libtorch->second);
+    if (is_archive_module_class(qualified)) return push_made(qualified, 0, Callable::script_module);
   }
   if (module == "torch") {
     auto dtype = dtypes().find(name);
     if (dtype != dtypes().end()) return push(dtype->second);
     if (name.size() > 7 && name.compare(name.size() - 7, 7, "Storage") == 0) return push(qualified);
   }
+  if (dialect_ == PickleDialect::libtorch)
+    fail(fmt::format("the pickle names the global '{}', which fulgor refuses to load: only tensors, storages, "
+                     "typed lists and dicts, complex numbers, torch.device and the archive's own module classes "
+                     "(__torch__.Module, __torch__.___torch_mangle_N.Module) are accepted",
+                     qualified));
   fail(fmt::format("the pickle names the global '{}', which fulgor refuses to load: only tensors, storages, "
                    "OrderedDict, set, bytes, torch.Size, torch.device and dtypes are accepted, as "
                    "torch.load(weights_only=True) accepts",
@@ -239,9 +365,8 @@ void PickleReader::push_global(const std::string& raw_module, const std::string&
 }
 
 void PickleReader::memo_get(uint64_t index) {
-  auto it = memo_.find(index);
-  if (it == memo_.end()) fail(fmt::format("memo entry {} is read before it is written", index));
-  stack_.push_back(it->second);
+  if (index >= memo_.size()) fail(fmt::format("memo entry {} is read before it is written", index));
+  stack_.push_back(memo_[index]);
 }
 
 std::vector<int64_t> PickleReader::ints(const c10::IValue& value, const char* what) {
@@ -349,6 +474,23 @@ c10::IValue PickleReader::call(Callable callable, const std::vector<c10::IValue>
       return args.empty() ? std::string() : arg_string(0);
     case Callable::codecs_encode:
       return latin1_of(arg_string(0), source_);
+    case Callable::typed_list:
+      if (args.size() != 1 || !args[0].isList()) fail("a typed list of something other than a list");
+      return args[0];
+    case Callable::type_tag: {
+      // The type is parsed by LibTorch when the archive is loaded: only
+      // types of plain values pass (interop/script_archive.h).
+      if (args.size() != 2 || !(args[0].isList() || args[0].isGenericDict()) || !args[1].isString())
+        fail("restore_type_tag of something other than a list or dict and its type");
+      if (!is_data_type(args[1].toStringRef()))
+        fail(fmt::format("restore_type_tag names the type '{}', which is not one of plain values",
+                         args[1].toStringRef()));
+      return args[0];
+    }
+    case Callable::complex:
+      if (args.size() != 2 || !args[0].isDouble() || !args[1].isDouble()) fail("complex of other than two floats");
+      return c10::complex<double>(args[0].toDouble(), args[1].toDouble());
+    case Callable::script_module:
     case Callable::tensor_type:
     case Callable::none:
       break;
@@ -357,11 +499,17 @@ c10::IValue PickleReader::call(Callable callable, const std::vector<c10::IValue>
 }
 
 void PickleReader::reduce() {
-  c10::IValue args = pop_value();
+  Item args = pop();
   Item function = pop();
-  if (function.callable == Callable::none || !args.isTuple())
+  if (function.callable == Callable::none || function.callable == Callable::script_module || !args.value.isTuple())
     fail("REDUCE of something other than an accepted global and a tuple of arguments");
-  push(call(function.callable, args.toTupleRef().elements().vec()));
+  // What a call returns holds at most what its arguments held.
+  size_t depth = place(args);
+  c10::IValue result = call(function.callable, args.value.toTupleRef().elements().vec());
+  if (is_mutable(result) && containers_.count(result.internalToPointer()) != 0)
+    stack_.push_back(Item{std::move(result)});  // a list or dict of the arguments, passed through
+  else
+    push_made(std::move(result), depth > 0 ? depth - 1 : 0);
 }
 
 // The opcodes that push a constant.
@@ -374,13 +522,7 @@ bool PickleReader::push_literal(uint8_t op) {
     case 'K': push(static_cast<int64_t>(little(1))); break;                        // BININT1
     case 'M': push(static_cast<int64_t>(little(2))); break;                        // BININT2
     case 0x8a: push_integer(little(1)); break;                                     // LONG1
-    case 0x8b: {                                                                   // LONG4
-      // Its decimal digits take time quadratic in its length.
-      uint64_t n = little(4);
-      if (n > 4096) fail(fmt::format("an integer of {} bytes; fulgor reads integers of up to 4096 bytes", n));
-      push_integer(n);
-      break;
-    }
+    case 0x8b: push_integer(little(4)); break;                                     // LONG4
     case 'G': {  // BINFLOAT, big-endian
       const uint8_t* p = take(8);
       uint64_t bits = 0;
@@ -405,38 +547,47 @@ bool PickleReader::push_literal(uint8_t op) {
 
 // The opcodes that make or fill tuples, lists, dicts and sets.
 bool PickleReader::build_container(uint8_t op) {
-  auto tuple_of = [&](size_t n) {
-    std::vector<c10::IValue> items(n);
-    for (size_t i = n; i-- > 0;) items[i] = pop_value();
-    push(c10::ivalue::Tuple::create(std::move(items)));
+  auto tuple_of = [&](std::vector<Item> items) {
+    size_t depth = place_all(items);
+    push_made(c10::ivalue::Tuple::create(values(std::move(items))), depth);
   };
-  auto list_at_top = [&](const std::vector<c10::IValue>& items) {
+  auto pop_items = [&](size_t n) {
+    std::vector<Item> items(n);
+    for (size_t i = n; i-- > 0;) items[i] = pop();
+    return items;
+  };
+  auto list_at_top = [&](std::vector<Item> items) {
     if (!top().value.isList() || top().callable != Callable::none) fail("APPEND to something that is not a list");
+    grow_top(place_all(items));
     auto list = top().value.toList();
-    for (const auto& item : items) list.push_back(item);
+    for (auto& item : items) list.push_back(std::move(item.value));
   };
-  auto dict_at_top = [&](const std::vector<c10::IValue>& items) {
+  auto dict_at_top = [&](std::vector<Item> items) {
     if (!top().value.isGenericDict() || items.size() % 2 != 0) fail("SETITEM on something that is not a dict");
+    for (size_t i = 0; i < items.size(); i += 2) check_key(items[i].value);
+    grow_top(place_all(items));
     auto dict = top().value.toGenericDict();
-    for (size_t i = 0; i < items.size(); i += 2) dict.insert_or_assign(items[i], items[i + 1]);
+    for (size_t i = 0; i < items.size(); i += 2) dict.insert_or_assign(items[i].value, items[i + 1].value);
   };
   switch (op) {
-    case ')': tuple_of(0); break;                                        // EMPTY_TUPLE
-    case 0x85: case 0x86: case 0x87: tuple_of(op - 0x84); break;         // TUPLE1..3
-    case 't': push(c10::ivalue::Tuple::create(pop_to_mark())); break;   // TUPLE
-    case ']': case 0x8f: push(new_list()); break;                        // EMPTY_LIST, EMPTY_SET
-    case 'l': case 0x91: {                                               // LIST, FROZENSET
+    case ')': tuple_of({}); break;                                              // EMPTY_TUPLE
+    case 0x85: case 0x86: case 0x87: tuple_of(pop_items(op - 0x84)); break;     // TUPLE1..3
+    case 't': tuple_of(pop_to_mark()); break;                                   // TUPLE
+    case ']': case 0x8f: push(new_list()); break;                               // EMPTY_LIST, EMPTY_SET
+    case 'l': case 0x91: {                                                      // LIST, FROZENSET
+      auto items = pop_to_mark();
+      size_t depth = place_all(items);
       auto list = new_list();
-      for (auto& item : pop_to_mark()) list.push_back(std::move(item));
-      push(list);
+      for (auto& item : items) list.push_back(std::move(item.value));
+      push_made(list, depth);
       break;
     }
-    case 'a': { c10::IValue v = pop_value(); list_at_top({v}); break; }  // APPEND
-    case 'e': case 0x90: { auto items = pop_to_mark(); list_at_top(items); break; }  // APPENDS, ADDITEMS
-    case '}': push(new_dict()); break;                                   // EMPTY_DICT
-    case 'd': { auto items = pop_to_mark(); push(new_dict()); dict_at_top(items); break; }  // DICT
-    case 's': { c10::IValue v = pop_value(), k = pop_value(); dict_at_top({k, v}); break; }  // SETITEM
-    case 'u': { auto items = pop_to_mark(); dict_at_top(items); break; }  // SETITEMS
+    case 'a': list_at_top(pop_items(1)); break;                                 // APPEND
+    case 'e': case 0x90: list_at_top(pop_to_mark()); break;                     // APPENDS, ADDITEMS
+    case '}': push(new_dict()); break;                                          // EMPTY_DICT
+    case 'd': { auto items = pop_to_mark(); push(new_dict()); dict_at_top(std::move(items)); break; }  // DICT
+    case 's': dict_at_top(pop_items(2)); break;                                 // SETITEM
+    case 'u': dict_at_top(pop_to_mark()); break;                                // SETITEMS
     default: return false;
   }
   return true;
@@ -458,6 +609,10 @@ bool PickleReader::step(uint8_t op) {
     case 'q': memo_put(little(1)); break;              // BINPUT
     case 'r': memo_put(little(4)); break;              // LONG_BINPUT
     case 0x94: memo_put(memo_.size()); break;          // MEMOIZE
+    case 0x81:                                         // NEWOBJ
+      if (dialect_ != PickleDialect::libtorch) fail("NEWOBJ, which torch.save does not write");
+      new_object();
+      break;
     case 'c': { std::string module = line(); push_global(module, line()); break; }  // GLOBAL
     case 0x93: {                                                                     // STACK_GLOBAL
       c10::IValue name = pop_value(), module = pop_value();
@@ -466,9 +621,13 @@ bool PickleReader::step(uint8_t op) {
       break;
     }
     case 'R': reduce(); break;
-    case 'b': {  // BUILD: the state of a dict (its _metadata) or a tensor is not kept
-      pop_value();
-      if (!top().value.isGenericDict() && !top().value.isTensor()) fail("BUILD on something other than a dict or tensor");
+    case 'b': {  // BUILD: the state of a dict (its _metadata) or a tensor is not kept; an object's is its dict
+      Item state = pop();
+      if (top().value.isGenericDict()) {
+        grow_top(place(state));
+      } else if (!top().value.isTensor()) {
+        fail("BUILD on something other than a dict or tensor");
+      }
       break;
     }
     case 'Q': push(persistent_load_(pop_value())); break;  // BINPERSID
@@ -492,9 +651,9 @@ c10::IValue PickleReader::run() {
 }  // namespace
 
 c10::IValue read_pickle(const uint8_t* data, size_t size, const PersistentLoad& persistent_load,
-                        const std::string& source) {
+                        const std::string& source, PickleDialect dialect) {
   try {
-    return PickleReader(data, size, persistent_load, source).run();
+    return PickleReader(data, size, persistent_load, source, dialect).run();
   } catch (const c10::Error& e) {
     throw InteropError(fmt::format("{}: malformed pickle: {}", source, e.what_without_backtrace()));
   }

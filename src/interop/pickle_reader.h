@@ -11,8 +11,24 @@
 // What it builds are LibTorch values (c10::IValue): dicts (OrderedDict too)
 // keep their order, sets and frozensets become lists, bytes become strings,
 // torch.Size becomes a tuple of ints, dtypes become ints (c10::ScalarType),
-// and integers beyond int64 become their decimal string (up to 4096 bytes of
-// them: longer ones are refused).
+// and integers beyond int64 become their decimal string (up to 4300 digits,
+// Python's own int_max_str_digits: longer ones are refused).
+//
+// Note [Pickles from elsewhere]
+// A pickle is a program, and one from elsewhere may be written to exhaust
+// whatever reads it, so the reader bounds what the program can build:
+//  - nesting: values nest at most kMaxPickleDepth deep (LibTorch's values are
+//    freed, hashed and printed recursively: a 100000-deep tuple ends the
+//    process on its stack);
+//  - no cycles: a list or dict is filled while it is on top of the stack, as
+//    every pickler writes it; one already placed inside another value is never
+//    changed again, so no value contains itself and depths stay exact;
+//  - the memo is dense: an index is one already written or the next, as
+//    every pickler writes it, so the memo never outgrows the pickle;
+//  - dict keys are strings, numbers, bools, None or tensors, which LibTorch
+//    can hash;
+//  - integers beyond int64 take time linear in their length to print.
+// With these, time and memory are linear in the pickle's size.
 
 #include <ATen/core/ivalue.h>
 
@@ -28,11 +44,24 @@ namespace fulgor::detail {
 /// it, of the storage's dtype (uint8 for untyped storages).
 using PersistentLoad = std::function<c10::IValue(const c10::IValue& persistent_id)>;
 
+/// Whose pickles are read: Python's torch.save, or LibTorch's own archives
+/// (torch::serialize::OutputArchive, torch::jit::save), whose pickles also
+/// hold objects of TorchScript module classes and LibTorch's typed lists.
+/// What an object of a module class is built from is read as a dict of its
+/// attributes; the class's code is not: the archive's check of its code
+/// records (interop/script_archive.h) keeps to classes without methods.
+enum class PickleDialect { torch_save, libtorch };
+
+/// Note [Pickles from elsewhere]
+constexpr size_t kMaxPickleDepth = 1000;
+constexpr size_t kMaxIntegerDigits = 4300;
+
 /// Runs the pickle `data` and returns the object it builds. `source` names it
 /// in errors. Throws InteropError for a refused global or opcode, or a
-/// malformed pickle.
+/// malformed pickle, or one beyond the limits of Note [Pickles from
+/// elsewhere].
 c10::IValue read_pickle(const uint8_t* data, size_t size, const PersistentLoad& persistent_load,
-                        const std::string& source);
+                        const std::string& source, PickleDialect dialect = PickleDialect::torch_save);
 
 /// The dtype a storage type is named for ("FloatStorage" is float32), for the
 /// storage types torch.save writes; throws InteropError naming the others.

@@ -56,9 +56,19 @@ struct Entry {
 
 nlohmann::json parse_header(const MappedFile& file, uint64_t length) {
   std::set<std::string> names;
+  // A header is {name: {dtype, shape: [at most 64 ints], data_offsets: [2 ints]}, __metadata__: {str: str}}:
+  // nothing deeper or longer is built, so memory stays a small multiple of the header's size.
+  size_t in_array = 0;
   auto no_duplicates = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
-    if (depth == 1 && event == nlohmann::json::parse_event_t::key && !names.insert(parsed.get<std::string>()).second)
+    using Event = nlohmann::json::parse_event_t;
+    if (depth == 1 && event == Event::key && !names.insert(parsed.get<std::string>()).second)
       throw InteropError(fmt::format("'{}': the header names '{}' twice", file.name(), parsed.get<std::string>()));
+    if (depth > 3 || (depth == 3 && (event == Event::object_start || event == Event::array_start)))
+      throw InteropError(fmt::format("'{}': the header nests deeper than a safetensors header does", file.name()));
+    if (event == Event::array_start) in_array = 0;
+    if (depth == 3 && event == Event::value && ++in_array > 64)
+      throw InteropError(fmt::format("'{}': an array of the header has more than 64 entries; shapes have at most 64",
+                                     file.name()));
     return true;
   };
   const char* begin = reinterpret_cast<const char*>(file.data() + 8);
@@ -169,13 +179,27 @@ void write_safetensors(const StateDict& tensors, const std::filesystem::path& pa
   uint64_t at = 0;
   for (const auto& entry : tensors) {
     if (entry.key() == "__metadata__") throw InteropError("safetensors reserves the name '__metadata__' for metadata");
-    torch::Tensor t = entry.value().detach().cpu().contiguous();
+    // A view that repeats its storage's elements (a stride of 0) would be
+    // written out element by element: 2^62 of them from a file of bytes.
+    const torch::Tensor& view = entry.value();
+    uint64_t bytes = 0;
+    if (__builtin_mul_overflow(static_cast<uint64_t>(view.numel()), view.element_size(), &bytes) ||
+        (view.has_storage() && bytes > view.storage().nbytes()))
+      throw InteropError(fmt::format("cannot write '{}': tensor '{}' is a view of {} elements ({}) and its storage "
+                                     "holds {}: safetensors stores each element; write view.contiguous() or "
+                                     "view.clone() if the copy is meant",
+                                     path.string(), entry.key(), view.numel(), fmt::join(view.sizes(), "x"),
+                                     view.has_storage() ? view.storage().nbytes() / view.element_size() : 0));
+    torch::Tensor t = view.detach().cpu().contiguous();
     header[entry.key()] = {{"dtype", detail::name_of(t.scalar_type())},
                            {"shape", t.sizes().vec()},
                            {"data_offsets", {at, at + t.nbytes()}}};
     at += t.nbytes();
     data.push_back(t);
   }
+  std::error_code kind;
+  if (std::filesystem::is_directory(path, kind))
+    throw InteropError(fmt::format("cannot write '{}': it is a folder; name a file", path.string()));
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
   std::filesystem::path temporary = path;
@@ -193,7 +217,13 @@ void write_safetensors(const StateDict& tensors, const std::filesystem::path& pa
       throw InteropError(fmt::format("cannot write '{}'", path.string()));
     }
   }
-  std::filesystem::rename(temporary, path);
+  std::error_code renamed;
+  std::filesystem::rename(temporary, path, renamed);
+  if (renamed) {
+    std::error_code ignored;
+    std::filesystem::remove(temporary, ignored);
+    throw InteropError(fmt::format("cannot write '{}': {}", path.string(), renamed.message()));
+  }
 }
 
 }  // namespace fulgor

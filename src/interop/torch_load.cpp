@@ -102,10 +102,16 @@ c10::IValue torch_load_archive(const std::shared_ptr<MappedFile>& file, const To
       throw InteropError(fmt::format("'{}' was saved on a big-endian machine; fulgor reads little-endian files",
                                      file->name()));
   }
+  return read_archive_pickle(zip, folder, "data.pkl", options, PickleDialect::torch_save);
+}
+
+c10::IValue read_archive_pickle(const ZipReader& zip, const std::string& folder, const std::string& record,
+                                const TorchLoadOptions& options, PickleDialect dialect) {
   size_t size = 0;
-  const uint8_t* pickle = zip.read(folder + "data.pkl", &size);
+  const uint8_t* pickle = zip.read(folder + record, &size);
   StorageLoader storages(zip, folder, options);
-  return read_pickle(pickle, size, std::ref(storages), "'" + file->name() + "'");
+  return read_pickle(pickle, size, std::ref(storages), fmt::format("'{}', record '{}{}'", zip.file()->name(), folder, record),
+                     dialect);
 }
 
 }  // namespace detail

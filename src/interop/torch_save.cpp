@@ -17,6 +17,9 @@ namespace {
 // `path` once complete.
 void write_archive(detail::PickleWriter& writer, const std::filesystem::path& path) {
   std::string pickle = writer.finish();
+  std::error_code kind;
+  if (std::filesystem::is_directory(path, kind))
+    throw InteropError(fmt::format("cannot write '{}': it is a folder; name a file", path.string()));
   std::filesystem::path temporary = path;
   temporary += fmt::format(".tmp{}", getpid());
   std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
@@ -33,7 +36,9 @@ void write_archive(detail::PickleWriter& writer, const std::filesystem::path& pa
     zip.writeEndOfFile();
     out.close();
     if (!out) throw InteropError(fmt::format("cannot write '{}': the disk refused the data", path.string()));
-    std::filesystem::rename(temporary, path);
+    std::error_code renamed;
+    std::filesystem::rename(temporary, path, renamed);
+    if (renamed) throw InteropError(fmt::format("cannot write '{}': {}", path.string(), renamed.message()));
   } catch (const c10::Error& e) {
     std::filesystem::remove(temporary);
     throw InteropError(fmt::format("cannot write '{}': {}", path.string(), e.what_without_backtrace()));

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <limits>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -56,7 +57,12 @@ void apply_zip64_extra(const uint8_t* extra, size_t length, uint64_t& size, uint
 }  // namespace
 
 std::shared_ptr<MappedFile> MappedFile::open(const std::filesystem::path& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  return open(path, 0, std::numeric_limits<uint64_t>::max());
+}
+
+std::shared_ptr<MappedFile> MappedFile::open(const std::filesystem::path& path, uint64_t offset, uint64_t length) {
+  // Non-blocking: a FIFO is refused below rather than waited on.
+  int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) throw InteropError(fmt::format("cannot open '{}': {}", path.string(), std::strerror(errno)));
   struct stat st {};
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -64,6 +70,12 @@ std::shared_ptr<MappedFile> MappedFile::open(const std::filesystem::path& path) 
     throw InteropError(fmt::format("'{}' is not a regular file", path.string()));
   }
   size_t size = static_cast<size_t>(st.st_size);
+  if (length == std::numeric_limits<uint64_t>::max()) length = size - std::min<uint64_t>(offset, size);
+  if (offset > size || size - offset < length) {
+    ::close(fd);
+    throw InteropError(fmt::format("'{}' is truncated: it has {} bytes, {} from byte {} on are needed", path.string(),
+                                   size, length, offset));
+  }
   void* data = nullptr;
   if (size > 0) {
     // Private and writable: tensors over the mapping may be changed in place
@@ -76,7 +88,12 @@ std::shared_ptr<MappedFile> MappedFile::open(const std::filesystem::path& path) 
     }
   }
   ::close(fd);
-  return std::shared_ptr<MappedFile>(new MappedFile(static_cast<uint8_t*>(data), size, true, path.string()));
+  auto* base = static_cast<uint8_t*>(data);
+  auto file = std::shared_ptr<MappedFile>(new MappedFile(base == nullptr ? nullptr : base + offset,
+                                                         static_cast<size_t>(length), true, path.string()));
+  file->base_ = base;
+  file->mapped_size_ = size;
+  return file;
 }
 
 std::shared_ptr<MappedFile> MappedFile::copy_of(const void* data, size_t size, std::string name) {
@@ -87,7 +104,7 @@ std::shared_ptr<MappedFile> MappedFile::copy_of(const void* data, size_t size, s
 
 MappedFile::~MappedFile() {
   if (mapped_) {
-    if (data_ != nullptr) munmap(data_, size_);
+    if (base_ != nullptr) munmap(base_, mapped_size_);
   } else {
     std::free(data_);
   }
@@ -102,7 +119,7 @@ bool looks_like_zip(const uint8_t* data, size_t size) {
   return size >= 4 && little_endian(data, 4) == kLocalHeader;
 }
 
-ZipReader::ZipReader(std::shared_ptr<MappedFile> file) : file_(std::move(file)) {
+ZipReader::ZipReader(std::shared_ptr<MappedFile> file, bool deflated) : file_(std::move(file)), deflated_(deflated) {
   const uint8_t* data = file_->data();
   size_t size = file_->size();
   if (size < kEndSize) throw InteropError(fmt::format("'{}' is too short to be a zip archive ({} bytes)", file_->name(), size));
@@ -130,6 +147,12 @@ ZipReader::ZipReader(std::shared_ptr<MappedFile> file) : file_(std::move(file)) 
 void ZipReader::read_central_directory(size_t offset, size_t count) {
   const uint8_t* data = file_->data();
   size_t size = file_->size();
+  struct Span {
+    uint64_t begin, end;
+    const std::string* name;
+    bool operator<(const Span& other) const { return begin < other.begin; }
+  };
+  std::vector<Span> spans;
   for (size_t i = 0; i < count; ++i) {
     if (offset > size || size - offset < 46 || little_endian(data + offset, 4) != kCentralHeader)
       throw InteropError(fmt::format("'{}': central directory entry {} of {} is missing or corrupted", file_->name(),
@@ -143,27 +166,68 @@ void ZipReader::read_central_directory(size_t offset, size_t count) {
       throw InteropError(fmt::format("'{}': the central directory is truncated", file_->name()));
     std::string name(reinterpret_cast<const char*>(h + 46), name_length);
     apply_zip64_extra(h + 46 + name_length, extra, length, compressed, local);
-    if (method != 0 || compressed != length)
+    const bool deflated = deflated_ && method == 8;
+    if (!deflated && (method != 0 || compressed != length))
       throw InteropError(fmt::format("'{}': record '{}' is compressed (method {}); torch.save and fulgor store "
                                      "records uncompressed",
                                      file_->name(), name, method));
     if (local > size || size - local < 30 || little_endian(data + local, 4) != kLocalHeader)
       throw InteropError(fmt::format("'{}': the local header of record '{}' is missing or corrupted", file_->name(), name));
     uint64_t start = local + 30 + little_endian(data + local + 26, 2) + little_endian(data + local + 28, 2);
-    if (start > size || size - start < length)
+    if (start > size || size - start < compressed)
       throw InteropError(fmt::format("'{}' is truncated: record '{}' needs {} bytes at offset {}, the file has {}",
-                                     file_->name(), name, length, start, size));
-    if (!records_.emplace(name, ZipRecord{start, length, static_cast<uint32_t>(crc)}).second)
+                                     file_->name(), name, compressed, start, size));
+    if (!records_.emplace(name, ZipRecord{start, length, static_cast<uint32_t>(crc), compressed, deflated}).second)
       throw InteropError(fmt::format("'{}': record '{}' appears twice", file_->name(), name));
+    spans.push_back({local, start + compressed, &records_.find(name)->first});
     offset += 46 + name_length + extra + comment;
   }
+  // Each record from its local header to its data's end, in the file's order.
+  std::sort(spans.begin(), spans.end());
+  for (size_t i = 1; i < spans.size(); ++i)
+    if (spans[i].begin < spans[i - 1].end)
+      throw InteropError(fmt::format("'{}': records '{}' and '{}' overlap; fulgor refuses zip archives whose records "
+                                     "share bytes",
+                                     file_->name(), *spans[i - 1].name, *spans[i].name));
 }
 
 uint8_t* ZipReader::read(const std::string& name, size_t* size) const {
   auto it = records_.find(name);
   if (it == records_.end()) throw InteropError(fmt::format("'{}' has no record '{}'", file_->name(), name));
+  if (it->second.deflated)
+    throw InteropError(fmt::format("'{}': record '{}' is compressed; fulgor reads it stored", file_->name(), name));
   *size = it->second.size;
   return file_->data() + it->second.offset;
+}
+
+std::string ZipReader::read_copy(const std::string& name, size_t limit) const {
+  auto it = records_.find(name);
+  if (it == records_.end()) throw InteropError(fmt::format("'{}' has no record '{}'", file_->name(), name));
+  const ZipRecord& record = it->second;
+  if (record.size > limit)
+    throw InteropError(fmt::format("'{}': record '{}' holds {} bytes; fulgor reads up to {} of it", file_->name(),
+                                   name, record.size, limit));
+  const auto* stored = reinterpret_cast<const char*>(file_->data() + record.offset);
+  std::string out(record.size, '\0');
+  if (!record.deflated) {
+    std::memcpy(out.data(), stored, record.size);
+  } else {
+    z_stream z{};
+    if (inflateInit2(&z, -MAX_WBITS) != Z_OK) throw InteropError("zlib cannot start an inflater");
+    z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(stored));
+    z.avail_in = static_cast<uInt>(record.stored_size);
+    z.next_out = reinterpret_cast<Bytef*>(out.data());
+    z.avail_out = static_cast<uInt>(record.size);
+    const int status = inflate(&z, Z_FINISH);
+    const bool whole = status == Z_STREAM_END && z.total_out == record.size;
+    inflateEnd(&z);
+    if (!whole)
+      throw InteropError(fmt::format("'{}': record '{}' does not inflate to its {} bytes", file_->name(), name,
+                                     record.size));
+  }
+  if (crc32_z(crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(out.data()), out.size()) != record.crc32)
+    throw InteropError(fmt::format("'{}' is corrupted: record '{}' fails its CRC-32 check", file_->name(), name));
+  return out;
 }
 
 // Note [Checking CRCs in parallel]

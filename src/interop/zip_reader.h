@@ -9,7 +9,8 @@
 // alias it (copy-on-write: a tensor written to in place never changes the
 // file). It accepts what PyTorchStreamWriter and Python's zipfile write:
 // stored (uncompressed) records, zip64 where offsets or sizes need it. Every
-// offset and size is checked against the file before it is used, and a
+// offset and size is checked against the file before it is used, records
+// may not overlap (one byte read as many records is a "zip bomb"), and a
 // record's CRC-32 can be checked (all of them, as torch.load checks each one it
 // reads), so truncated and corrupted files are refused naming the record.
 
@@ -27,8 +28,12 @@ namespace fulgor::detail {
 /// A read-only view of a whole file, mapped copy-on-write.
 class MappedFile {
  public:
-  /// Maps `path`; throws InteropError naming it when it cannot be opened.
+  /// Maps `path`; throws InteropError naming it when it cannot be opened or
+  /// is not a regular file.
   static std::shared_ptr<MappedFile> open(const std::filesystem::path& path);
+  /// Maps the `length` bytes of `path` from `offset` on (the archive inside
+  /// a checkpoint); throws InteropError when the file is shorter.
+  static std::shared_ptr<MappedFile> open(const std::filesystem::path& path, uint64_t offset, uint64_t length);
   /// Copies `size` bytes (for inputs that are not files, like the fuzzers').
   static std::shared_ptr<MappedFile> copy_of(const void* data, size_t size, std::string name);
   ~MappedFile();
@@ -44,6 +49,9 @@ class MappedFile {
       : data_(data), size_(size), mapped_(mapped), name_(std::move(name)) {}
   uint8_t* data_;
   size_t size_;
+  // The whole mapping, where data_ is a part of it.
+  uint8_t* base_ = nullptr;
+  size_t mapped_size_ = 0;
   bool mapped_;
   std::string name_;
 };
@@ -51,21 +59,28 @@ class MappedFile {
 /// One stored record of the archive.
 struct ZipRecord {
   size_t offset = 0;  ///< of its data in the file
-  size_t size = 0;
+  size_t size = 0;    ///< uncompressed
   uint32_t crc32 = 0;
+  size_t stored_size = 0;  ///< in the file: `size`, or less where deflated
+  bool deflated = false;
 };
 
 /// The records of a zip archive, by name.
 class ZipReader {
  public:
   /// Reads the central directory; throws InteropError when the file is not a
-  /// zip archive fulgor can read, or is truncated.
-  explicit ZipReader(std::shared_ptr<MappedFile> file);
+  /// zip archive fulgor can read, or is truncated. Deflated records are
+  /// refused unless `deflated` (LibTorch's archives deflate their code).
+  explicit ZipReader(std::shared_ptr<MappedFile> file, bool deflated = false);
 
   bool has(const std::string& name) const { return records_.count(name) != 0; }
   const std::map<std::string, ZipRecord>& records() const { return records_; }
-  /// The record's bytes; throws InteropError when it is missing.
+  /// The record's bytes; throws InteropError when it is missing or deflated.
   uint8_t* read(const std::string& name, size_t* size) const;
+  /// A copy of the record's bytes, inflated where deflated, its CRC-32
+  /// checked; throws InteropError when it is missing, corrupted, or longer
+  /// than `limit` (checked before anything is inflated).
+  std::string read_copy(const std::string& name, size_t limit) const;
   /// Checks every record's CRC-32; throws InteropError naming the first that
   /// fails.
   void verify() const;
@@ -74,6 +89,7 @@ class ZipReader {
  private:
   void read_central_directory(size_t offset, size_t count);
   std::shared_ptr<MappedFile> file_;
+  bool deflated_;
   std::map<std::string, ZipRecord> records_;
 };
 

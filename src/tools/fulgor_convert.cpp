@@ -57,7 +57,7 @@ int main(int argc, char** argv) {
     fulgor::write_weights(state, args[1]);
     std::cout << fmt::format("{} tensors from {} ({}) to {}\n", state.size(), args[0], fulgor::to_string(format), args[1]);
     return 0;
-  } catch (const fulgor::Error& e) {
+  } catch (const std::exception& e) {  // fulgor::Error, and what a library below throws
     std::cerr << "fulgor-convert: " << e.what() << '\n';
     return 1;
   }

@@ -15,6 +15,7 @@ import copy
 import io
 import json
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -29,7 +30,8 @@ def xxh3(data):
     xxhsum (Debian package xxhash)."""
     out = subprocess.run(["xxhsum", "-H3", "--little-endian", "-"], input=data, check=True,
                          capture_output=True).stdout.decode()
-    return int.from_bytes(bytes.fromhex(out.split()[-1]), "little")
+    # "XXH3_LE (-) = HEX" (xxhash 0.8.1) or "XXH3_HEX  -" (0.8.3)
+    return int.from_bytes(bytes.fromhex(re.search(r"[0-9a-f]{16}", out.split("=")[-1]).group(0)), "little")
 
 
 def fnv(data):

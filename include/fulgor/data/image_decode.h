@@ -20,6 +20,15 @@ class DataError : public Error {
 
 enum class ImageFormat { jpeg, png };
 
+/// Note [Images from elsewhere]
+/// The most pixels (width x height) an image may declare: a header of a few
+/// bytes can declare 60000 x 60000 pixels, 10 GB to decode. PIL refuses
+/// images above twice its Image.MAX_IMAGE_PIXELS (89478485) as decompression
+/// bombs; this is the same 178956970, about 13377 x 13377, 512 MiB as RGB.
+/// Raise it with ImageDecoder's constructor or
+/// ImageLoaderOptions::max_image_pixels.
+constexpr int64_t kDefaultMaxImagePixels = 2 * 89478485;
+
 /// What an encoded image's header says.
 struct ImageHeader {
   ImageFormat format = ImageFormat::jpeg;
@@ -68,11 +77,15 @@ struct DecodeRequest {
 /// naming `name`; libjpeg-turbo's warnings (corrupt data it would decode as
 /// gray) count as errors, as PIL refuses truncated images.
 ///
+/// An image that declares more than `max_pixels` pixels is a DataError
+/// naming the image and the limit, from its header, before anything is
+/// decoded (Note [Images from elsewhere]).
+///
 /// Not thread-safe: one decoder per thread (it keeps TurboJPEG's handles and
 /// their buffers).
 class ImageDecoder {
  public:
-  ImageDecoder();
+  explicit ImageDecoder(int64_t max_pixels = kDefaultMaxImagePixels);
   ~ImageDecoder();
   ImageDecoder(const ImageDecoder&) = delete;
   ImageDecoder& operator=(const ImageDecoder&) = delete;
@@ -84,6 +97,8 @@ class ImageDecoder {
               DecodedImage& out);
 
  private:
+  void check_pixels(int64_t width, int64_t height, const std::string& name) const;
+  int64_t max_pixels_;
   void* turbojpeg_;                   // tjhandle, a decompressor
   void* transformer_;                 // tjhandle, for DCT-domain crops
   unsigned char* cropped_ = nullptr;  // the cropped JPEG (tjAlloc'd, grown by TurboJPEG)

@@ -41,6 +41,9 @@ struct ImageLoaderOptions {
   /// with a warning naming it, and counted (skipped()); false: the iteration
   /// throws its DataError when it reaches the batch.
   bool skip_corrupt = true;
+  /// The most pixels an image may declare; a larger one is a DataError from
+  /// its header alone (Note [Images from elsewhere] in image_decode.h).
+  int64_t max_image_pixels = kDefaultMaxImagePixels;
   /// Where warnings go; unset: standard error.
   std::function<void(const std::string&)> warn;
 };

@@ -31,14 +31,15 @@ struct TorchLoadOptions {
 /// too) in their order, lists, tuples, strings, ints, floats, bools, None;
 /// sets become lists, bytes strings, torch.Size a tuple of ints, a dtype its
 /// c10::ScalarType as an int, a torch.device a c10::Device (or its string
-/// where this LibTorch cannot name it), ints beyond int64 (up to 4096
-/// bytes) their decimal string. Tensors that shared a storage in Python share one here, with their
+/// where this LibTorch cannot name it), ints beyond int64 (up to 4300
+/// digits) their decimal string. Tensors that shared a storage in Python share one here, with their
 /// offsets and strides. On the CPU, storages alias the file, mapped
 /// copy-on-write: nothing is copied, and writing to a tensor never changes the
 /// file.
 /// Throws InteropError naming the file and the problem: not a zip archive,
 /// truncated, a failed CRC, a big-endian file, a global outside the
-/// allow-list (named), a malformed pickle.
+/// allow-list (named), a malformed pickle, or one beyond the limits of
+/// Note [Pickles from elsewhere] (nesting, recursion, memo, dict keys).
 c10::IValue torch_load(const std::filesystem::path& path, const TorchLoadOptions& options = {});
 
 }  // namespace fulgor
