@@ -110,14 +110,16 @@ struct TrainerOptions {
   int64_t log_every_n_steps = 50;
   /// Adds a default ModelCheckpoint when none is among `callbacks`.
   bool enable_checkpointing = true;
-  /// ModelCheckpoint's saves pause training only to copy the state to host
-  /// memory, and a background thread writes the file (Trainer::
-  /// save_checkpoint_async). On by default: the file, its atomicity and the
-  /// resume are those of a synchronous save, and training goes on while the
-  /// disk works; the cost is host memory for one copy of the state, kept by
-  /// the Trainer from one save to the next. Off,
-  /// every save writes before training goes on.
-  bool async_checkpointing = true;
+  /// Off (the default, as Lightning's): a ModelCheckpoint save is on disk
+  /// (written, fsynced, renamed, the file it displaces removed) when the hook
+  /// that saved it returns. On: the save pauses training only to copy the
+  /// state to host memory, and a background thread writes the file
+  /// (Trainer::save_checkpoint_async, Lightning's AsyncCheckpointIO); the
+  /// file, its atomicity and the resume are those of a synchronous save, but
+  /// it is on disk only once the write completes, at a later batch (see
+  /// docs/training.md, When a checkpoint is on disk). The cost is host memory
+  /// for one copy of the state, kept from one save to the next.
+  bool async_checkpointing = false;
   /// Adds a ProgressBar when none is among `callbacks`.
   bool enable_progress_bar = true;
   /// Adds a ModelSummary when none is among `callbacks`.
