@@ -58,6 +58,15 @@ struct AutomaticOptimization {
     return found ? it->second : 0.0;
   }
 
+  // Note [Scheduler frequency]
+  // As Lightning's _update_learning_rates, a scheduler steps when `count`,
+  // its interval's number from 1, is a multiple of its frequency: for an
+  // epoch scheduler the epoch's, for a step scheduler the batch's within the
+  // epoch (batch_idx + 1), not the optimizer step's. A batch that accumulates
+  // never gets here, so with accumulate_grad_batches = 2 and frequency 3 a
+  // step scheduler steps at the 6th batch of an epoch only, and an epoch whose
+  // length is not a multiple of the frequency starts the count afresh. A
+  // resume mid-epoch continues the batch index, hence the schedule.
   void step_schedulers(Interval interval, int64_t count) {
     for (auto& config : s.optim.schedulers) {
       if (config.interval != interval || count % config.frequency != 0) continue;
@@ -153,8 +162,8 @@ struct AutomaticOptimization {
     s.hooks.module("optimizer_step",
                   [&] { s.module->optimizer_step(s.fit_loop.current_epoch(), batch_idx, *s.optim.optimizers.front(), closure); });
     if (closure.stepped || !closure.called) {
-      const int64_t steps = ++s.fit_loop.epoch_loop.global_step;
-      step_schedulers(Interval::step, steps);
+      ++s.fit_loop.epoch_loop.global_step;
+      step_schedulers(Interval::step, batch_idx + 1);  // Note [Scheduler frequency]
     }
     return std::move(closure.loss);
   }
