@@ -45,11 +45,12 @@ struct AutomaticOptimization {
     auto it = s.metrics.callback_metrics.map().find(config.monitor);
     found = it != s.metrics.callback_metrics.map().end();
     if (!found && config.strict) {
+      // Lightning's message, the names as Python writes a list of strings.
       std::vector<std::string> names;
-      for (const auto& [k, v] : s.metrics.callback_metrics.map()) names.push_back(k);
-      throw ConfigError(fmt::format("the scheduler monitors '{}', which was not logged; logged metrics: {}",
-                                    config.monitor,
-                                    names.empty() ? "none" : fmt::format("{}", fmt::join(names, ", "))));
+      for (const auto& [k, v] : s.metrics.callback_metrics.map()) names.push_back("'" + k + "'");
+      throw ConfigError(fmt::format("ReduceLROnPlateau conditioned on metric {} which is not available. Available "
+                                    "metrics are: [{}]. Condition can be set using `monitor` key in lr scheduler dict",
+                                    config.monitor, fmt::join(names, ", ")));
     }
     if (!found)
       s.warn_once(fmt::format("ReduceLROnPlateau conditioned on metric {} which is not available but strict is set "
