@@ -67,6 +67,8 @@ TrainerOptions quiet_options(const std::filesystem::path& dir) {
 std::unique_ptr<Trainer> fitted_trainer(Wide& model, TensorLoader& loader, const std::filesystem::path& dir) {
   TrainerOptions options = quiet_options(dir);
   options.max_epochs = 1;
+  // For async_stall's save_checkpoint_async; save_checkpoint is synchronous either way.
+  options.async_checkpointing = true;
   auto trainer = std::make_unique<Trainer>(options);
   trainer->fit(model, loader);
   return trainer;

@@ -27,6 +27,12 @@ class CudaAccelerator final : public DeviceGuardAccelerator {
   int priority() const override { return 400; }
   std::string distributed_backend() const override { return "nccl"; }
   bool supports_pinned_memory() const override { return true; }
+  // torch.backends.cudnn.benchmark, which Lightning's `benchmark` sets: a
+  // flag of LibTorch's global context, there with or without CUDA built in.
+  bool set_benchmark(bool enabled) const override {
+    at::globalContext().setBenchmarkCuDNN(enabled);
+    return true;
+  }
   std::vector<std::string> supported_precisions() const override {
     return precisions_with({torch::kHalf, torch::kBFloat16});
   }

@@ -210,6 +210,15 @@ class Trainer {
   int64_t min_epochs() const;
   /// Validation batches of the sanity check (-1: all; 0 under fast_dev_run).
   int64_t num_sanity_val_steps() const;
+  /// Epochs between validations (nullopt: validation follows
+  /// val_check_interval across epochs); 1 under fast_dev_run.
+  std::optional<int64_t> check_val_every_n_epoch() const;
+  /// The epochs between the loaders' reloads (0: once per fit).
+  int64_t reload_dataloaders_every_n_epochs() const;
+  /// The machines of the job (the option, checked against the launcher).
+  int64_t num_nodes() const;
+  /// Whether the Trainer runs in barebones mode.
+  bool barebones() const;
   /// Training batches between validations, once fit has set up its loader
   /// (nullopt: before, or once per epoch of a loader without a length).
   std::optional<int64_t> val_check_batch() const;

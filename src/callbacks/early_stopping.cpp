@@ -141,10 +141,10 @@ std::pair<bool, std::string> EarlyStopping::evaluate_stopping_criteria(double cu
   }
   if (options_.divergence_threshold && monitor_op(-current, -*options_.divergence_threshold)) {
     stopping_reason_ = EarlyStoppingReason::divergence_threshold;
-    // Lightning writes the mode's sign here ("<" for "min") although the
-    // value is past the threshold the other way; fulgor writes the relation.
+    // Lightning's words, the mode's sign included ("<" for "min"), although
+    // the value is past the threshold the other way.
     return {true, fmt::format("Divergence threshold reached: {} = {} {} {}. Signaling Trainer to stop.", monitor,
-                              detail::python_repr(current), min_mode ? ">" : "<",
+                              detail::python_repr(current), min_mode ? "<" : ">",
                               detail::python_repr(*options_.divergence_threshold))};
   }
   if (monitor_op(current - min_delta_, best_score_)) {

@@ -143,6 +143,13 @@ Field field(const char* name, const char* type, T TrainerOptions::*member) {
       // The seed, the one such option: Lightning's range (seed.h).
       if (!value.is_number_unsigned() || value.get<uint64_t>() > kMaxSeed) ill_typed(name, type, value);
       o.*member = value.get<uint64_t>();
+    } else if constexpr (std::is_same_v<T, std::optional<bool>>) {
+      if (value.is_null()) {
+        o.*member = std::nullopt;
+        return;
+      }
+      if (!value.is_boolean()) ill_typed(name, type, value);
+      o.*member = value.get<bool>();
     } else if constexpr (std::is_same_v<T, std::optional<double>>) {
       if (value.is_null()) {
         o.*member = std::nullopt;
@@ -168,6 +175,7 @@ const std::vector<Field>& fields() {
     f.push_back(field("strategy", "a string", &TrainerOptions::strategy));
     f.push_back(field("devices", "devices (an integer, a string like \"0,1\" or a list of integers)",
                       &TrainerOptions::devices));
+    f.push_back(field("num_nodes", "an integer", &TrainerOptions::num_nodes));
     // Lightning accepts the precision as a number too (32).
     f.push_back({"precision", "a string (or the integer 32)", [](const TrainerOptions& o) { return json(o.precision); },
                  [](TrainerOptions& o, const json& v) {
@@ -205,6 +213,8 @@ const std::vector<Field>& fields() {
     f.push_back(field("overfit_batches", limit, &TrainerOptions::overfit_batches));
     f.push_back(field("val_check_interval", limit, &TrainerOptions::val_check_interval));
     f.push_back(opt_int("check_val_every_n_epoch", &TrainerOptions::check_val_every_n_epoch));
+    f.push_back(field("reload_dataloaders_every_n_epochs", "an integer",
+                      &TrainerOptions::reload_dataloaders_every_n_epochs));
     f.push_back(field("num_sanity_val_steps", "an integer", &TrainerOptions::num_sanity_val_steps));
     f.push_back(field("log_every_n_steps", "an integer", &TrainerOptions::log_every_n_steps));
     f.push_back(field("enable_checkpointing", "a boolean", &TrainerOptions::enable_checkpointing));
@@ -216,6 +226,9 @@ const std::vector<Field>& fields() {
     f.push_back(field("gradient_clip_algorithm", "a string", &TrainerOptions::gradient_clip_algorithm));
     f.push_back(field("deterministic", "a boolean", &TrainerOptions::deterministic));
     f.push_back(field("detect_anomaly", "a boolean", &TrainerOptions::detect_anomaly));
+    f.push_back(field("benchmark", "a boolean or null", &TrainerOptions::benchmark));
+    f.push_back(field("inference_mode", "a boolean", &TrainerOptions::inference_mode));
+    f.push_back(field("barebones", "a boolean", &TrainerOptions::barebones));
     f.push_back(field("profiler", "a string", &TrainerOptions::profiler));
     f.push_back(field("profiler_dirpath", "a string", &TrainerOptions::profiler_dirpath));
     f.push_back(field("profiler_filename", "a string", &TrainerOptions::profiler_filename));
@@ -277,6 +290,19 @@ void check_limit(const Limit& limit, const char* name) {
   // Written so that NaN fails too.
   if (limit.is_count() ? limit.count() < 0 : !(limit.fraction() >= 0 && limit.fraction() <= 1))
     throw ConfigError(fmt::format("{}={}: expected a batch count >= 0 or a fraction in [0.0, 1.0]", name, limit.str()));
+}
+
+// Lightning's refusals under barebones of the features it does not turn
+// off itself (its "opt-ins"), with its words.
+void check_barebones_options(const TrainerOptions& o) {
+  auto refuse = [](const std::string& passed, const char* why) {
+    throw ConfigError(fmt::format("`Trainer(barebones=True, {})` was passed. {} so it is disabled in barebones mode.",
+                                  passed, why));
+  };
+  if (o.fast_dev_run != 0)
+    refuse(fmt::format("fast_dev_run={}", o.fast_dev_run), "Development run is not meant for raw speed evaluation");
+  if (o.detect_anomaly) refuse("detect_anomaly=True", "Anomaly detection can impact raw speed");
+  if (!o.profiler.empty()) refuse(fmt::format("profiler='{}'", o.profiler), "Profiling can impact raw speed");
 }
 
 // The JSON value a command-line text stands for, guided by the option's type:
@@ -346,6 +372,8 @@ void check_options(const TrainerOptions& o) {
   at_least(o.num_sanity_val_steps, -1, "num_sanity_val_steps");
   at_least(o.log_every_n_steps, 1, "log_every_n_steps");
   at_least(o.accumulate_grad_batches, 1, "accumulate_grad_batches");
+  at_least(o.num_nodes, 1, "num_nodes");
+  at_least(o.reload_dataloaders_every_n_epochs, 0, "reload_dataloaders_every_n_epochs");
   if (o.check_val_every_n_epoch) at_least(*o.check_val_every_n_epoch, 1, "check_val_every_n_epoch");
   check_limit(o.limit_train_batches, "limit_train_batches");
   check_limit(o.limit_val_batches, "limit_val_batches");
@@ -370,6 +398,7 @@ void check_options(const TrainerOptions& o) {
   if (o.ddp_timeout && !(std::isfinite(*o.ddp_timeout) && *o.ddp_timeout > 0))
     throw ConfigError(fmt::format("ddp_timeout={}: expected a finite number of seconds > 0", *o.ddp_timeout));
   if (o.seed) check_seed(*o.seed, "seed");
+  if (o.barebones) check_barebones_options(o);
 }
 
 void set_option(TrainerOptions& options, const std::string& key, const std::string& value) {

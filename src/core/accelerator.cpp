@@ -72,6 +72,8 @@ torch::Tensor Accelerator::move_tensor(const torch::Tensor& tensor, torch::Devic
   return tensor.to(device, non_blocking);
 }
 
+bool Accelerator::set_benchmark(bool) const { return false; }
+
 void Accelerator::synchronize(torch::Device device) const {
   if (!c10::impl::hasDeviceGuardImpl(device.type())) return;
   const auto* guard = c10::impl::getDeviceGuardImpl(device.type());

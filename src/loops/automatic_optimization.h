@@ -45,11 +45,12 @@ struct AutomaticOptimization {
     auto it = s.metrics.callback_metrics.map().find(config.monitor);
     found = it != s.metrics.callback_metrics.map().end();
     if (!found && config.strict) {
+      // Lightning's message, the names as Python writes a list of strings.
       std::vector<std::string> names;
-      for (const auto& [k, v] : s.metrics.callback_metrics.map()) names.push_back(k);
-      throw ConfigError(fmt::format("the scheduler monitors '{}', which was not logged; logged metrics: {}",
-                                    config.monitor,
-                                    names.empty() ? "none" : fmt::format("{}", fmt::join(names, ", "))));
+      for (const auto& [k, v] : s.metrics.callback_metrics.map()) names.push_back("'" + k + "'");
+      throw ConfigError(fmt::format("ReduceLROnPlateau conditioned on metric {} which is not available. Available "
+                                    "metrics are: [{}]. Condition can be set using `monitor` key in lr scheduler dict",
+                                    config.monitor, fmt::join(names, ", ")));
     }
     if (!found)
       s.warn_once(fmt::format("ReduceLROnPlateau conditioned on metric {} which is not available but strict is set "
@@ -58,6 +59,15 @@ struct AutomaticOptimization {
     return found ? it->second : 0.0;
   }
 
+  // Note [Scheduler frequency]
+  // As Lightning's _update_learning_rates, a scheduler steps when `count`,
+  // its interval's number from 1, is a multiple of its frequency: for an
+  // epoch scheduler the epoch's, for a step scheduler the batch's within the
+  // epoch (batch_idx + 1), not the optimizer step's. A batch that accumulates
+  // never gets here, so with accumulate_grad_batches = 2 and frequency 3 a
+  // step scheduler steps at the 6th batch of an epoch only, and an epoch whose
+  // length is not a multiple of the frequency starts the count afresh. A
+  // resume mid-epoch continues the batch index, hence the schedule.
   void step_schedulers(Interval interval, int64_t count) {
     for (auto& config : s.optim.schedulers) {
       if (config.interval != interval || count % config.frequency != 0) continue;
@@ -153,8 +163,8 @@ struct AutomaticOptimization {
     s.hooks.module("optimizer_step",
                   [&] { s.module->optimizer_step(s.fit_loop.current_epoch(), batch_idx, *s.optim.optimizers.front(), closure); });
     if (closure.stepped || !closure.called) {
-      const int64_t steps = ++s.fit_loop.epoch_loop.global_step;
-      step_schedulers(Interval::step, steps);
+      ++s.fit_loop.epoch_loop.global_step;
+      step_schedulers(Interval::step, batch_idx + 1);  // Note [Scheduler frequency]
     }
     return std::move(closure.loss);
   }

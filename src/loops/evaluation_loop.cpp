@@ -44,7 +44,7 @@ std::map<std::string, double> EvaluationLoop::run_limited(std::optional<int64_t>
   s.metrics.eval_accumulators.clear();
   std::map<std::string, double> result;
   {
-    torch::NoGradGuard no_grad;
+    NoGradContext no_grad(inference_mode());
     model_mode_hook(true);
     hook(kStart);
     hook(kEpochStart);

@@ -93,6 +93,7 @@ void FitLoop::run() {
 }
 
 void FitLoop::setup_data() {
+  train_reloaded_in_epoch_ = current_epoch();
   s.open_loader(*train_, Stage::train);
   train_->bind(*s.accelerator, s.device_setup->device, s.precision.precision());
   s.distribute(*train_, /*even=*/true);
@@ -165,6 +166,12 @@ void FitLoop::on_run_start() {
 // start_at, not made at all), and then the current state is put back. Lightning does not start again an epoch resumed
 // in its middle: its start hooks are not called.
 void FitLoop::on_advance_start() {
+  // Lightning's _should_reload_train_dl; a loader given to fit is the same
+  // object again, so only a made one is asked for anew.
+  const int64_t reload_every = s.options.reload_dataloaders_every_n_epochs;
+  if (reload_every > 0 && !train_->source_name().empty() &&
+      current_epoch() - train_reloaded_in_epoch_ >= reload_every)
+    setup_data();
   const bool resuming = epoch_progress.unit_unfinished();
   s.running = RunningStage::training;
   s.metrics.train_accumulators.clear();

@@ -70,6 +70,7 @@ class FitLoop {
 
   TrainerState& s;
   StepRunner* train_ = nullptr;
+  int64_t train_reloaded_in_epoch_ = 0;  // the epoch setup_data last ran in
   // The checkpoint the fit resumes from, until its first epoch has begun.
   LoadedCheckpoint* resume_ = nullptr;
   StopReason reason_ = StopReason::max_epochs;

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include "fulgor/distributed/strategy.h"
 #include "trainer/state.h"
 
 namespace fulgor::detail {
@@ -44,9 +45,22 @@ void InferenceLoop::use(StepRunner* runner) {
   max_batches.reset();
 }
 
+// Lightning's _should_reload_val_dl, for fit's validation loop.
+bool InferenceLoop::reload_due() const {
+  const int64_t every = s.options.reload_dataloaders_every_n_epochs;
+  // A loader given to fit is the same object again: only a made one reloads.
+  return every > 0 && stage_ == Stage::validate && s.stage == "fit" && opened_ && !runner_->source_name().empty() &&
+         s.fit_loop.current_epoch() - reloaded_in_epoch_ >= every;
+}
+
+bool InferenceLoop::inference_mode() const {
+  return s.options.inference_mode && s.stage != "fit" && !(s.ddp && s.ddp->group().backend() == "gloo");
+}
+
 bool InferenceLoop::setup_data() {
-  if (set_up_) return opened_;
+  if (set_up_ && !reload_due()) return opened_;
   set_up_ = true;
+  if (s.stage == "fit") reloaded_in_epoch_ = s.fit_loop.current_epoch();
   if (runner_ == nullptr || !runner_->open()) return false;
   opened_ = true;
   runner_->bind(*s.accelerator, s.device_setup->device, s.precision.precision());

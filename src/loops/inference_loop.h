@@ -2,6 +2,9 @@
 
 #include <torch/types.h>
 
+#include <c10/core/InferenceMode.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
 #include <cstdint>
 #include <optional>
 #include <vector>
@@ -17,6 +20,22 @@ struct TrainerState;
 // warning naming the loader by `prefix` ("train", "val").
 void stop_shuffling(TrainerState& s, StepRunner& runner, const char* prefix);
 
+// Lightning's _no_grad_context around an evaluation or prediction run:
+// torch::InferenceMode, or NoGradGuard where inference tensors would not do.
+class NoGradContext {
+ public:
+  explicit NoGradContext(bool inference) {
+    if (inference)
+      inference_.emplace();
+    else
+      no_grad_.emplace();
+  }
+
+ private:
+  std::optional<c10::InferenceMode> inference_;
+  std::optional<torch::NoGradGuard> no_grad_;
+};
+
 // What Lightning's _EvaluationLoop and _PredictionLoop share: a loader set up
 // once per loop, its batches limited, and one pass over them with the
 // stage's batch hooks around each step.
@@ -28,7 +47,8 @@ class InferenceLoop {
   void use(StepRunner* runner);
   // Lightning's setup_data: the first call takes the loader (a data module's
   // or the module's is asked for now), gives it the device and this rank's
-  // shard, and resolves max_batches. False when there is no loader.
+  // shard, and resolves max_batches. False when there is no loader. Fit's
+  // validation loop takes it again every reload_dataloaders_every_n_epochs.
   bool setup_data();
   // Whether the loop has a loader, as far as is known before it is set up.
   bool has_loader() const { return runner_ != nullptr && !(set_up_ && !opened_); }
@@ -42,6 +62,10 @@ class InferenceLoop {
   Stage stage() const { return stage_; }
 
  protected:
+  // Whether a run uses torch::InferenceMode: with the option on, outside fit
+  // (whose validation Lightning runs under no_grad) and not under ddp on
+  // gloo, as Lightning's _no_grad_context.
+  bool inference_mode() const;
   // One pass over the loader, at most `limit` batches; predict_step's
   // outputs into `outputs` when given.
   void run_batches(std::optional<int64_t> limit, std::vector<torch::Tensor>* outputs);
@@ -53,10 +77,12 @@ class InferenceLoop {
 
  private:
   void batch_hook(bool start, int64_t i, const torch::Tensor& out);
+  bool reload_due() const;
 
   Stage stage_;
   StepRunner* runner_ = nullptr;
   bool set_up_ = false, opened_ = false;
+  int64_t reloaded_in_epoch_ = 0;  // the fit's epoch it was set up in
 };
 
 }  // namespace fulgor::detail

@@ -13,7 +13,7 @@ std::vector<torch::Tensor> PredictionLoop::run() {
   ModuleBase& m = *s.module;
   s.running = RunningStage::predicting;
   {
-    torch::NoGradGuard no_grad;
+    NoGradContext no_grad(inference_mode());
     ModuleAccess::record_mode(m);
     s.hooks.module("on_predict_model_eval", [&] { m.on_predict_model_eval(); });
     hook(kStart);

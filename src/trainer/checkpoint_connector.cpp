@@ -72,8 +72,10 @@ void move_archive_tensors(torch::serialize::InputArchive& archive, const Acceler
 // mean other weights (WeightAveraging: the averaged ones), so each swaps its
 // own in while the checkpoint is written and back after, also when writing
 // throws. The archive refers to the module's tensors rather than copying
-// them: the swap lasts until the file is complete or, for an asynchronous
-// save, until the snapshot has copied them (Note [Asynchronous checkpoints]).
+// them: the swap lasts until the file is complete (save) or, for an
+// asynchronous save, until the snapshot has copied them (Note [Asynchronous
+// checkpoints]). It begins after the callbacks' save_tensors, which copy
+// what they write.
 struct CheckpointWeights {
   explicit CheckpointWeights(TrainerState& state) : s(state) {
     for (auto& cb : s.callbacks) cb->swap_checkpoint_weights(*s.module);
@@ -294,9 +296,10 @@ torch::serialize::OutputArchive CheckpointConnector::archive(std::vector<torch::
   }
   torch::serialize::OutputArchive archive;
   archive.write("meta", c10::IValue(meta.dump()));
-  // The archive refers to the module's tensors until the file is written, or
-  // until the snapshot has copied them.
-  CheckpointWeights swapped(s);
+  // Note [Weights a checkpoint holds]: the snapshot copies the swapped-in
+  // weights; without one, save() swaps them in for the write.
+  std::optional<CheckpointWeights> swapped;
+  if (snapshot) swapped.emplace(s);
   torch::serialize::OutputArchive model_archive;
   s.module->save(model_archive);
   archive.write("model", model_archive);
@@ -331,7 +334,10 @@ void CheckpointConnector::save(const std::string& path) {
   if (!s.module) throw Error(fmt::format("save_checkpoint('{}'): this Trainer has not fitted a module", path));
   writer_.finish();
   auto archive = this->archive(/*snapshot=*/nullptr);
-  if (prepare_to_write(path)) write_checkpoint_file(path, archive);
+  if (prepare_to_write(path)) {
+    CheckpointWeights swapped(s);  // Note [Weights a checkpoint holds]
+    write_checkpoint_file(path, archive);
+  }
   // The other ranks wait for the file.
   if (s.ddp) s.ddp->barrier();
 }

@@ -13,7 +13,18 @@
 
 namespace fulgor::detail {
 
-void MetricStore::log(std::string_view name, double value, const LogOptions& o) { record(name, value, o, true); }
+void MetricStore::log(std::string_view name, double value, const LogOptions& o) {
+  if (FULGOR_UNLIKELY(barebones())) return;
+  record(name, value, o, true);
+}
+
+bool MetricStore::barebones() {
+  if (!s.options.barebones) return false;
+  s.warn_once(
+      "You are trying to `self.log()` but `Trainer(barebones=True)` is configured. Logging can impact raw speed so it "
+      "is disabled under this setting.");
+  return true;
+}
 
 // Note [Epoch values over the ranks]
 // Lightning 2.6's rule for sync_dist (_ResultMetric.update and compute): a
@@ -175,6 +186,7 @@ void MetricStore::record(std::string_view name, double local_value, const LogOpt
 }
 
 void MetricStore::log_on_device(std::string_view name, const torch::Tensor& value, const LogOptions& o) {
+  if (FULGOR_UNLIKELY(barebones())) return;
   defer(name, value, o, true);
 }
 
@@ -195,6 +207,7 @@ void MetricStore::defer(std::string_view name, const torch::Tensor& value, const
 }
 
 void MetricStore::log_metric(std::string_view name, metrics::Metric& metric, const LogOptions& o) {
+  if (FULGOR_UNLIKELY(barebones())) return;
   if (context != LogContext::train_step && s.running == RunningStage::predicting) return;
   if (context == LogContext::none) {
     record_now({{std::string(name), metric_value(name, metric)}}, o.prog_bar, o.logger);

@@ -100,6 +100,8 @@ struct MetricStore final : MetricSink {
   // (`accumulate` false below). One logged only on_step is kept too, to be
   // reset with the epoch.
   void record(std::string_view name, double value, const LogOptions& options, bool accumulate);
+  // Under barebones log() keeps nothing and says so once, as Lightning's.
+  bool barebones();
   void defer(std::string_view name, const torch::Tensor& value, const LogOptions& options, bool accumulate);
   // A logged metric's value now, over all ranks under ddp.
   double metric_value(std::string_view name, metrics::Metric& metric);

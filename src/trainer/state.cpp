@@ -8,6 +8,7 @@
 #include <iostream>
 #include <typeinfo>
 
+#include "detail/demangle.h"
 #include "distributed/launcher.h"
 #include "fulgor/core/registry.h"
 #include "fulgor/config/seed.h"
@@ -17,7 +18,72 @@
 
 namespace fulgor::detail {
 
-TrainerState::TrainerState(Trainer& owner, TrainerOptions opts) : trainer(owner), options(std::move(opts)) {
+namespace {
+
+// Lightning's barebones opt-outs: what a user leaves on by default is
+// turned off. (Lightning refuses an opt-out passed as on; here their
+// defaults are on, so only what must be refused is: check_barebones.)
+TrainerOptions resolve_barebones(TrainerOptions o) {
+  if (!o.barebones) return o;
+  o.enable_checkpointing = false;
+  o.logger = false;
+  o.enable_progress_bar = false;
+  o.enable_model_summary = false;
+  o.num_sanity_val_steps = 0;
+  return o;
+}
+
+// A class's name without its namespace, as Python's __class__.__name__.
+std::string class_name(const std::type_info& type) {
+  const std::string name = demangle(type.name());
+  const size_t colon = name.rfind("::");
+  return colon == std::string::npos ? name : name.substr(colon + 2);
+}
+
+// Lightning's refusals under barebones of what the options cannot turn off:
+// a logger given (Trainer.__init__), a checkpointing or progress-bar
+// callback (its callback connector, with the flags off).
+void check_barebones(const TrainerOptions& o) {
+  if (!o.barebones) return;
+  if (!o.loggers.empty()) {
+    std::vector<std::string> names;
+    for (const auto& logger : o.loggers) names.push_back(class_name(typeid(*logger)));
+    throw ConfigError(fmt::format("`Trainer(barebones=True, logger=[{}])` was passed. Logging can impact raw speed so "
+                                  "it is disabled in barebones mode.",
+                                  fmt::join(names, ", ")));
+  }
+  for (const auto& cb : o.callbacks) {
+    const char* option = cb->saves_checkpoints() ? "enable_checkpointing"
+                         : cb->shows_progress()  ? "enable_progress_bar"
+                                                 : nullptr;
+    if (option)
+      throw ConfigError(fmt::format("Trainer was configured with `{}=False` but found `{}` in callbacks list.", option,
+                                    class_name(typeid(*cb))));
+  }
+}
+
+// Lightning's cluster environments check that the launcher's job is as
+// large as num_nodes says (TorchElasticEnvironment.validate_settings); a
+// process started without a launcher is one node's.
+void check_num_nodes(int64_t num_nodes, const DistributedEnvironment& env) {
+  if (env.source == "single process") {
+    if (num_nodes > 1)
+      throw ConfigError(fmt::format("num_nodes={}: a job on several nodes needs a launcher that starts the processes "
+                                    "of every node (torchrun, fulgor-run or srun); this process was started without one",
+                                    num_nodes));
+    return;
+  }
+  if (num_nodes * env.local_world_size != env.world_size)
+    throw ConfigError(fmt::format("num_nodes={} with {} processes on this node makes {} processes, but the launcher "
+                                  "({}) started {}: set num_nodes to the launcher's number of nodes",
+                                  num_nodes, env.local_world_size, num_nodes * env.local_world_size, env.source,
+                                  env.world_size));
+}
+
+}  // namespace
+
+TrainerState::TrainerState(Trainer& owner, TrainerOptions opts)
+    : trainer(owner), options(resolve_barebones(std::move(opts))) {
   // Made with the Trainer, as Lightning's, so that its report's Total is the
   // time since then; an unknown name is reported when a loop begins.
   if (names_simple_profiler(options.profiler))
@@ -81,9 +147,11 @@ void TrainerState::info_once(const std::string& message) {
 
 void TrainerState::begin(const std::string& name) {
   check_options(options);
+  check_barebones(options);
   accelerator = make_accelerator(options.accelerator);
   const auto devices = accelerator->parse_devices(options.devices);
   auto environment = detect_distributed_environment();
+  check_num_nodes(options.num_nodes, environment);
   if (launches_ranks(options.strategy, environment, *accelerator, options.devices, devices.size()))
     environment = launch_ranks(static_cast<int64_t>(devices.size()));
   const DeviceSetup setup = detail::device_setup(*accelerator, options.devices, devices, environment);
@@ -97,6 +165,23 @@ void TrainerState::begin(const std::string& name) {
   stop_reason.clear();
   said_once.clear();
   metrics.clear();
+  if (options.barebones) announce_barebones();
+}
+
+// Lightning's messages: once for the Trainer, then as each loop starts.
+void TrainerState::announce_barebones() {
+  if (!barebones_announced)
+    info("You are running in `Trainer(barebones=True)` mode. All features that may impact raw speed have been "
+         "disabled to facilitate analyzing the Trainer overhead. Specifically, the following features are "
+         "deactivated:\n - Checkpointing: `Trainer(enable_checkpointing=True)`\n - Progress bar: "
+         "`Trainer(enable_progress_bar=True)`\n - Model summary: `Trainer(enable_model_summary=True)`\n - Logging: "
+         "`Trainer(logger=True)`, `Trainer(log_every_n_steps>0)`, `LightningModule.log(...)`, "
+         "`LightningModule.log_dict(...)`\n - Sanity checking: `Trainer(num_sanity_val_steps>0)`\n - Development "
+         "run: `Trainer(fast_dev_run=True)`\n - Anomaly detection: `Trainer(detect_anomaly=True)`\n - Profiling: "
+         "`Trainer(profiler=...)`");
+  barebones_announced = true;
+  info("`Trainer(barebones=True)` started running. The progress bar is disabled so you might want to manually print "
+       "the progress in your model.");
 }
 
 // Lightning's _run up to configure_model: the device, the module on it, the
@@ -107,6 +192,7 @@ void TrainerState::launch(ModuleBase& model) {
     deterministic_before.emplace(context.deterministicAlgorithms(), context.deterministicAlgorithmsWarnOnly());
     context.setDeterministicAlgorithms(true, /*warn_only=*/false);
   }
+  set_benchmark();
   module = &model;
   accelerator->setup_device(*device_setup);
   if (options.seed) seed_accelerator(*accelerator, *options.seed);
@@ -121,6 +207,18 @@ void TrainerState::launch(ModuleBase& model) {
 void TrainerState::configure_model(ModuleBase& model) {
   hooks.module("configure_model", [&] { model.configure_model(); });
   place_module(model);
+}
+
+// Lightning's _set_torch_flags: `benchmark`, false under `deterministic`
+// unless given, and otherwise left as it is; set for the process, as
+// Lightning sets torch.backends.cudnn.benchmark.
+void TrainerState::set_benchmark() {
+  std::optional<bool> benchmark = options.benchmark;
+  if (options.deterministic && !benchmark) benchmark = false;
+  if (options.deterministic && options.benchmark.value_or(false))
+    warn("You passed `deterministic=True` and `benchmark=True`. Note that PyTorch ignores "
+         "torch.backends.cudnn.deterministic=True when torch.backends.cudnn.benchmark=True.");
+  if (benchmark) accelerator->set_benchmark(*benchmark);
 }
 
 // The module onto the device, in the precision's type.

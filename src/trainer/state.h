@@ -103,6 +103,7 @@ struct TrainerState {
   std::optional<std::pair<bool, bool>> deterministic_before;
   // The messages warn_once and info_once gave in this loop.
   std::set<std::string> said_once;
+  bool barebones_announced = false;
 
   // profiler = "simple"; null when off.
   std::unique_ptr<Profiling> profiling;
@@ -165,6 +166,8 @@ struct TrainerState {
   void setup_hooks(ModuleBase& model);
   void configure_model(ModuleBase& model);
   void place_module(ModuleBase& model);
+  void set_benchmark();
+  void announce_barebones();
   void start_ddp(const DistributedEnvironment& environment, const DeviceSetup& setup);
 };
 

@@ -76,6 +76,10 @@ int64_t Trainer::max_epochs() const { return state_->limits.max_epochs; }
 int64_t Trainer::max_steps() const { return state_->limits.max_steps; }
 int64_t Trainer::min_epochs() const { return state_->limits.min_epochs; }
 int64_t Trainer::num_sanity_val_steps() const { return state_->limits.num_sanity_val_steps; }
+std::optional<int64_t> Trainer::check_val_every_n_epoch() const { return state_->limits.check_val_every_n_epoch; }
+int64_t Trainer::reload_dataloaders_every_n_epochs() const { return state_->options.reload_dataloaders_every_n_epochs; }
+int64_t Trainer::num_nodes() const { return state_->options.num_nodes; }
+bool Trainer::barebones() const { return state_->options.barebones; }
 std::optional<int64_t> Trainer::val_check_batch() const {
   const auto& loop = state_->fit_loop.epoch_loop;
   return loop.has_schedule() ? loop.schedule().val_check_batch() : std::nullopt;

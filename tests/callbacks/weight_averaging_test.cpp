@@ -189,42 +189,47 @@ TEST(EMAWeightAveraging, UpdatesFromTheStartingStepEveryNSteps) {
 
 // A fit of 4 epochs, and one stopped after 2 and resumed from its checkpoint
 // with a new callback, end with the same weights; the checkpoint's model is
-// the average, which load_module_weights reads.
+// the average, which load_module_weights reads; whether the ModelCheckpoint
+// saves synchronously (the default) or asynchronously.
 TEST(EMAWeightAveraging, CheckpointHoldsTheAverageAndResumesExactly) {
-  TempDir dir;
-  auto train = sequential_loader(32, 4);
-  torch::manual_seed(8);
-  TinyNet straight;
-  Trainer whole(quiet(dir, 4, {std::make_shared<EMAWeightAveraging>(EMAWeightAveragingOptions{.decay = 0.8})}));
-  whole.fit(straight, train);
+  for (const bool async : {false, true}) {
+    SCOPED_TRACE(async ? "async_checkpointing" : "synchronous saves");
+    TempDir dir;
+    auto train = sequential_loader(32, 4);
+    torch::manual_seed(8);
+    TinyNet straight;
+    Trainer whole(quiet(dir, 4, {std::make_shared<EMAWeightAveraging>(EMAWeightAveragingOptions{.decay = 0.8})}));
+    whole.fit(straight, train);
 
-  torch::manual_seed(8);
-  TinyNet first;
-  auto first_ema = std::make_shared<EMAWeightAveraging>(EMAWeightAveragingOptions{.decay = 0.8});
-  auto log = std::make_shared<WeightLog>();
-  auto saver = std::make_shared<ModelCheckpoint>(ModelCheckpointOptions{.dirpath = dir.str(), .save_top_k = -1});
-  auto options = quiet(dir, 2, {first_ema, log, saver});
-  options.enable_checkpointing = true;
-  Trainer half(options);
-  half.fit(first, train);
-  const std::string path = (dir.path / "epoch=1-step=16.ckpt").string();
-  ASSERT_TRUE(std::filesystem::exists(path));
-  TinyNet from_file;
-  load_module_weights(from_file, path);
-  expect_parameters(from_file, ema_of(log->steps, 0.8, 16), "the checkpoint's model");
-  // validate() from the first epoch's checkpoint runs on its average, not on
-  // the average this callback kept from the fit.
-  auto val = sequential_loader(8, 4, 11);
-  half.validate(first, val, {.ckpt_path = (dir.path / "epoch=0-step=8.ckpt").string()});
-  ASSERT_EQ(log->validated.size(), 1u);
-  const auto after_epoch0 = ema_of(log->steps, 0.8, 8);
-  for (size_t i = 0; i < after_epoch0.size(); ++i)
-    EXPECT_TRUE(torch::allclose(log->validated[0][i], after_epoch0[i], 1e-5, 1e-6)) << "parameter " << i;
+    torch::manual_seed(8);
+    TinyNet first;
+    auto first_ema = std::make_shared<EMAWeightAveraging>(EMAWeightAveragingOptions{.decay = 0.8});
+    auto log = std::make_shared<WeightLog>();
+    auto saver = std::make_shared<ModelCheckpoint>(ModelCheckpointOptions{.dirpath = dir.str(), .save_top_k = -1});
+    auto options = quiet(dir, 2, {first_ema, log, saver});
+    options.enable_checkpointing = true;
+    options.async_checkpointing = async;
+    Trainer half(options);
+    half.fit(first, train);
+    const std::string path = (dir.path / "epoch=1-step=16.ckpt").string();
+    ASSERT_TRUE(std::filesystem::exists(path));
+    TinyNet from_file;
+    load_module_weights(from_file, path);
+    expect_parameters(from_file, ema_of(log->steps, 0.8, 16), "the checkpoint's model");
+    // validate() from the first epoch's checkpoint runs on its average, not on
+    // the average this callback kept from the fit.
+    auto val = sequential_loader(8, 4, 11);
+    half.validate(first, val, {.ckpt_path = (dir.path / "epoch=0-step=8.ckpt").string()});
+    ASSERT_EQ(log->validated.size(), 1u);
+    const auto after_epoch0 = ema_of(log->steps, 0.8, 8);
+    for (size_t i = 0; i < after_epoch0.size(); ++i)
+      EXPECT_TRUE(torch::allclose(log->validated[0][i], after_epoch0[i], 1e-5, 1e-6)) << "parameter " << i;
 
-  TinyNet resumed;
-  Trainer rest(quiet(dir, 4, {std::make_shared<EMAWeightAveraging>(EMAWeightAveragingOptions{.decay = 0.8})}));
-  rest.fit(resumed, train, {.ckpt_path = path});
-  EXPECT_TRUE(same_parameters(straight, resumed));
+    TinyNet resumed;
+    Trainer rest(quiet(dir, 4, {std::make_shared<EMAWeightAveraging>(EMAWeightAveragingOptions{.decay = 0.8})}));
+    rest.fit(resumed, train, {.ckpt_path = path});
+    EXPECT_TRUE(same_parameters(straight, resumed));
+  }
 }
 
 }  // namespace

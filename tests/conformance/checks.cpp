@@ -1,5 +1,6 @@
 #include "checks.h"
 
+#include <ATen/Context.h>
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 #include <torch/torch.h>
@@ -502,6 +503,17 @@ std::string check_is_out_of_memory(const Accelerator& accelerator) {
   return "c10::OutOfMemoryError, and no other error";
 }
 
+// The Trainer's `benchmark`: set_benchmark answers the same for either
+// value, as an accelerator has kernel autotuning or has not, and never throws.
+// Where it has, LibTorch's cuDNN flag is put back as it was.
+std::string check_set_benchmark(const Accelerator& accelerator) {
+  const bool before = at::globalContext().benchmarkCuDNN();
+  const bool on = accelerator.set_benchmark(true), off = accelerator.set_benchmark(false);
+  accelerator.set_benchmark(before);
+  if (on != off) fail(fmt::format("set_benchmark(true) answers {}, set_benchmark(false) {}", on, off));
+  return on ? "kernel autotuning set" : "no kernel autotuning: nothing set";
+}
+
 }  // namespace
 
 void Report::check(const std::string& name, const std::function<std::string()>& body) {
@@ -535,6 +547,7 @@ void run_checks(Accelerator& accelerator, const Options& options, Report& report
   report.check("parse_devices", [&] { return check_parse_devices(a); });
   report.check("bad_devices", [&] { return check_bad_devices(a); });
   report.check("is_out_of_memory", [&] { return check_is_out_of_memory(a); });
+  report.check("set_benchmark", [&] { return check_set_benchmark(a); });
 
   // The per-device checks run once on every distinct device selected.
   std::vector<torch::Device> devices;

@@ -68,7 +68,7 @@ TEST(EarlyStopping, StopsWithLightningsReasonAndMessage) {
   divergence.fit();
   EXPECT_EQ(divergence.stopper->stopping_reason(), EarlyStoppingReason::divergence_threshold);
   EXPECT_EQ(divergence.stopper->stopping_reason_message(),
-            "Divergence threshold reached: val_loss = 6.0 > 5.0. Signaling Trainer to stop.");
+            "Divergence threshold reached: val_loss = 6.0 < 5.0. Signaling Trainer to stop.");
   EXPECT_EQ(divergence.stopper->stopped_epoch(), 1);
 
   Scenario nan({1.0, std::nan("")}, {.monitor = "val_loss"}, 10);

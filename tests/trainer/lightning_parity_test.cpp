@@ -367,6 +367,30 @@ TEST(LightningParity, ANonStrictPlateauSchedulerSaysItSkips) {
       << err;
 }
 
+// Strict (the default): Lightning's MisconfigurationException text, as a
+// ConfigError, listing the metrics logged so far as a Python list.
+TEST(LightningParity, AStrictPlateauSchedulerNamesTheAvailableMetrics) {
+  TempDir dir;
+  TinyNet model;
+  model.make_optimizers = [](TinyNet& m) {
+    auto sgd = std::make_shared<torch::optim::SGD>(m.parameters(), torch::optim::SGDOptions(0.1));
+    fulgor::SchedulerConfig config;
+    config.scheduler = std::make_shared<fulgor::ReduceLROnPlateau>(*sgd);
+    config.monitor = "val_acc";
+    config.interval = Interval::step;
+    return fulgor::OptimizerConfig(sgd, config);
+  };
+  auto train = sequential_loader(16, 8);
+  try {
+    Trainer(quiet(dir, 1)).fit(model, train);
+    ADD_FAILURE() << "no ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "ReduceLROnPlateau conditioned on metric val_acc which is not available. Available metrics are: "
+              "['train_loss']. Condition can be set using `monitor` key in lr scheduler dict");
+  }
+}
+
 TEST(LightningParity, OverfittingAShufflingLoaderSaysItStopsShuffling) {
   TempDir dir;
   TinyNet model;

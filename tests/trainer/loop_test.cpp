@@ -353,10 +353,77 @@ TEST(TrainerLoop, SchedulersStepOnTheirInterval) {
   EXPECT_DOUBLE_EQ(lr_after(Interval::epoch, 1, 1), 0.05);
   EXPECT_DOUBLE_EQ(lr_after(Interval::epoch, 2, 3), 0.05);
   EXPECT_DOUBLE_EQ(lr_after(Interval::step, 2, 1), 0.025);
-  // A step scheduler's frequency counts optimizer steps, across epochs (12
-  // steps: 3, 6, 9, 12) and with accumulation (2 steps: the second).
-  EXPECT_DOUBLE_EQ(lr_after(Interval::step, 3, 3), 0.1 * std::pow(0.5, 4));
-  EXPECT_DOUBLE_EQ(lr_after(Interval::step, 2, 1, 2), 0.05);
+  // A step scheduler's frequency counts the batches of each epoch, as
+  // Lightning's: the 3rd of 4 in each of 3 epochs; with accumulation the
+  // batches that step the optimizer (the 2nd and 4th) both step it.
+  EXPECT_DOUBLE_EQ(lr_after(Interval::step, 3, 3), 0.1 * std::pow(0.5, 3));
+  EXPECT_DOUBLE_EQ(lr_after(Interval::step, 2, 1, 2), 0.025);
+}
+
+// The global steps after which a halving StepLR stepped.
+struct SchedulerSteps : Callback {
+  std::vector<int64_t> at;
+  double lr = 0.1;
+  void on_train_batch_end(Trainer& trainer, ModuleBase&, const torch::Tensor&, int64_t) override {
+    const double now = trainer.optimizers().front()->param_groups().front().options().get_lr();
+    if (now != lr) at.push_back(trainer.global_step());
+    lr = now;
+  }
+};
+
+OptimizerConfig every_third_batch(TinyNet& m) {
+  auto sgd = std::make_shared<torch::optim::SGD>(m.parameters(), torch::optim::SGDOptions(0.1));
+  return OptimizerConfig(
+      sgd, {.scheduler = std::make_shared<StepLR>(*sgd, 1, 0.5), .interval = Interval::step, .frequency = 3});
+}
+
+// Lightning's rule, (batch_idx + 1) % frequency == 0 on the batch's index in
+// its epoch, skipped while accumulating: with 8 batches an epoch, frequency 3
+// steps at batches 3 and 6 of each epoch, global steps 3, 6, 11 and 14 (not
+// every third optimizer step: 3, 6, 9, 12, 15); with accumulate_grad_batches
+// 2 only the 6th batch both steps the optimizer and is a multiple of 3.
+TEST(TrainerLoop, AStepSchedulersFrequencyCountsTheBatchesOfTheEpoch) {
+  TempDir dir;
+  auto train = sequential_loader(32, 4);  // 8 batches
+  for (const int64_t accumulate : {1, 2}) {
+    SCOPED_TRACE("accumulate_grad_batches=" + std::to_string(accumulate));
+    TinyNet model;
+    model.make_optimizers = every_third_batch;
+    auto steps = std::make_shared<SchedulerSteps>();
+    auto options = quiet(dir, 2, {steps});
+    options.accumulate_grad_batches = accumulate;
+    Trainer(options).fit(model, train);
+    const std::vector<int64_t> expected = accumulate == 1 ? std::vector<int64_t>{3, 6, 11, 14} : std::vector<int64_t>{3, 7};
+    EXPECT_EQ(steps->at, expected);
+  }
+}
+
+// A checkpoint saved mid-epoch (after the 4th batch) resumes the batch
+// index, and with it the schedule: the same steps and the same final rate.
+TEST(TrainerLoop, AResumeMidEpochKeepsTheStepSchedulersBatchCount) {
+  TempDir dir;
+  auto train = sequential_loader(32, 4);
+  TinyNet whole;
+  whole.make_optimizers = every_third_batch;
+  auto whole_steps = std::make_shared<SchedulerSteps>();
+  auto save = std::make_shared<ModelCheckpoint>(
+      ModelCheckpointOptions{.dirpath = dir.str(), .filename = "{step}", .save_top_k = -1, .every_n_train_steps = 4});
+  auto options = quiet(dir, 2, {whole_steps, save});
+  options.enable_checkpointing = true;
+  Trainer whole_trainer(options);
+  whole_trainer.fit(whole, train);
+  ASSERT_EQ(whole_steps->at, (std::vector<int64_t>{3, 6, 11, 14}));
+
+  TinyNet resumed;
+  resumed.make_optimizers = every_third_batch;
+  auto resumed_steps = std::make_shared<SchedulerSteps>();
+  resumed_steps->lr = 0.05;  // stepped once before the checkpoint
+  Trainer resumed_trainer(quiet(dir, 2, {resumed_steps}));
+  resumed_trainer.fit(resumed, train, {.ckpt_path = (dir.path / "step=4.ckpt").string()});
+  EXPECT_EQ(resumed_steps->at, (std::vector<int64_t>{6, 11, 14}));
+  EXPECT_DOUBLE_EQ(resumed_trainer.optimizers().front()->param_groups().front().options().get_lr(),
+                   0.1 * std::pow(0.5, 4));
+  EXPECT_TRUE(same_parameters(whole, resumed));
 }
 
 TEST(TrainerLoop, PlateauSchedulerReadsTheMonitoredMetric) {

@@ -41,6 +41,12 @@ TrainerOptions unusual() {
   o.seed = 42;
   o.ddp_timeout = 90.5;
   o.use_distributed_sampler = false;
+  o.async_checkpointing = true;
+  o.num_nodes = 2;
+  o.reload_dataloaders_every_n_epochs = 3;
+  o.benchmark = false;
+  o.inference_mode = false;
+  o.barebones = true;
   return o;
 }
 

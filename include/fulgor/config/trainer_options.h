@@ -68,6 +68,10 @@ struct TrainerOptions {
   /// fulgor-run, torchrun or srun; "auto" is "ddp" under such a launcher).
   std::string strategy = "auto";
   Devices devices = "auto";
+  /// The machines of a ddp job. Under a launcher (torchrun, fulgor-run,
+  /// srun) it must be the launcher's: its world size over the processes of
+  /// this node; a job started without one runs on one node.
+  int64_t num_nodes = 1;
   /// "32-true" ("32"), "64-true" ("64"), "bf16-mixed" ("bf16"), "16-mixed" ("16"),
   /// "bf16-true" or "16-true", as the accelerator supports (see docs/precision.md).
   std::string precision = "32-true";
@@ -104,20 +108,26 @@ struct TrainerOptions {
   Limit val_check_interval = 1.0;
   /// Validates every N epochs (unset: only as val_check_interval says).
   std::optional<int64_t> check_val_every_n_epoch = 1;
+  /// Asks the module or data module for the training and validation loaders
+  /// again every N epochs of a fit (0: once per fit); loaders given to fit
+  /// are the same objects each time.
+  int64_t reload_dataloaders_every_n_epochs = 0;
   /// Validation batches run before training to catch bugs early (-1: all).
   int64_t num_sanity_val_steps = 2;
   /// Loggers receive step metrics every N training batches.
   int64_t log_every_n_steps = 50;
   /// Adds a default ModelCheckpoint when none is among `callbacks`.
   bool enable_checkpointing = true;
-  /// ModelCheckpoint's saves pause training only to copy the state to host
-  /// memory, and a background thread writes the file (Trainer::
-  /// save_checkpoint_async). On by default: the file, its atomicity and the
-  /// resume are those of a synchronous save, and training goes on while the
-  /// disk works; the cost is host memory for one copy of the state, kept by
-  /// the Trainer from one save to the next. Off,
-  /// every save writes before training goes on.
-  bool async_checkpointing = true;
+  /// Off (the default, as Lightning's): a ModelCheckpoint save is on disk
+  /// (written, fsynced, renamed, the file it displaces removed) when the hook
+  /// that saved it returns. On: the save pauses training only to copy the
+  /// state to host memory, and a background thread writes the file
+  /// (Trainer::save_checkpoint_async, Lightning's AsyncCheckpointIO); the
+  /// file, its atomicity and the resume are those of a synchronous save, but
+  /// it is on disk only once the write completes, at a later batch (see
+  /// docs/training.md, When a checkpoint is on disk). The cost is host memory
+  /// for one copy of the state, kept from one save to the next.
+  bool async_checkpointing = false;
   /// Adds a ProgressBar when none is among `callbacks`.
   bool enable_progress_bar = true;
   /// Adds a ModelSummary when none is among `callbacks`.
@@ -135,7 +145,20 @@ struct TrainerOptions {
   /// Runs training steps and their backward under autograd's anomaly
   /// detection: a backward that produces NaN throws, naming the operation.
   bool detect_anomaly = false;
-  /// "" (off) or "simple": Lightning's SimpleProfiler records the time spent
+  /// The value of cuDNN's benchmark flag (Accelerator::set_benchmark: CUDA's
+  /// cuDNN autotuning; nothing on accelerators without it), set when a loop
+  /// starts and left so. Unset: false with `deterministic`, else as it is.
+  std::optional<bool> benchmark;
+  /// Runs trainer.validate, test and predict under torch::InferenceMode
+  /// (false: torch::NoGradGuard); fit's validation always runs under
+  /// NoGradGuard, and so does every evaluation under ddp on gloo.
+  bool inference_mode = true;
+  /// Turns off what costs time per step, to measure the Trainer's own
+  /// overhead: checkpointing, loggers and log(), the progress bar, the model
+  /// summary and the sanity check; a ConfigError when a loop starts for what
+  /// must then be off (fast_dev_run, detect_anomaly, profiler, loggers, a
+  /// checkpointing or progress-bar callback).
+  bool barebones = false;  /// "" (off) or "simple": Lightning's SimpleProfiler records the time spent
   /// in each hook and loop stage, and its report is printed (or written, see
   /// profiler_filename) when each loop ends; Trainer::profiler() reads it.
   /// Off costs nothing (docs/training.md, Profiler).

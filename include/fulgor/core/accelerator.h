@@ -116,6 +116,12 @@ class Accelerator {
   /// Blocks until all work queued on `device` has finished.
   virtual void synchronize(torch::Device device) const;
 
+  /// Sets the device library's autotuning of its kernels, the Trainer's
+  /// `benchmark` (cuDNN's benchmark flag on CUDA: each convolution's fastest
+  /// algorithm timed on its first call). Returns whether the accelerator has
+  /// such a setting; by default it has none, and nothing is set.
+  virtual bool set_benchmark(bool enabled) const;
+
   /// The c10d backend name for distributed training ("gloo", "nccl", "xccl", "hccl").
   virtual std::string distributed_backend() const = 0;
 

@@ -12,7 +12,7 @@
 #define FULGOR_VERSION_PATCH 0
 #define FULGOR_VERSION_STRING "0.1.0"
 
-#define FULGOR_PLUGIN_ABI_VERSION 4
+#define FULGOR_PLUGIN_ABI_VERSION 5
 
 namespace fulgor {
 

@@ -6,9 +6,11 @@
 // lowest train_loss and last.ckpt, in ROOT/checkpoints) until MAX_STEPS, and
 // resumes from ckpt_path "last" when that folder holds a checkpoint. Prints
 // "training from step N" once training has begun (after the resume). Exits 0 on success, 3 with the message
-// on a fulgor::Error, 4 on any other exception. With KILL_AT_STEP, from that
-// step on, it kills itself with SIGKILL once it sees the background write
-// of last.ckpt under way (its temporary file created).
+// on a fulgor::Error, 4 on any other exception. Saves synchronously, the
+// Trainer's default, unless KILL_AT_STEP is given: then asynchronously, and
+// from that step on it kills itself with SIGKILL once it sees the background
+// write of last.ckpt under way (its temporary file created), after printing
+// "killed at step N".
 
 #include <torch/torch.h>
 
@@ -34,7 +36,8 @@ struct AnnounceTraining final : fulgor::Callback {
 
 // Kills the process while the write of last.ckpt is in flight: at the first
 // step from `from` on whose write it sees under way (a fast disk may finish
-// a write before it looks).
+// a write before it looks). The write goes on between the look and the kill,
+// so it may complete in between (the rename is all that is left by then).
 struct KillDuringWrite final : fulgor::Callback {
   int64_t from;
   explicit KillDuringWrite(int64_t step) : from(step) {}
@@ -48,7 +51,10 @@ struct KillDuringWrite final : fulgor::Callback {
       std::error_code ec;
       for (auto it = fs::directory_iterator(trainer.checkpoint_dir(), ec); !ec && it != fs::directory_iterator();
            it.increment(ec))
-        if (it->path().filename().string().rfind(".last.ckpt.tmp.", 0) == 0) std::raise(SIGKILL);
+        if (it->path().filename().string().rfind(".last.ckpt.tmp.", 0) == 0) {
+          std::cout << "killed at step " << trainer.global_step() << std::endl;
+          std::raise(SIGKILL);
+        }
     }
   }
 };
@@ -92,7 +98,10 @@ int main(int argc, char** argv) {
     options.enable_model_summary = false;
     options.max_steps = std::stoll(argv[2]);
     options.callbacks = {std::make_shared<fulgor::ModelCheckpoint>(every_step), std::make_shared<AnnounceTraining>()};
-    if (argc == 4) options.callbacks.push_back(std::make_shared<KillDuringWrite>(std::stoll(argv[3])));
+    if (argc == 4) {
+      options.async_checkpointing = true;
+      options.callbacks.push_back(std::make_shared<KillDuringWrite>(std::stoll(argv[3])));
+    }
     fulgor::Trainer trainer(options);
     const bool resume = holds_a_checkpoint(trainer.checkpoint_dir());
     trainer.fit(model, loader, fulgor::FitOptions{resume ? "last" : ""});
