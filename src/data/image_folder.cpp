@@ -1,6 +1,7 @@
 #include "fulgor/data/image_folder.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cctype>

@@ -185,11 +185,13 @@ ImportedGroup import_group(Kind kind, torch::optim::OptimizerParamGroup& into, c
   if (!ids.isList())
     throw InteropError(fmt::format("{}'s \"params\" is a {}, not a list of ids", where, ids.tagKind()));
   const auto& params = into.params();
-  if (ids.toListRef().size() != params.size())
+  // A view of the list's elements, which `ids` keeps alive.
+  const c10::ArrayRef<c10::IValue> id_list = ids.toListRef();
+  if (id_list.size() != params.size())
     throw InteropError(
-        fmt::format("{} has {} parameters, the optimizer's group {}", where, ids.toListRef().size(), params.size()));
+        fmt::format("{} has {} parameters, the optimizer's group {}", where, id_list.size(), params.size()));
   for (size_t i = 0; i < params.size(); ++i) {
-    const c10::IValue& id = ids.toListRef()[i];
+    const c10::IValue& id = id_list[i];
     if (!id.isInt()) throw InteropError(fmt::format("{}'s parameter {} has id {}, not an int", where, i, id.tagKind()));
     auto it = states.find(id);
     std::unique_ptr<torch::optim::OptimizerParamState> state;
@@ -216,12 +218,13 @@ void import_optimizer_state(torch::optim::Optimizer& optimizer, const c10::IValu
   const Dict states = dict_at(dict, "state", source + ": the optimizer state");
   c10::IValue groups = entry(dict, "param_groups", source + ": the optimizer state");
   auto& into = optimizer.param_groups();
-  if (!groups.isList() || groups.toListRef().size() != into.size())
+  const c10::ArrayRef<c10::IValue> group_list = groups.isList() ? groups.toListRef() : c10::ArrayRef<c10::IValue>();
+  if (!groups.isList() || group_list.size() != into.size())
     throw InteropError(fmt::format("{}: the optimizer state has {} param_groups, the optimizer {}", source,
-                                   groups.isList() ? groups.toListRef().size() : 0, into.size()));
+                                   group_list.size(), into.size()));
   std::vector<ImportedGroup> imported;
   for (size_t g = 0; g < into.size(); ++g) {
-    const c10::IValue& group = groups.toListRef()[g];
+    const c10::IValue& group = group_list[g];
     const std::string where = fmt::format("{}: param_groups[{}]", source, g);
     if (!group.isGenericDict()) throw InteropError(fmt::format("{} is a {}, not a dict", where, group.tagKind()));
     imported.push_back(import_group(kind, into[g], group.toGenericDict(), states, where));
