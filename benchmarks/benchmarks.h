@@ -1,5 +1,7 @@
 #pragma once
 
+#include <string>
+
 #include "harness.h"
 
 namespace fulgor::bench {
@@ -8,9 +10,13 @@ struct Settings {
   bool quick = false;  // smaller sizes and fewer repeats, to check the benchmarks run
   int repeats = 5;
   int processes = 7;  // fresh processes each model's overhead is measured in
+  std::string device = "cuda";  // the accelerator the gpu benchmark runs on
+  int gpu_repeats = 5;          // interleaved runs of each of its variants
 };
 
 void data_benchmark(Report& report, const Settings& settings);
+/// Run only when named (--only gpu).
+void gpu_benchmark(Report& report, const Settings& settings);
 void overhead_benchmark(Report& report, const Settings& settings);
 void checkpoint_benchmark(Report& report, const Settings& settings);
 void interop_benchmark(Report& report, const Settings& settings);

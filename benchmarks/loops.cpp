@@ -5,6 +5,7 @@
 
 #include "fulgor/data/tensor_loader.h"
 #include "fulgor/module.h"
+#include "fulgor/optim/adam.h"
 #include "fulgor/trainer.h"
 
 namespace fulgor::bench {
@@ -17,7 +18,9 @@ torch::nn::Sequential copy_of(const torch::nn::Sequential& net) {
 struct Classifier : fulgor::Module {
   torch::nn::Sequential net;
   int logs = 0;
-  Classifier(torch::nn::Sequential n, int log_calls) : net(register_module("net", std::move(n))), logs(log_calls) {}
+  const Variant& variant;
+  Classifier(torch::nn::Sequential n, const Variant& v)
+      : net(register_module("net", std::move(n))), logs(v.log_calls), variant(v) {}
   torch::Tensor training_step(torch::data::Example<> batch, int64_t batch_idx) override {
     auto loss = torch::nn::functional::cross_entropy(net->forward(batch.data), batch.target);
     if (logs > 0) {
@@ -29,6 +32,9 @@ struct Classifier : fulgor::Module {
     return loss;
   }
   fulgor::OptimizerConfig configure_optimizers() override {
+    if (variant.optimizer == "adam")
+      return fulgor::OptimizerConfig(
+          std::make_shared<fulgor::Adam>(parameters(), torch::optim::AdamOptions(1e-3), variant.kernels));
     return fulgor::OptimizerConfig(std::make_shared<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.01)));
   }
 };
@@ -47,9 +53,15 @@ double final_loss(torch::nn::Sequential net, const Workload& work) {
   return torch::nn::functional::cross_entropy(net->forward(work.data), work.targets).item<double>();
 }
 
-torch::nn::Sequential raw_fit(const torch::nn::Sequential& initial, const Workload& work) {
+torch::nn::Sequential raw_fit(const torch::nn::Sequential& initial, const Workload& work,
+                              const std::string& optimizer_name) {
   auto net = copy_of(initial);
-  torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.01));
+  std::unique_ptr<torch::optim::Optimizer> made;
+  if (optimizer_name == "adam")
+    made = std::make_unique<torch::optim::Adam>(net->parameters(), torch::optim::AdamOptions(1e-3));
+  else
+    made = std::make_unique<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(0.01));
+  torch::optim::Optimizer& optimizer = *made;
   const int64_t samples = work.data.size(0);
   for (int64_t epoch = 0; epoch < work.epochs; ++epoch)
     for (int64_t start = 0; start + kBatch <= samples; start += kBatch) {
@@ -64,7 +76,7 @@ torch::nn::Sequential raw_fit(const torch::nn::Sequential& initial, const Worklo
 
 torch::nn::Sequential fulgor_fit(const torch::nn::Sequential& initial, const Workload& work, const Variant& variant,
                                  const std::string& root_dir) {
-  Classifier model(copy_of(initial), variant.log_calls);
+  Classifier model(copy_of(initial), variant);
   TensorLoaderOptions loader_options;
   loader_options.batch_size = kBatch;
   loader_options.drop_last = true;

@@ -8,6 +8,8 @@
 
 #include <string>
 
+#include "fulgor/optim/step_kernels.h"
+
 namespace fulgor::bench {
 
 constexpr int64_t kBatch = 32;
@@ -20,6 +22,10 @@ struct Variant {
   bool checkpoint = false;
   std::string precision = "32";
   std::string profiler;  // TrainerOptions::profiler
+  // "sgd": SGD(0.01) on both sides; "adam": torch::optim::Adam(1e-3) by hand
+  // and fulgor::Adam(1e-3) with `kernels` in the Trainer.
+  std::string optimizer = "sgd";
+  StepKernels kernels;
 };
 
 /// The data of a run: `epochs` passes over data/targets in order, batch kBatch.
@@ -32,11 +38,13 @@ struct Workload {
 /// The mean cross-entropy of `net` over the whole workload.
 double final_loss(torch::nn::Sequential net, const Workload& work);
 
-/// Trains a copy of `initial` by hand with SGD(0.01); returns the trained copy.
-torch::nn::Sequential raw_fit(const torch::nn::Sequential& initial, const Workload& work);
+/// Trains a copy of `initial` by hand with SGD(0.01), or torch::optim::Adam(1e-3)
+/// where `optimizer` is "adam"; returns the trained copy.
+torch::nn::Sequential raw_fit(const torch::nn::Sequential& initial, const Workload& work,
+                              const std::string& optimizer = "sgd");
 
-/// Trains a copy of `initial` through the Trainer on the CPU with SGD(0.01),
-/// writing under `root_dir` (checkpoints); returns the trained copy.
+/// Trains a copy of `initial` through the Trainer on the CPU with the
+/// variant's optimizer, writing under `root_dir` (checkpoints); returns the trained copy.
 torch::nn::Sequential fulgor_fit(const torch::nn::Sequential& initial, const Workload& work, const Variant& variant,
                                  const std::string& root_dir);
 

@@ -2,8 +2,10 @@
 // LibTorch counterpart, as one table; the last line is a JSON object of the
 // headline figures.
 //
-//   fulgor-benchmarks [--quick] [--only NAME]...
+//   fulgor-benchmarks [--quick] [--only NAME]... [--device NAME]
 //
+// The gpu benchmark (steps per second on an accelerator, --device, cuda by
+// default) runs only when named: fulgor-benchmarks --only gpu.
 // Run it on an idle machine with one LibTorch thread (OMP_NUM_THREADS=1) and
 // OpenBLAS for figures comparable to docs/benchmarks.md.
 
@@ -49,16 +51,21 @@ int main(int argc, char** argv) {
       settings.quick = true;
       settings.repeats = 2;
       settings.processes = 1;
+      settings.gpu_repeats = 2;
+    } else if (std::strcmp(argv[i], "--device") == 0 && i + 1 < argc) {
+      settings.device = argv[++i];
     } else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
       only.push_back(argv[++i]);
     } else {
-      std::cerr << "usage: fulgor-benchmarks [--quick] [--only overhead|instructions|data|checkpoint|interop|precision]...\n";
+      std::cerr << "usage: fulgor-benchmarks [--quick] "
+                   "[--only overhead|instructions|data|checkpoint|interop|precision|gpu]... [--device NAME]\n";
       return 2;
     }
   }
   const std::vector<std::pair<std::string, void (*)(Report&, const Settings&)>> benchmarks = {
       {"overhead", overhead_benchmark},     {"instructions", instructions_benchmark}, {"data", data_benchmark},
       {"checkpoint", checkpoint_benchmark}, {"interop", interop_benchmark},           {"precision", precision_benchmark},
+      {"gpu", gpu_benchmark},
   };
   fulgor::BlasInfo blas = fulgor::blas_info();
   std::cout << fmt::format("fulgor {}, LibTorch {}, BLAS {}, {} LibTorch thread(s)\n", fulgor::version(),
@@ -66,7 +73,8 @@ int main(int argc, char** argv) {
   Report report;
   report.row({"benchmark", "variant", "median", "vs LibTorch"});
   for (const auto& [name, run] : benchmarks)
-    if (only.empty() || std::find(only.begin(), only.end(), name) != only.end()) run(report, settings);
+    if (std::find(only.begin(), only.end(), name) != only.end() || (only.empty() && name != "gpu"))
+      run(report, settings);
   report.print();
   std::cout << nlohmann::json(report.figures).dump() << std::endl;
   return 0;

@@ -42,19 +42,37 @@
 #include <memory>
 
 #include "benchmarks.h"
+#include "fulgor/detail/compat.h"
 #include "loops.h"
 #include "models.h"
 
 namespace fulgor::bench {
 namespace {
 
+StepKernels foreach_kernels(bool fused) {
+  StepKernels kernels;
+  if (fused)
+    kernels.fused = true;
+  else
+    kernels.foreach = true;
+  return kernels;
+}
+
 const std::vector<Variant>& variants() {
-  static const std::vector<Variant> all = {{"barebones", false, 0, false},
-                                           {"progress bar + log()", true, 1, false},
-                                           {"two log() calls", false, 2, false},
-                                           {"checkpoint each epoch", false, 0, true},
-                                           // Its report is printed (to the quieted stdout) after each fit.
-                                           {"profiler \"simple\"", false, 0, false, "32", "simple"}};
+  static const std::vector<Variant> all = [] {
+    std::vector<Variant> out{{"barebones", false, 0, false},
+                             {"progress bar + log()", true, 1, false},
+                             {"two log() calls", false, 2, false},
+                             {"checkpoint each epoch", false, 0, true},
+                             // Its report is printed (to the quieted stdout) after each fit.
+                             {"profiler \"simple\"", false, 0, false, "32", "simple"},
+                             // Against the hand-written loop's torch::optim::Adam.
+                             {"foreach Adam", false, 0, false, "32", "", "adam", foreach_kernels(false)}};
+    // LibTorch's CPU fused kernels came with 2.4.
+    if (FULGOR_TORCH_AT_LEAST(2, 4))
+      out.push_back({"fused Adam", false, 0, false, "32", "", "adam", foreach_kernels(true)});
+    return out;
+  }();
   return all;
 }
 
@@ -91,7 +109,7 @@ Measured measure(const ModelSpec& spec, const Variant& variant, int repeats, boo
   const auto probe = work.data.narrow(0, samples - kBatch, kBatch);
   torch::Tensor raw_output, fulgor_output;
   auto raw = [&] {
-    auto net = raw_fit(initial, work);
+    auto net = raw_fit(initial, work, variant.optimizer);
     torch::NoGradGuard no_grad;
     raw_output = net->forward(probe);
   };

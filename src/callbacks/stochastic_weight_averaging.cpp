@@ -1,6 +1,7 @@
 #include "fulgor/callbacks/stochastic_weight_averaging.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/nn/modules/batchnorm.h>
 #include <torch/torch.h>
 

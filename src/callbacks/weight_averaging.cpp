@@ -1,6 +1,7 @@
 #include "fulgor/callbacks/weight_averaging.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/torch.h>
 
 #include <utility>

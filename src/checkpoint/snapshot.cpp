@@ -62,7 +62,7 @@ class HostCopier {
     if (value.isList()) {
       const auto list = value.toList();
       c10::impl::GenericList copied(list.elementType());
-      for (const c10::IValue& element : list) copied.push_back(copy(element));
+      for (const auto& element : list) copied.push_back(copy(element));  // the proxy itself: -Wdangling-reference
       return copied;
     }
     if (value.isGenericDict()) {

@@ -1,6 +1,7 @@
 #include "fulgor/data/image_transforms.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/torch.h>
 
 #include <algorithm>

@@ -17,6 +17,7 @@
 #include "fulgor/detail/compat.h"
 #include "fulgor/core/error.h"
 #include "fulgor/interop/torch_load.h"
+#include "fulgor/optim/step_kernels.h"
 
 // Note [torch.optim state in LibTorch]
 // torch.optim's SGD, Adam and AdamW and LibTorch's compute the same step
@@ -32,9 +33,12 @@
 //   float up to 2^24, far beyond any run.
 // - SGD without momentum keeps `momentum_buffer: None` in torch 1.13 and no
 //   state from 2.x; LibTorch keeps none either way.
-// - torch.optim's `maximize`, `foreach`, `fused`, `capturable` and
-//   `differentiable` have no LibTorch counterpart: only maximize changes the
-//   step, so only maximize=True is refused.
+// - torch.optim's `maximize`, `capturable` and `differentiable` have no
+//   LibTorch counterpart: only maximize changes the step, so only
+//   maximize=True is refused. `foreach` and `fused` are fulgor::Adam's,
+//   AdamW's and SGD's StepKernels: exported as they are set (None for
+//   LibTorch's own optimizers), and not imported, since they choose how a
+//   step is computed, not what it computes: an optimizer keeps its own.
 
 namespace fulgor {
 namespace {
@@ -185,11 +189,13 @@ ImportedGroup import_group(Kind kind, torch::optim::OptimizerParamGroup& into, c
   if (!ids.isList())
     throw InteropError(fmt::format("{}'s \"params\" is a {}, not a list of ids", where, ids.tagKind()));
   const auto& params = into.params();
-  if (ids.toListRef().size() != params.size())
+  // A view of the list's elements, which `ids` keeps alive.
+  const c10::ArrayRef<c10::IValue> id_list = ids.toListRef();
+  if (id_list.size() != params.size())
     throw InteropError(
-        fmt::format("{} has {} parameters, the optimizer's group {}", where, ids.toListRef().size(), params.size()));
+        fmt::format("{} has {} parameters, the optimizer's group {}", where, id_list.size(), params.size()));
   for (size_t i = 0; i < params.size(); ++i) {
-    const c10::IValue& id = ids.toListRef()[i];
+    const c10::IValue& id = id_list[i];
     if (!id.isInt()) throw InteropError(fmt::format("{}'s parameter {} has id {}, not an int", where, i, id.tagKind()));
     auto it = states.find(id);
     std::unique_ptr<torch::optim::OptimizerParamState> state;
@@ -216,12 +222,13 @@ void import_optimizer_state(torch::optim::Optimizer& optimizer, const c10::IValu
   const Dict states = dict_at(dict, "state", source + ": the optimizer state");
   c10::IValue groups = entry(dict, "param_groups", source + ": the optimizer state");
   auto& into = optimizer.param_groups();
-  if (!groups.isList() || groups.toListRef().size() != into.size())
+  const c10::ArrayRef<c10::IValue> group_list = groups.isList() ? groups.toListRef() : c10::ArrayRef<c10::IValue>();
+  if (!groups.isList() || group_list.size() != into.size())
     throw InteropError(fmt::format("{}: the optimizer state has {} param_groups, the optimizer {}", source,
-                                   groups.isList() ? groups.toListRef().size() : 0, into.size()));
+                                   group_list.size(), into.size()));
   std::vector<ImportedGroup> imported;
   for (size_t g = 0; g < into.size(); ++g) {
-    const c10::IValue& group = groups.toListRef()[g];
+    const c10::IValue& group = group_list[g];
     const std::string where = fmt::format("{}: param_groups[{}]", source, g);
     if (!group.isGenericDict()) throw InteropError(fmt::format("{} is a {}, not a dict", where, group.tagKind()));
     imported.push_back(import_group(kind, into[g], group.toGenericDict(), states, where));
@@ -249,7 +256,8 @@ namespace {
 c10::impl::GenericDict string_dict() { return c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get()); }
 
 // torch.optim's param_group: its hyper-parameters, then "params".
-c10::impl::GenericDict exported_group(Kind kind, const torch::optim::OptimizerOptions& options) {
+c10::impl::GenericDict exported_group(Kind kind, const torch::optim::OptimizerOptions& options,
+                                      const StepKernels* kernels) {
   auto group = string_dict();
   if (kind == Kind::sgd) {
     const auto& o = static_cast<const torch::optim::SGDOptions&>(options);
@@ -271,10 +279,12 @@ c10::impl::GenericDict exported_group(Kind kind, const torch::optim::OptimizerOp
     else
       fill(static_cast<const torch::optim::AdamOptions&>(options));
     group.insert("capturable", false);
-    group.insert("fused", c10::IValue());
   }
+  // torch 1.13's SGD has no "fused"; its Adam and AdamW have, None by default.
+  if (kind != Kind::sgd || (kernels && kernels->fused))
+    group.insert("fused", kernels ? c10::IValue(kernels->fused) : c10::IValue());
   group.insert("maximize", false);
-  group.insert("foreach", c10::IValue());
+  group.insert("foreach", kernels && kernels->foreach ? c10::IValue(*kernels->foreach) : c10::IValue());
   group.insert("differentiable", false);
   return group;
 }
@@ -312,7 +322,7 @@ c10::IValue export_optimizer_state(const torch::optim::Optimizer& optimizer) {
   c10::impl::GenericList groups(c10::AnyType::get());
   int64_t id = 0;
   for (const auto& group : optimizer.param_groups()) {
-    auto exported_group_dict = exported_group(kind, group.options());
+    auto exported_group_dict = exported_group(kind, group.options(), step_kernels_of(optimizer));
     c10::impl::GenericList ids(c10::AnyType::get());
     for (const torch::Tensor& param : group.params()) {
       if (const auto* state = detail::compat::optimizer_param_state(optimizer, param)) {

@@ -4,6 +4,7 @@
 #include <ATen/core/List.h>
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/types.h>
 
 #include <algorithm>

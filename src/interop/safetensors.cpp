@@ -1,6 +1,7 @@
 #include "fulgor/interop/safetensors.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <unistd.h>
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <filesystem>
@@ -363,6 +364,38 @@ TEST(XpuTrainer, LoggingADeviceTensorReadsItOnlyWhenLogsAreDue) {
     EXPECT_EQ(deferred->calls[i].first, immediate->calls[i].first);
     EXPECT_EQ(deferred->calls[i].second, immediate->calls[i].second) << "record " << i;
   }
+}
+
+// The Trainer's defaults show the logged loss on the progress bar: the bar
+// reads it when it draws a line, not at every step. 3 epochs of 16 steps,
+// a line every quarter of an epoch and at its end, logs due every 8th step.
+TEST(XpuTrainer, TheProgressBarReadsLoggedValuesOnlyForItsLines) {
+  if (const std::string why = xpu_cannot_train(); !why.empty()) GTEST_SKIP() << why;
+  load_runtime("xpu");
+  TempDir dir;
+  auto model = std::make_shared<LoggingRegression>(false);
+  auto g = at::detail::createCPUGenerator(3);
+  const torch::Tensor x = torch::randn({128, 4}, g);
+  TensorLoaderOptions loader_options;
+  loader_options.batch_size = 8;
+  TensorLoader loader(x, x.sum(1, true), loader_options);
+  std::ostringstream lines;
+  auto options = quiet("xpu", Devices(std::vector<int64_t>{1}), 3, dir);
+  options.loggers = {std::make_shared<testing::RecordingLogger>()};
+  options.log_every_n_steps = 8;
+  options.enable_progress_bar = true;
+  options.callbacks = {std::make_shared<ProgressBar>(&lines, /*refresh_lines=*/25, /*terminal=*/false, 0.0)};
+  Trainer trainer(options);
+  const int64_t before = xpu_host_reads();
+  trainer.fit(*model, loader);
+  const int64_t reads = xpu_host_reads() - before;
+  const std::string text = lines.str();
+  const auto drawn = static_cast<int64_t>(std::count(text.begin(), text.end(), '\n'));
+  EXPECT_GE(drawn, 3 * 4) << text;
+  EXPECT_NE(text.find("loss_step="), std::string::npos) << text;
+  // Each line, due step and epoch end may read once; the 48 steps do not.
+  EXPECT_LE(reads, drawn + 3 * 2 + 3) << text;
+  EXPECT_LT(reads, 48);
 }
 
 // ---- Seeds and memory statistics on the devices ------------------------------
