@@ -108,8 +108,8 @@ suite_result() { grep -E 'tests passed' "$1" | tail -n 1; }
 # checkpoints, callbacks, loggers) under ASan, LeakSanitizer and UBSan, built
 # at -O1 in a folder of its own. Each test executable runs as one process,
 # which loads LibTorch under ASan once. The SIGKILL test is left out: it
-# restarts a writer 30 times within a minute, which a writer starting under
-# ASan cannot keep to, and it checks files, not memory. Prints what
+# restarts a writer up to 30 times, each starting LibTorch, slow under ASan,
+# and it checks files, not memory. Prints what
 # timed_stage prints.
 run_sanitized_suite() {
   cd "$1"

@@ -43,9 +43,10 @@ int main(int argc, char** argv) {
     defaults.max_epochs = 1;
     defaults.limit_train_batches = 100;
     defaults.default_root_dir = "autoencoder_logs";
-    auto cli = fulgor::parse_command_line(argc, argv, defaults);
+    const nlohmann::json sections = {{"data", {{"dir", fashion_mnist::kDefaultDir}}}};
+    auto cli = fulgor::parse_command_line(argc, argv, defaults, sections);
     if (cli.help_requested) {
-      std::cout << fulgor::command_line_help(argv[0], defaults) << "\nData: --data.dir=DIR\n";
+      std::cout << fulgor::command_line_help(argv[0], defaults, sections);
       return 0;
     }
     fulgor::seed_everything(cli.trainer.seed.value_or(0));

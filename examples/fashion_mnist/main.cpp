@@ -123,10 +123,12 @@ int main(int argc, char** argv) {
     fulgor::TrainerOptions defaults;
     defaults.max_epochs = 4;
     defaults.default_root_dir = "fashion_mnist_logs";
-    auto cli = fulgor::parse_command_line(argc, argv, defaults);
+    // The program's own options: a key not declared here is refused (--model.archh=mlp).
+    const nlohmann::json sections = {{"model", {{"arch", "cnn"}, {"lr", 1e-3}}},
+                                     {"data", {{"batch_size", 128}, {"dir", fashion_mnist::kDefaultDir}}}};
+    auto cli = fulgor::parse_command_line(argc, argv, defaults, sections);
     if (cli.help_requested) {
-      std::cout << fulgor::command_line_help(argv[0], defaults)
-                << "\nModel and data: --model.arch=cnn|mlp --model.lr=0.001 --data.batch_size=128 --data.dir=DIR\n";
+      std::cout << fulgor::command_line_help(argv[0], defaults, sections) << "\n--model.arch is cnn or mlp.\n";
       return 0;
     }
     const auto arch = cli.get<std::string>("model", "arch", "cnn");

@@ -128,10 +128,11 @@ int main(int argc, char** argv) {
     fulgor::TrainerOptions defaults;
     defaults.max_epochs = 5;
     defaults.default_root_dir = "gan_logs";
-    auto cli = fulgor::parse_command_line(argc, argv, defaults);
+    const nlohmann::json sections = {{"model", {{"latent_dim", 64}, {"lr", 2e-4}}},
+                                     {"data", {{"batch_size", 128}, {"dir", fashion_mnist::kDefaultDir}}}};
+    auto cli = fulgor::parse_command_line(argc, argv, defaults, sections);
     if (cli.help_requested) {
-      std::cout << fulgor::command_line_help(argv[0], defaults)
-                << "\nModel and data: --model.latent_dim=64 --model.lr=0.0002 --data.batch_size=128 --data.dir=DIR\n";
+      std::cout << fulgor::command_line_help(argv[0], defaults, sections);
       return 0;
     }
     const auto latent_dim = cli.get<int64_t>("model", "latent_dim", 64);

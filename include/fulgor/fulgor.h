@@ -1,6 +1,10 @@
 #pragma once
 
-// Everything fulgor offers, for programs that do not want to pick headers.
+// Everything fulgor offers, for programs that do not want to pick headers,
+// and LibTorch's C++ API (torch::nn, torch::optim, torch::data), which every
+// program that defines and trains a module uses.
+
+#include <torch/torch.h>
 
 #include "fulgor/core/accelerator.h"
 #include "fulgor/core/batch.h"

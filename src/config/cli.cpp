@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "fulgor/core/error.h"
+#include "config/closest_name.h"
 #include "config/json_input.h"
 
 namespace fulgor {
@@ -52,8 +53,48 @@ json read_config(const std::string& path) {
   return std::move(config.value);
 }
 
-void apply_config(CommandLine& result, const json& config, const std::string& path) {
+std::vector<std::string> keys_of(const json& object) {
+  std::vector<std::string> keys;
+  for (const auto& item : object.items()) keys.push_back(item.key());
+  return keys;
+}
+
+// The program's declared sections (null: none declared, every section kept as given).
+void check_declared(const json& declared) {
+  if (declared.is_null()) return;
+  bool objects = declared.is_object();
+  for (const auto& section : declared.items()) objects = objects && section.value().is_object();
+  if (!objects || declared.contains("trainer"))
+    throw ConfigError(fmt::format(
+        "the program's sections must be a JSON object of sections other than \"trainer\", each an object of "
+        "keys and their defaults, not {}",
+        detail::json_for_message(declared)));
+}
+
+// Throws (`where` first) unless the declared sections, if any, have `section`
+// (and `key`, when not empty).
+void check_known(const json& declared, const std::string& section, const std::string& key, const std::string& where) {
+  if (declared.is_null()) return;
+  if (!declared.contains(section)) {
+    std::vector<std::string> known = keys_of(declared);
+    known.insert(known.begin(), "trainer");
+    throw ConfigError(fmt::format("{}: {}", where, detail::unknown_name_message("section", section, known)));
+  }
+  if (!key.empty() && !declared[section].contains(key))
+    throw ConfigError(fmt::format("{}: {}", where,
+                                  detail::unknown_name_message(section + " option", key, keys_of(declared[section]))));
+}
+
+void apply_config(CommandLine& result, const json& config, const std::string& path, const json& declared) {
   for (const auto& section : config.items()) {
+    if (section.key() != "trainer" && !declared.is_null()) {
+      const std::string where = fmt::format("--config {}", path);
+      check_known(declared, section.key(), "", where);
+      if (!section.value().is_object())
+        throw ConfigError(fmt::format("{}: section \"{}\" must be an object of its keys, not {}", where,
+                                      section.key(), detail::json_for_message(section.value())));
+      for (const auto& item : section.value().items()) check_known(declared, section.key(), item.key(), where);
+    }
     if (section.key() == "trainer") {
       try {
         from_json(section.value(), result.trainer);
@@ -78,9 +119,11 @@ json section_value(const std::string& name, const std::string& text) {
 
 }  // namespace
 
-CommandLine parse_command_line(int argc, const char* const* argv, TrainerOptions defaults) {
+CommandLine parse_command_line(int argc, const char* const* argv, TrainerOptions defaults, const json& sections) {
+  check_declared(sections);
   CommandLine result;
   result.trainer = std::move(defaults);
+  if (!sections.is_null()) result.sections = sections;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--help" || arg == "-h") {
@@ -103,7 +146,7 @@ CommandLine parse_command_line(int argc, const char* const* argv, TrainerOptions
     if (!has_value) throw ConfigError(fmt::format("argument '{}' needs a value", arg));
     if (name == "config") {
       // A path is bytes to the system, UTF-8 or not.
-      apply_config(result, read_config(value), value);
+      apply_config(result, read_config(value), value, sections);
       continue;
     }
     // Options become JSON strings, which must be UTF-8.
@@ -123,6 +166,7 @@ CommandLine parse_command_line(int argc, const char* const* argv, TrainerOptions
         throw ConfigError(fmt::format("--{}: {}", name, e.what()));
       }
     } else {
+      check_known(sections, section, key, "--" + name);
       // A section a config file gave as a single value is replaced by one of keys, as later arguments win.
       json& held = result.sections[section];
       if (!held.is_object()) held = json::object();
@@ -143,7 +187,8 @@ void throw_unreadable_section_value(const std::string& section, const std::strin
 }
 }  // namespace detail
 
-std::string command_line_help(const std::string& program, const TrainerOptions& defaults) {
+std::string command_line_help(const std::string& program, const TrainerOptions& defaults, const json& sections) {
+  check_declared(sections);
   std::ostringstream out;
   out << "usage: " << program
       << " [--config FILE.json] [--trainer.<option>=<value> ...] [--<section>.<key>=<value> ...]\n\n"
@@ -152,6 +197,13 @@ std::string command_line_help(const std::string& program, const TrainerOptions& 
   for (const auto& name : trainer_option_names())
     out << fmt::format("  --trainer.{:<26} [{}]\n", name,
                        values[name].dump(-1, ' ', false, json::error_handler_t::replace));
+  if (sections.is_null()) return out.str();
+  for (const auto& section : sections.items()) {
+    out << fmt::format("\nThe {} section:\n", section.key());
+    for (const auto& item : section.value().items())
+      out << fmt::format("  --{:<34} [{}]\n", section.key() + "." + item.key(),
+                         item.value().dump(-1, ' ', false, json::error_handler_t::replace));
+  }
   return out.str();
 }
 

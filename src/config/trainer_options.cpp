@@ -15,6 +15,7 @@
 #include "fulgor/profiler.h"
 #include "fulgor/config/seed.h"
 #include "fulgor/distributed/strategy.h"
+#include "config/closest_name.h"
 #include "config/json_input.h"
 
 namespace fulgor {
@@ -244,8 +245,7 @@ const std::vector<Field>& fields() {
 const Field& find_field(const std::string& key) {
   for (const auto& f : fields())
     if (key == f.name) return f;
-  throw ConfigError(
-      fmt::format("unknown trainer option '{}'; known options: {}", key, fmt::join(trainer_option_names(), ", ")));
+  throw ConfigError(detail::unknown_name_message("trainer option", key, trainer_option_names()));
 }
 
 bool parse_integer(const std::string& text, int64_t& out) {

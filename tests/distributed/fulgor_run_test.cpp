@@ -57,23 +57,29 @@ TEST(FulgorRun, ReportsAFailingRankAndStopsTheOthers) {
   EXPECT_FALSE(std::filesystem::exists(dir / "finished_rank2"));
 }
 
+// fulgor-run's ranks, once it has started both (it handles signals from
+// before the first); empty when it has not within a minute, a bound for a
+// loaded machine.
+std::vector<pid_t> both_ranks(const Child& run) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  for (;;) {
+    std::ifstream children("/proc/" + std::to_string(run.pid()) + "/task/" + std::to_string(run.pid()) + "/children");
+    std::vector<pid_t> pids;
+    for (pid_t pid; children >> pid;) pids.push_back(pid);
+    if (pids.size() == 2) return pids;
+    if (std::chrono::steady_clock::now() > deadline) return {};
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
 TEST(FulgorRun, ReportsARankKilledBySignal) {
   fulgor::test::TempDir dir;
   Child run({FULGOR_RUN_PATH, "--nproc-per-node", "2", "--", FULGOR_DISTRIBUTED_WORKER, "sleep", dir.str()}, {},
             dir / "log");
-  // Wait for both ranks to exist, then kill the second one (the youngest child).
-  pid_t victim = -1;
-  for (int attempt = 0; attempt < 500 && victim < 0; ++attempt) {
-    std::ifstream children("/proc/" + std::to_string(run.pid()) + "/task/" + std::to_string(run.pid()) + "/children");
-    std::vector<pid_t> pids;
-    for (pid_t pid; children >> pid;) pids.push_back(pid);
-    if (pids.size() == 2)
-      victim = pids[1];
-    else
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  ASSERT_GT(victim, 0) << "fulgor-run did not start 2 ranks";
-  kill(victim, SIGKILL);
+  // Kill the second rank (the youngest child).
+  const std::vector<pid_t> ranks = both_ranks(run);
+  ASSERT_EQ(ranks.size(), 2u) << "fulgor-run did not start 2 ranks";
+  kill(ranks[1], SIGKILL);
   const auto status = run.wait(std::chrono::seconds(50));
   const std::string log = run.log();
   ASSERT_TRUE(fulgor::test::exited_with(status, 128 + SIGKILL)) << log;
@@ -84,7 +90,9 @@ TEST(FulgorRun, ForwardsSigterm) {
   fulgor::test::TempDir dir;
   Child run({FULGOR_RUN_PATH, "--nproc-per-node", "2", "--", FULGOR_DISTRIBUTED_WORKER, "sleep", dir.str()}, {},
             dir / "log");
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  // Not before it has started the ranks: a SIGTERM before fulgor-run handles
+  // it would end it as the signal's default does.
+  ASSERT_EQ(both_ranks(run).size(), 2u) << "fulgor-run did not start 2 ranks";
   run.signal(SIGTERM);
   const auto status = run.wait(std::chrono::seconds(50));
   ASSERT_TRUE(fulgor::test::exited_with(status, 128 + SIGTERM)) << run.log();

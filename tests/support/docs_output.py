@@ -2,7 +2,7 @@
 
     docs_output.py MARKDOWN MARKER [--loose NAME:WORDS]... -- COMMAND [ARGS...]
 
-The sample is the first ``` block after the line MARKER in MARKDOWN. The
+The sample is the ``` block right after the line MARKER in MARKDOWN. The
 "LibTorch X.Y.Z" in it stands for the LibTorch the program runs on. A line
 that starts with a --loose NAME says what depends on the machine and the
 LibTorch version beyond its first WORDS words (fulgor-info's reasons, the
@@ -12,16 +12,12 @@ import re
 import subprocess
 import sys
 
+from markdown_blocks import marked
+
 
 def sample(markdown, marker):
-    text = open(markdown, encoding="utf-8").read()
-    at = text.find(marker)
-    if at < 0:
-        sys.exit(f"{markdown} has no line '{marker}'")
-    block = re.search(r"\n```[a-z]*\n(.*?)\n```", text[at:], re.S)
-    if not block:
-        sys.exit(f"{markdown} has no ``` block after '{marker}'")
-    return [line for line in block.group(1).split("\n") if not line.startswith("$ ")]
+    code = marked(markdown, marker).code.rstrip("\n")
+    return [line for line in code.split("\n") if not line.startswith("$ ")]
 
 
 def main():

@@ -362,7 +362,8 @@ TEST(Callbacks, ProgressBarWritesPlainLinesAsTheirTimeComes) {
 
 // A resumed epoch's rate counts only its own batches: 20 batches of 20 ms
 // or more after 200 restored ones run at 50 batches a second at most, and
-// their line comes once 0.3 s have passed, not after the epoch's end.
+// their first line comes once 0.3 s have passed, before the epoch's end (a
+// loaded machine, slower, may write more than one).
 TEST(Callbacks, ProgressBarRateOfAResumedEpochCountsItsOwnBatches) {
   TempDir dir;
   const std::string path = (dir.path / "mid.ckpt").string();
@@ -392,10 +393,12 @@ TEST(Callbacks, ProgressBarRateOfAResumedEpochCountsItsOwnBatches) {
     counts.push_back(std::stoi(m[1]));
     EXPECT_LE(std::stod(m[2]), 50.5) << one;
   }
-  ASSERT_EQ(counts.size(), 2u) << out.str();
+  ASSERT_GE(counts.size(), 2u) << out.str();
   EXPECT_GT(counts[0], 200);
-  EXPECT_LT(counts[0], 220);
-  EXPECT_EQ(counts[1], 220);
+  EXPECT_TRUE(std::is_sorted(counts.begin(), counts.end()) &&
+              std::adjacent_find(counts.begin(), counts.end()) == counts.end())
+      << out.str();
+  EXPECT_EQ(counts.back(), 220);
 }
 
 TEST(Callbacks, ProgressBarWritesALineOnceWhenTheEpochStopsRightAfterIt) {

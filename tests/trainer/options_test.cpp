@@ -88,10 +88,10 @@ TEST(TrainerOptionsJson, RejectsUnknownKeysAndIllTypedValues) {
   EXPECT_NE(message(json::array()).find("JSON object"), std::string::npos);
 }
 
-CommandLine parse(std::vector<std::string> args, TrainerOptions defaults = {}) {
+CommandLine parse(std::vector<std::string> args, TrainerOptions defaults = {}, const json& sections = nullptr) {
   std::vector<const char*> argv = {"prog"};
   for (const auto& a : args) argv.push_back(a.c_str());
-  return parse_command_line(static_cast<int>(argv.size()), argv.data(), defaults);
+  return parse_command_line(static_cast<int>(argv.size()), argv.data(), defaults, sections);
 }
 
 TEST(TrainerOptionsCommandLine, UseDistributedSamplerIsOnByDefault) {
@@ -163,6 +163,71 @@ TEST(TrainerOptionsCommandLine, RejectsBadInputNamingTheKey) {
   EXPECT_NE(message({"--config", "/nonexistent/run.json"}).find("/nonexistent/run.json"), std::string::npos);
   EXPECT_TRUE(parse({"--help"}).help_requested);
   EXPECT_NE(command_line_help("prog").find("--trainer.max_epochs"), std::string::npos);
+}
+
+TEST(TrainerOptionsCommandLine, AnUnknownTrainerOptionNamesTheNearestOne) {
+  auto message = [](const std::string& arg) {
+    try {
+      parse({arg});
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(message("--trainer.acclerator=cpu"),
+            "--trainer.acclerator: unknown trainer option 'acclerator'; did you mean 'accelerator'?");
+  EXPECT_EQ(message("--trainer.max_epcohs=3"),  // two letters swapped: one edit
+            "--trainer.max_epcohs: unknown trainer option 'max_epcohs'; did you mean 'max_epochs'?");
+  // Nothing near: every option is listed.
+  const std::string far = message("--trainer.learning_rate=0.1");
+  EXPECT_EQ(far.find("did you mean"), std::string::npos) << far;
+  EXPECT_NE(far.find("known: accelerator, "), std::string::npos) << far;
+  // A config file's key too.
+  TempDir dir;
+  const std::string config = (dir.path / "run.json").string();
+  std::ofstream(config) << R"({"trainer": {"devics": 2}})";
+  EXPECT_EQ(message("--config=" + config),
+            "--config " + config + ": unknown trainer option 'devics'; did you mean 'devices'?");
+}
+
+// A program that declares its sections has a typo in them refused as one in
+// the trainer's, instead of silently running with the default.
+TEST(TrainerOptionsCommandLine, DeclaredSectionsRefuseUnknownKeysNamingTheNearestOne) {
+  const json sections = {{"model", {{"arch", "cnn"}, {"lr", 1e-3}}}, {"data", {{"batch_size", 128}}}};
+  auto message = [&](std::vector<std::string> args) {
+    try {
+      parse(args, {}, sections);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(message({"--model.archh=mlp"}), "--model.archh: unknown model option 'archh'; did you mean 'arch'?");
+  EXPECT_EQ(message({"--modle.arch=mlp"}), "--modle.arch: unknown section 'modle'; did you mean 'model'?");
+  EXPECT_EQ(message({"--optimizer.lr=1"}), "--optimizer.lr: unknown section 'optimizer'; known: trainer, data, model");
+  EXPECT_EQ(message({"--data.workers=4"}), "--data.workers: unknown data option 'workers'; known: batch_size");
+
+  TempDir dir;
+  const std::string config = (dir.path / "run.json").string();
+  std::ofstream(config) << R"({"model": {"arch": "mlp", "lrr": 0.1}})";
+  EXPECT_EQ(message({"--config", config}),
+            "--config " + config + ": unknown model option 'lrr'; did you mean 'lr'?");
+  std::ofstream(config) << R"({"data": 5})";
+  EXPECT_NE(message({"--config", config}).find("section \"data\" must be an object of its keys"), std::string::npos);
+
+  // Declared keys take values as before; their defaults are what get() finds.
+  const CommandLine cli = parse({"--model.arch=mlp", "--data.batch_size=64"}, {}, sections);
+  EXPECT_EQ(cli.get<std::string>("model", "arch", ""), "mlp");
+  EXPECT_EQ(cli.get<int64_t>("data", "batch_size", 0), 64);
+  EXPECT_DOUBLE_EQ(cli.get<double>("model", "lr", 0), 1e-3);
+  const std::string help = command_line_help("prog", {}, sections);
+  EXPECT_NE(help.find("--model.arch"), std::string::npos) << help;
+  EXPECT_NE(help.find("[\"cnn\"]"), std::string::npos) << help;
+  // Sections must be objects of keys, and "trainer" is the Trainer's.
+  EXPECT_THROW(parse({}, {}, json{{"trainer", json::object()}}), ConfigError);
+  EXPECT_THROW(parse({}, {}, json{{"model", 3}}), ConfigError);
+  // Undeclared, every section is the program's to read, as before.
+  EXPECT_EQ(parse({"--anything.at_all=1"}).get<int>("anything", "at_all", 0), 1);
 }
 
 std::string rejection(std::vector<std::string> args) {

@@ -41,7 +41,9 @@ TEST(Profiler, TimesTheTrainingStepAndEachHook) {
   auto train = sequential_loader(40, 8);  // 5 batches
   Trainer trainer(options);
   ::testing::internal::CaptureStdout();
+  const auto started = std::chrono::steady_clock::now();
   trainer.fit(model, train);
+  const double fit_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   ::testing::internal::GetCapturedStdout();
   ASSERT_NE(trainer.profiler(), nullptr);
 
@@ -49,7 +51,8 @@ TEST(Profiler, TimesTheTrainingStepAndEachHook) {
   EXPECT_EQ(step.calls, 10);
   const double nap = std::chrono::duration<double>(kNap).count();
   EXPECT_GE(step.total_seconds, 10 * nap);
-  EXPECT_LT(step.total_seconds, 10 * nap + 2.0);  // slack for a busy machine
+  // Each step counted once, however busy the machine: within the fit's own time.
+  EXPECT_LE(step.total_seconds, fit_seconds);
   EXPECT_NEAR(step.mean_seconds(), step.total_seconds / 10, 1e-12);
   // The step runs inside the batch, which runs inside the epoch.
   EXPECT_GE(recorded(trainer, "run_training_batch").total_seconds, step.total_seconds);

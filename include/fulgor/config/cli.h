@@ -21,9 +21,13 @@ namespace fulgor {
 /// and config files. `--<section>.<key>=<value>` sets one option: trainer keys
 /// are checked against TrainerOptions at once; other sections are kept as JSON
 /// for the program (a value that parses as JSON is stored as such, otherwise as
-/// a string). `--help` sets help_requested; the library never exits.
+/// a string). A program may declare its own sections and their keys (see
+/// parse_command_line); then a section or a key it did not declare is refused
+/// too. `--help` sets help_requested; the library never exits.
 ///
-/// Ensures: throws ConfigError naming the argument for an unknown trainer key,
+/// Ensures: throws ConfigError naming the argument for an unknown trainer key
+/// or declared section's key (and the known name nearest to it by edit
+/// distance, "did you mean 'accelerator'?", when one is that near),
 /// an ill-typed value (naming the expected type), a missing value, an unreadable
 /// or malformed config file (a folder, not JSON, nested deeper than 256 levels,
 /// an integer beyond 64 bits), an option or value that is not UTF-8, or an
@@ -78,9 +82,21 @@ T CommandLine::get(const std::string& section, const std::string& key, T fallbac
 }
 
 /// Parses `argv[1..argc)` onto `defaults` (the program's own trainer defaults).
-CommandLine parse_command_line(int argc, const char* const* argv, TrainerOptions defaults = {});
+/// `sections`, when not null, declares the program's own sections, each an
+/// object of its keys and their defaults:
+///
+///   {{"model", {{"arch", "cnn"}, {"lr", 1e-3}}}, {"data", {{"batch_size", 128}}}}
+///
+/// The defaults start CommandLine::sections, and a section or a key that is not
+/// declared, on the command line or in a config file, is a ConfigError naming
+/// the nearest declared one; a declared section must be given an object of
+/// keys. Null (the default) keeps every other section as given, unchecked.
+CommandLine parse_command_line(int argc, const char* const* argv, TrainerOptions defaults = {},
+                               const nlohmann::json& sections = nullptr);
 
-/// A usage text listing every trainer option with its default.
-std::string command_line_help(const std::string& program, const TrainerOptions& defaults = {});
+/// A usage text listing every trainer option with its default, and the
+/// program's declared sections' keys with theirs.
+std::string command_line_help(const std::string& program, const TrainerOptions& defaults = {},
+                              const nlohmann::json& sections = nullptr);
 
 }  // namespace fulgor

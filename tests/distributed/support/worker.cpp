@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <string>
@@ -181,9 +182,20 @@ void scenario_nosync(const Context& c) {
                           {"buckets", torch::tensor(sync.bucket_count())}});
 }
 
+// Returns once every rank has started (LibTorch loaded): the group of a short
+// timeout is made after it, so that a rank slow to start on a loaded machine
+// is not taken for one that died. The test's own bound stops a hang.
+void wait_for_every_rank(const Context& c) {
+  auto started = [&](int64_t rank) { return c.out + "/started_rank" + std::to_string(rank); };
+  std::ofstream(started(c.env.rank)).close();
+  for (int64_t rank = 0; rank < c.env.world_size; ++rank)
+    while (!std::filesystem::exists(started(rank))) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+}
+
 // One good step; then the last rank dies ("kill") or freezes ("stop"), and the
 // others keep training until a collective fails.
 void scenario_die(const Context& c, const std::string& mode, int64_t timeout_ms) {
+  wait_for_every_rank(c);
   fulgor::ProcessGroup group = make_group(c, std::chrono::milliseconds(timeout_ms));
   auto model = fulgor::test::make_model(fulgor::test::init_seed(0));
   fulgor::GradientSynchronizer sync(group, *model);

@@ -1,0 +1,42 @@
+# Installs the fulgor build into a scratch prefix and builds a copy of each
+# example of examples/ from its own folder against it, as a user who copied
+# them would (find_package(fulgor) must bring what fulgor's headers need; an
+# example links what it uses itself; nothing warns), then starts each program
+# once to see that it loads. Run with cmake -P; see tests/CMakeLists.txt.
+file(REMOVE_RECURSE ${WORK_DIR})
+function(run)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "failed (${rc}): ${ARGN}\n${out}\n${err}")
+  endif()
+  set(out "${out}" PARENT_SCOPE)
+  set(err "${err}" PARENT_SCOPE)
+endfunction()
+
+run(${CMAKE_COMMAND} --install ${FULGOR_BINARY_DIR} --prefix ${WORK_DIR}/prefix)
+# examples/ whole: the GAN and the autoencoder read Fashion-MNIST with
+# fashion_mnist's reader.
+file(COPY ${FULGOR_SOURCE_DIR}/examples DESTINATION ${WORK_DIR})
+string(REPLACE "|" ";" cmake_arguments "${CMAKE_ARGUMENTS}")
+foreach(example fashion_mnist autoencoder gan image_folder)
+  set(build ${WORK_DIR}/build/${example})
+  run(${CMAKE_COMMAND} -S ${WORK_DIR}/examples/${example} -B ${build} -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix
+      ${cmake_arguments})
+  # find_package(fulgor) configures without a warning (Note [Debian's kineto]).
+  if(err MATCHES "CMake Warning")
+    message(FATAL_ERROR "configuring ${example} against the installed fulgor warns:\n${err}")
+  endif()
+  run(${CMAKE_COMMAND} --build ${build})
+  if(example STREQUAL "image_folder")
+    execute_process(COMMAND ${build}/${example} RESULT_VARIABLE rc ERROR_VARIABLE out)
+    if(NOT rc EQUAL 2 OR NOT out MATCHES "^usage: image_folder DATA_DIR WORK_DIR")
+      message(FATAL_ERROR "${example}, built out of tree, does not start (${rc}):\n${out}")
+    endif()
+  else()
+    run(${build}/${example} --help)
+    if(NOT out MATCHES "--trainer.max_epochs")
+      message(FATAL_ERROR "${example} --help, built out of tree, prints no options:\n${out}")
+    endif()
+  endif()
+  message(STATUS "${example}: built from a copy of its folder against the installed fulgor, and starts")
+endforeach()
