@@ -44,6 +44,7 @@
 #include "fulgor/distributed/process_group.h"
 #include "fulgor/distributed/sampler.h"
 #include "fulgor/core/error.h"
+#include "fulgor/fabric/fabric.h"
 #include "fulgor/interop/lightning_checkpoint.h"
 #include "fulgor/interop/optimizer_state.h"
 #include "fulgor/interop/safetensors.h"
