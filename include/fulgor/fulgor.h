@@ -52,6 +52,7 @@
 #include "fulgor/interop/torch_load.h"
 #include "fulgor/interop/torch_save.h"
 #include "fulgor/interop/weights_file.h"
+// fulgor/jit/torchscript_module.h is left out: it brings in all of LibTorch's TorchScript headers.
 #include "fulgor/loggers/logger.h"
 #include "fulgor/loggers/tensorboard.h"
 #include "fulgor/optim/manual_optimizer.h"
