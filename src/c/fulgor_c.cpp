@@ -288,7 +288,8 @@ fulgor_status fulgor_train(fulgor_model* handle, const void* input, fulgor_dtype
     fulgor::Fabric& fabric = *model.fabric;
     const torch::Tensor x = view_of(model, input, input_dtype, input_shape, input_rank, "input");
     const torch::Tensor y = view_of(model, label, label_dtype, label_shape, label_rank, "label");
-    model.module->train();
+    // Setting the script module's mode walks all its submodules: only on a change.
+    if (!model.module->is_training()) model.module->train();
     model.optimizer->zero_grad();
     torch::Tensor value;
     {
@@ -312,7 +313,7 @@ fulgor_status fulgor_predict(fulgor_model* handle, const void* input, fulgor_dty
     const torch::Tensor x = view_of(model, input, input_dtype, input_shape, input_rank, "input");
     torch::Tensor out = view_of(model, output, output_dtype, output_shape, output_rank, "output");
     torch::NoGradGuard no_grad;
-    model.module->eval();
+    if (model.module->is_training()) model.module->eval();
     torch::Tensor prediction;
     {
       auto autocast = model.fabric->autocast();
