@@ -1,6 +1,6 @@
 # Shared by .ci/run and the quick start. Sourced, not run.
 
-FULGOR_PACKAGES="libtorch-dev libfmt-dev nlohmann-json3-dev libgtest-dev libgloo-dev libopenblas0 zlib1g-dev libxxhash-dev xxhash dataset-fashion-mnist cmake g++ make git protobuf-compiler python3 python3-torch libturbojpeg0-dev libpng-dev"
+FULGOR_PACKAGES="libtorch-dev libfmt-dev nlohmann-json3-dev libgtest-dev libgloo-dev libopenblas0 zlib1g-dev libxxhash-dev xxhash dataset-fashion-mnist cmake g++ make git protobuf-compiler python3 python3-torch gfortran libturbojpeg0-dev libpng-dev"
 # What CI adds to a user's machine: a compiler cache and Ninja (ci_environment).
 FULGOR_CI_PACKAGES="ccache ninja-build"
 

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "fulgor/data/tensor_loader.h"
+#include "fulgor/fabric/fabric.h"
 #include "fulgor/module.h"
 #include "fulgor/optim/adam.h"
 #include "fulgor/trainer.h"
@@ -69,6 +70,25 @@ torch::nn::Sequential raw_fit(const torch::nn::Sequential& initial, const Worklo
       auto loss = torch::nn::functional::cross_entropy(net->forward(work.data.narrow(0, start, kBatch)),
                                                        work.targets.narrow(0, start, kBatch));
       loss.backward();
+      optimizer.step();
+    }
+  return net;
+}
+
+torch::nn::Sequential fabric_fit(const torch::nn::Sequential& initial, const Workload& work) {
+  Fabric fabric({.accelerator = "cpu", .devices = 1});
+  fabric.launch();
+  auto net = copy_of(initial);
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.01));
+  auto optimizer = fabric.setup(net, sgd);
+  TensorLoaderOptions loader_options;
+  loader_options.batch_size = kBatch;
+  loader_options.drop_last = true;
+  auto loader = fabric.setup_dataloaders(TensorLoader(work.data, work.targets, loader_options));
+  for (int64_t epoch = 0; epoch < work.epochs; ++epoch)
+    for (auto& batch : loader) {
+      optimizer.zero_grad();
+      fabric.backward(torch::nn::functional::cross_entropy(net->forward(batch.data), batch.target));
       optimizer.step();
     }
   return net;

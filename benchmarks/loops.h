@@ -1,8 +1,9 @@
 #pragma once
 
-// The two sides of the overhead measurements: a hand-written LibTorch loop and
-// the same training through fulgor::Trainer. Both start from a copy of the same
-// network and see the same batches in the same order.
+// The sides of the overhead measurements: a hand-written LibTorch loop, the
+// same training through fulgor::Trainer, and the loop run by fulgor::Fabric.
+// All start from a copy of the same network and see the same batches in the
+// same order.
 
 #include <torch/torch.h>
 
@@ -26,6 +27,7 @@ struct Variant {
   // and fulgor::Adam(1e-3) with `kernels` in the Trainer.
   std::string optimizer = "sgd";
   StepKernels kernels;
+  bool fabric = false;   // the hand-written loop run by fulgor::Fabric instead of the Trainer
 };
 
 /// The data of a run: `epochs` passes over data/targets in order, batch kBatch.
@@ -47,5 +49,9 @@ torch::nn::Sequential raw_fit(const torch::nn::Sequential& initial, const Worklo
 /// variant's optimizer, writing under `root_dir` (checkpoints); returns the trained copy.
 torch::nn::Sequential fulgor_fit(const torch::nn::Sequential& initial, const Workload& work, const Variant& variant,
                                  const std::string& root_dir);
+
+/// The hand-written loop of raw_fit, converted to fulgor::Fabric on one CPU
+/// device: the Fabric side of the overhead measurements.
+torch::nn::Sequential fabric_fit(const torch::nn::Sequential& initial, const Workload& work);
 
 }  // namespace fulgor::bench

@@ -67,7 +67,9 @@ const std::vector<Variant>& variants() {
                              // Its report is printed (to the quieted stdout) after each fit.
                              {"profiler \"simple\"", false, 0, false, "32", "simple"},
                              // Against the hand-written loop's torch::optim::Adam.
-                             {"foreach Adam", false, 0, false, "32", "", "adam", foreach_kernels(false)}};
+                             {"foreach Adam", false, 0, false, "32", "", "adam", foreach_kernels(false)},
+                             // The hand-written loop converted to Fabric, against itself.
+                             {"Fabric loop", false, 0, false, "32", "", "sgd", {}, true}};
     // LibTorch's CPU fused kernels came with 2.4.
     if (FULGOR_TORCH_AT_LEAST(2, 4))
       out.push_back({"fused Adam", false, 0, false, "32", "", "adam", foreach_kernels(true)});
@@ -114,7 +116,7 @@ Measured measure(const ModelSpec& spec, const Variant& variant, int repeats, boo
     raw_output = net->forward(probe);
   };
   auto through_fulgor = [&] {
-    auto net = fulgor_fit(initial, work, variant, root);
+    auto net = variant.fabric ? fabric_fit(initial, work) : fulgor_fit(initial, work, variant, root);
     torch::NoGradGuard no_grad;
     fulgor_output = net->forward(probe);
   };
@@ -197,6 +199,7 @@ void overhead_benchmark(Report& report, const Settings& settings) {
         report.figures["overhead_ratio_" + spec.key] = ratio;
         if (spec.key == "linear") report.figures["overhead_us_tiny_barebones"] = own;
       }
+      if (variant.fabric) report.figures["overhead_ratio_" + spec.key + "_fabric"] = ratio;
       if (!variant.profiler.empty() && spec.key == "linear") report.figures["overhead_us_tiny_profiler"] = own;
       if (variant.name == "progress bar + log()") {
         report.figures["overhead_ratio_" + spec.key + "_logging"] = ratio;

@@ -48,6 +48,7 @@
 #include "fulgor/distributed/process_group.h"
 #include "fulgor/distributed/sampler.h"
 #include "fulgor/core/error.h"
+#include "fulgor/fabric/fabric.h"
 #include "fulgor/interop/lightning_checkpoint.h"
 #include "fulgor/interop/optimizer_state.h"
 #include "fulgor/interop/safetensors.h"
@@ -55,6 +56,7 @@
 #include "fulgor/interop/torch_load.h"
 #include "fulgor/interop/torch_save.h"
 #include "fulgor/interop/weights_file.h"
+// fulgor/jit/torchscript_module.h is left out: it brings in all of LibTorch's TorchScript headers.
 #include "fulgor/loggers/logger.h"
 #include "fulgor/loggers/tensorboard.h"
 #include "fulgor/optim/adam.h"

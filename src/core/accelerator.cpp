@@ -8,8 +8,8 @@
 #include <algorithm>
 #include <mutex>
 
-#include "fulgor/core/error.h"
 #include "detail/tensor_moves.h"
+#include "fulgor/core/error.h"
 
 namespace fulgor {
 
@@ -59,6 +59,33 @@ void detail::move_in_place(const Accelerator& accelerator, const torch::Tensor& 
                     "in place to this device type",
                     accelerator.name(), what, device.str()));
   tensor.unsafeGetTensorImpl()->shallow_copy_from(moved.getIntrusivePtr());
+}
+
+// Note [Optimizer state on the device]
+// A checkpoint's optimizer states are read onto the CPU, and an optimizer
+// keeps its state in types of its own, which no interface walks. Loading
+// makes those states hold the very tensors of the archive they were read
+// from, so walking the archive and moving each of its tensors in place moves
+// the optimizer's state, whatever the optimizer.
+void detail::move_archive_tensors(torch::serialize::InputArchive& archive, const Accelerator& accelerator,
+                                  torch::Device device, const std::string& where) {
+  for (const auto& key : archive.keys()) {
+    torch::serialize::InputArchive nested;
+    if (archive.try_read(key, nested)) {
+      move_archive_tensors(nested, accelerator, device, where + "/" + key);
+      continue;
+    }
+    c10::IValue value;
+    if (!archive.try_read(key, value)) continue;
+    if (value.isTensor()) {
+      move_in_place(accelerator, value.toTensor(), device, where + "/" + key);
+    } else if (value.isTensorList()) {
+      for (const torch::Tensor& t : value.toTensorVector()) move_in_place(accelerator, t, device, where + "/" + key);
+    } else if (value.isList()) {
+      for (const c10::IValue& element : value.toListRef())
+        if (element.isTensor()) move_in_place(accelerator, element.toTensor(), device, where + "/" + key);
+    }
+  }
 }
 
 void Accelerator::move_module(torch::nn::Module& module, torch::Device device) const {

@@ -39,33 +39,6 @@ void restoring(const LoadedCheckpoint& ckpt, const std::string& what, Restore&& 
   }
 }
 
-// Note [Optimizer state on the device]
-// A checkpoint's optimizer states are read onto the CPU, and an optimizer
-// keeps its state in types of its own, which no interface walks. Loading
-// makes those states hold the very tensors of the archive they were read
-// from, so walking the archive and moving each of its tensors in place moves
-// the optimizer's state, whatever the optimizer.
-void move_archive_tensors(torch::serialize::InputArchive& archive, const Accelerator& accelerator, torch::Device device,
-                          const std::string& where) {
-  for (const auto& key : archive.keys()) {
-    torch::serialize::InputArchive nested;
-    if (archive.try_read(key, nested)) {
-      move_archive_tensors(nested, accelerator, device, where + "/" + key);
-      continue;
-    }
-    c10::IValue value;
-    if (!archive.try_read(key, value)) continue;
-    if (value.isTensor()) {
-      move_in_place(accelerator, value.toTensor(), device, where + "/" + key);
-    } else if (value.isTensorList()) {
-      for (const torch::Tensor& t : value.toTensorVector()) move_in_place(accelerator, t, device, where + "/" + key);
-    } else if (value.isList()) {
-      for (const c10::IValue& element : value.toListRef())
-        if (element.isTensor()) move_in_place(accelerator, element.toTensor(), device, where + "/" + key);
-    }
-  }
-}
-
 // Note [Weights a checkpoint holds]
 // A checkpoint's model is what its readers take as the trained weights
 // (load_module_weights, fulgor-convert, a test run from it). A callback may

@@ -54,6 +54,7 @@ inline int free_port() {
   return ntohs(address.sin_port);
 }
 
+#ifdef FULGOR_RUN_PATH
 /// Runs `fulgor-run --nproc-per-node 2 -- worker args...` and returns its
 /// wait status (nullopt when it overran `limit`) and its output.
 inline std::pair<std::optional<int>, std::string> run_two_ranks(
@@ -66,12 +67,15 @@ inline std::pair<std::optional<int>, std::string> run_two_ranks(
   return {status, launcher.log()};
 }
 
+#ifdef FULGOR_DISTRIBUTED_WORKER
 /// The same with the distributed layer's worker.
 inline std::pair<std::optional<int>, std::string> run_two_ranks(
     const std::vector<std::string>& worker_args, const std::string& log,
     std::chrono::seconds limit = std::chrono::seconds(120)) {
   return run_two_ranks(FULGOR_DISTRIBUTED_WORKER, worker_args, log, limit);
 }
+#endif
+#endif
 
 /// Starts `argv` as ranks 0 and 1 of a job on loopback without fulgor-run
 /// (which would stop a survivor itself, and mixes the ranks' output); rank N

@@ -1,0 +1,89 @@
+/* fulgor's C API: a model defined in Python (a TorchScript file) trained
+ * from C, Fortran (through iso_c_binding) or any language that calls C,
+ * inside the program's own loop, on fulgor's accelerators and precisions,
+ * data-parallel when a launcher (torchrun, fulgor-run, srun) started the
+ * program's processes.
+ *
+ * Contract:
+ *   - Every function returns FULGOR_OK or an error code; after an error,
+ *     fulgor_last_error() describes it (in the calling thread) until the
+ *     thread's next call. No C++ exception leaves these functions.
+ *   - A model is used from one thread at a time. Buffers are host memory in
+ *     row-major (C) order, or memory on the model's device when the
+ *     configuration says "buffers": "device".
+ *   - Loading a TorchScript file runs the program it holds, by design (the
+ *     user's own model); checkpoints written by fulgor_save hold tensors and
+ *     JSON only.
+ */
+#ifndef FULGOR_C_FULGOR_H
+#define FULGOR_C_FULGOR_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum fulgor_status {
+  FULGOR_OK = 0,
+  FULGOR_ERROR_ARGUMENT = 1,   /* a null pointer, a negative rank or dimension */
+  FULGOR_ERROR_CONFIG = 2,     /* the JSON configuration: not JSON, an unknown key, a wrong type or value */
+  FULGOR_ERROR_MODEL = 3,      /* not a TorchScript file, or its forward failed on the given inputs */
+  FULGOR_ERROR_SHAPE = 4,      /* a buffer whose shape or dtype does not fit */
+  FULGOR_ERROR_CHECKPOINT = 5, /* a checkpoint that cannot be written or read, or does not fit */
+  FULGOR_ERROR_DEVICE = 6,     /* the accelerator is unavailable or failed */
+  FULGOR_ERROR_INTERNAL = 7    /* anything else */
+} fulgor_status;
+
+typedef enum fulgor_dtype { FULGOR_FLOAT32 = 0, FULGOR_FLOAT64 = 1, FULGOR_INT32 = 2, FULGOR_INT64 = 3 } fulgor_dtype;
+
+/* A model: the TorchScript module, its optimizer, schedule and loss, on its device. */
+typedef struct fulgor_model fulgor_model;
+
+/* What went wrong in this thread's last failed call ("" before any). */
+const char* fulgor_last_error(void);
+
+/* Loads the TorchScript file at `torchscript_path` and configures its
+ * training from `config_json`, a JSON object with the keys (all optional):
+ *   "accelerator"   "auto" (default), "cpu", "cuda", ... (fulgor's registry)
+ *   "precision"     "32-true" (default), "bf16-mixed", "16-mixed", ...
+ *   "loss"          "mse" (default), "l1", "smooth_l1", "huber", "cross_entropy", "nll", "bce_with_logits"
+ *   "optimizer"     {"type": "sgd" | "adam" | "adamw", "lr": number, "momentum": number,
+ *                    "weight_decay": number, "betas": [number, number], "eps": number}
+ *                   (default {"type": "adam", "lr": 0.001})
+ *   "lr_scheduler"  {"type": "step", "step_size": int, "gamma": number} or
+ *                   {"type": "cosine", "T_max": int, "eta_min": number}: stepped after every train call
+ *   "seed"          an integer: fulgor's seed_everything before anything is made
+ *   "buffers"       "host" (default) or "device": where the train and predict buffers are
+ * Sets *model on success. */
+fulgor_status fulgor_model_create(const char* torchscript_path, const char* config_json, fulgor_model** model);
+
+/* Frees the model; a null pointer is ignored. */
+void fulgor_model_destroy(fulgor_model* model);
+
+/* One training step: forward on `input`, the loss against `label`, backward
+ * (averaged over the ranks when launched data-parallel), the optimizer's and
+ * the scheduler's step. Writes the step's loss to *loss (may be null). */
+fulgor_status fulgor_train(fulgor_model* model, const void* input, fulgor_dtype input_dtype, const int64_t* input_shape,
+                           int32_t input_rank, const void* label, fulgor_dtype label_dtype, const int64_t* label_shape,
+                           int32_t label_rank, double* loss);
+
+/* Forward without gradients in evaluation mode, written into `output`,
+ * whose shape and dtype must be those of the model's output. */
+fulgor_status fulgor_predict(fulgor_model* model, const void* input, fulgor_dtype input_dtype,
+                             const int64_t* input_shape, int32_t input_rank, void* output, fulgor_dtype output_dtype,
+                             const int64_t* output_shape, int32_t output_rank);
+
+/* The model's parameters, optimizer and scheduler states and step count, in
+ * fulgor's checkpoint format (written atomically by rank 0), and back. */
+fulgor_status fulgor_save(fulgor_model* model, const char* path);
+fulgor_status fulgor_load(fulgor_model* model, const char* path);
+
+/* Where this process stands in its job (0 and 1 without a launcher). */
+fulgor_status fulgor_model_rank(const fulgor_model* model, int64_t* rank, int64_t* world_size);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FULGOR_C_FULGOR_H */

@@ -1,0 +1,397 @@
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+#include <torch/types.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "fulgor/core/accelerator.h"
+#include "fulgor/core/batch.h"
+#include "fulgor/core/devices.h"
+#include "fulgor/data/loader_protocol.h"
+#include "fulgor/distributed/environment.h"
+#include "fulgor/distributed/process_group.h"
+#include "fulgor/fabric/fabric_state.h"
+#include "fulgor/loggers/logger.h"
+#include "fulgor/precision/precision.h"
+
+namespace fulgor {
+
+class GradientSynchronizer;
+class Fabric;
+
+/// What a Fabric runs on, with Lightning Fabric's names and defaults. The
+/// fields are in the order C++20's designated initializers need:
+///   fulgor::Fabric fabric({.accelerator = "cpu", .devices = 2, .strategy = "ddp"});
+struct FabricOptions {
+  /// A registered accelerator's name, "auto" or "gpu" (AcceleratorRegistry).
+  std::string accelerator = "auto";
+  /// Devices of this node, with the Trainer's meanings (fulgor::Devices).
+  Devices devices = "auto";
+  /// "32-true", "64-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true"
+  /// or their aliases (fulgor::Precision); Lightning's default is "32-true".
+  std::string precision = "32-true";
+  /// "auto", "ddp" or "single_device", as the Trainer's.
+  std::string strategy = "auto";
+  /// Nodes of the job; more than one needs a launcher on every node
+  /// (torchrun, fulgor-run, srun) whose world size is num_nodes times the
+  /// processes of each node.
+  int64_t num_nodes = 1;
+  /// Where log() and log_dict() send metrics; only rank 0's write.
+  std::vector<std::shared_ptr<Logger>> loggers = {};
+  /// How long a rendezvous or collective may take, in seconds (Lightning's 30 minutes).
+  std::optional<double> ddp_timeout = std::nullopt;
+};
+
+/// An optimizer set up by Fabric::setup (Lightning's _FabricOptimizer):
+/// step() steps it through the precision, which under "16-mixed" unscales
+/// the gradients, skips a step whose gradients are not finite and updates
+/// the loss scale. A handle: it refers to the optimizer and the Fabric, which
+/// must outlive it.
+class FabricOptimizer {
+ public:
+  FabricOptimizer(Fabric& fabric, torch::optim::Optimizer& optimizer) : fabric_(&fabric), optimizer_(&optimizer) {}
+  /// Steps the optimizer; returns whether it stepped (false only when the
+  /// "16-mixed" loss scaler skipped the step).
+  bool step();
+  void zero_grad() { optimizer_->zero_grad(); }
+  torch::optim::Optimizer& optimizer() const { return *optimizer_; }
+  torch::optim::Optimizer* operator->() const { return optimizer_; }
+
+ private:
+  Fabric* fabric_;
+  torch::optim::Optimizer* optimizer_;
+};
+
+/// A loader set up by Fabric::setup_dataloaders (Lightning's
+/// _FabricDataLoader): this rank's shard of the loader's data, each batch
+/// moved onto the Fabric's device. It forwards size() and set_epoch() where
+/// the loader has them.
+template <typename Loader>
+class FabricDataLoader {
+  using InnerIterator = decltype(std::declval<Loader&>().begin());
+
+ public:
+  using Batch = std::decay_t<decltype(*std::declval<InnerIterator&>())>;
+
+  FabricDataLoader(Loader loader, const Accelerator* accelerator, torch::Device device)
+      : loader_(std::move(loader)), accelerator_(accelerator), device_(device) {}
+
+  class Iterator {
+   public:
+    using iterator_category = std::input_iterator_tag;
+    using value_type = Batch;
+    using difference_type = std::ptrdiff_t;
+    using pointer = Batch*;
+    using reference = Batch&;
+
+    Iterator(InnerIterator inner, const FabricDataLoader* owner) : inner_(std::move(inner)), owner_(owner) {}
+    Batch& operator*() {
+      if (!batch_) batch_ = owner_->on_device(*inner_);
+      return *batch_;
+    }
+    Batch* operator->() { return &**this; }
+    Iterator& operator++() {
+      batch_.reset();
+      ++inner_;
+      return *this;
+    }
+    bool operator==(const Iterator& other) const { return inner_ == other.inner_; }
+    bool operator!=(const Iterator& other) const { return !(*this == other); }
+
+   private:
+    InnerIterator inner_;
+    const FabricDataLoader* owner_;
+    std::optional<Batch> batch_;
+  };
+
+  Iterator begin() { return Iterator(loader_.begin(), this); }
+  Iterator end() { return Iterator(loader_.end(), this); }
+
+  template <typename L = Loader, typename = std::enable_if_t<detail::HasSize<L>::value>>
+  int64_t size() const {
+    return static_cast<int64_t>(loader_.size());
+  }
+  template <typename L = Loader, typename = std::enable_if_t<detail::has_set_epoch<L>::value>>
+  void set_epoch(int64_t epoch) {
+    loader_.set_epoch(epoch);
+  }
+  /// The loader as set up (sharded).
+  Loader& loader() { return loader_; }
+
+ private:
+  Batch on_device(const Batch& batch) const {
+    if (accelerator_ == nullptr) return batch;
+    if constexpr (detail::has_batches_on<Loader>::value)
+      if (loader_.batches_on(device_)) return batch;
+    return move_batch(batch, *accelerator_, device_);
+  }
+
+  Loader loader_;
+  const Accelerator* accelerator_;  // nullptr: batches stay where the loader makes them
+  torch::Device device_;
+};
+
+/// How Fabric::setup_dataloaders prepares a loader (Lightning's arguments).
+struct DataLoaderSetup {
+  /// Make the loader read only this rank's shard (through its distribute()
+  /// member, Note [The loader protocol]), padded so that every rank gets the
+  /// same number of batches; a loader without one, or with a sampler of the
+  /// user's, is read as it is.
+  bool use_distributed_sampler = true;
+  /// Move each batch onto the Fabric's device (skipped when the loader makes
+  /// them there already).
+  bool move_to_device = true;
+};
+
+/// How Fabric::clip_gradients clips: by value or by norm, one of the two.
+struct ClipGradients {
+  std::optional<double> clip_val = std::nullopt;  ///< each gradient element into [-clip_val, clip_val]
+  std::optional<double> max_norm = std::nullopt;  ///< the gradients' total norm at most max_norm
+  double norm_type = 2.0;
+  /// Throw when the total norm is NaN or infinite (Lightning's default).
+  bool error_if_nonfinite = true;
+};
+
+/// Turns a module's gradient synchronization off for its lifetime (see
+/// Fabric::no_backward_sync).
+class [[nodiscard]] BackwardSyncGuard {
+ public:
+  BackwardSyncGuard(GradientSynchronizer* synchronizer, bool enabled);
+  ~BackwardSyncGuard();
+  BackwardSyncGuard(const BackwardSyncGuard&) = delete;
+  BackwardSyncGuard& operator=(const BackwardSyncGuard&) = delete;
+
+ private:
+  GradientSynchronizer* synchronizer_;
+  bool previous_ = true;
+};
+
+/// Lightning Fabric for a training loop of one's own: the accelerator, the
+/// devices and their processes, the precision, data-parallel training and
+/// checkpoints of the Trainer, called from a loop the program keeps.
+///
+///   fulgor::Fabric fabric({.accelerator = "cpu", .devices = 2});
+///   fabric.launch();
+///   auto optimizer = fabric.setup(*model, sgd);
+///   auto loader = fabric.setup_dataloaders(fulgor::TensorLoader(x, y));
+///   for (auto& batch : loader) {
+///     optimizer.zero_grad();
+///     torch::Tensor loss = torch::mse_loss(model->forward(batch.data), batch.target);
+///     fabric.backward(loss);
+///     optimizer.step();
+///   }
+///
+/// Contract (Lightning 2.6's lightning/fabric/fabric.py; docs/ways_in.md lists
+/// where fulgor differs):
+///   - The constructor resolves the accelerator, devices, precision and
+///     strategy (ConfigError or DeviceError naming a value that is not
+///     accepted) and touches no device.
+///   - launch() joins the job: with strategy "auto" or "ddp" and devices
+///     selecting N > 1 devices in a process no launcher started, it runs the
+///     program again as ranks 1..N-1 (the Trainer's launcher, Note [The
+///     Trainer's own launcher]) and this process goes on as rank 0; under a
+///     launcher (torchrun, fulgor-run, srun) it joins the launcher's job. It
+///     sets up the device. On one device it is optional; with more, every
+///     other member but the constructor, seed_everything and the properties
+///     throws Error until it is called. Call it once (Error otherwise).
+///   - Collectives (setup under ddp, backward of a synchronized step,
+///     all_reduce, all_gather, broadcast, barrier, save, load) are called by
+///     every rank in the same order.
+///   - The modules and optimizers given to setup must outlive the Fabric.
+class Fabric {
+ public:
+  explicit Fabric(FabricOptions options = {});
+  ~Fabric();
+  Fabric(const Fabric&) = delete;
+  Fabric& operator=(const Fabric&) = delete;
+
+  /// Starts or joins the job's processes and sets up this process's device.
+  void launch();
+
+  // ---- Models, optimizers, loaders -------------------------------------------
+  /// Lightning's setup: converts the module for a "-true" precision, moves
+  /// it onto the device (its tensors in place, so optimizers built on them
+  /// stay valid) and, under ddp, synchronizes its gradients over the ranks
+  /// (rank 0's parameters and buffers are copied to every rank now). Returns
+  /// the optimizers as FabricOptimizers: one, a tuple of several, or nothing.
+  /// A module or optimizer set up twice throws ConfigError.
+  template <typename M, typename... Optimizers>
+  auto setup(M& module, Optimizers&... optimizers) {
+    setup_module(as_module(module));
+    if constexpr (sizeof...(Optimizers) == 1) {
+      return setup_optimizer(as_optimizer(optimizers)...);
+    } else if constexpr (sizeof...(Optimizers) > 1) {
+      return std::make_tuple(setup_optimizer(as_optimizer(optimizers))...);
+    }
+  }
+  void setup_module(torch::nn::Module& module);
+  FabricOptimizer setup_optimizer(torch::optim::Optimizer& optimizer);
+
+  /// This rank's shard of `loader`, its batches on the device (see
+  /// DataLoaderSetup). The loader is moved into the result.
+  template <typename Loader>
+  FabricDataLoader<Loader> setup_dataloaders(Loader loader, DataLoaderSetup setup = {}) {
+    require_launched("setup_dataloaders");
+    if constexpr (detail::has_distribute<Loader>::value) {
+      if (setup.use_distributed_sampler) loader.distribute(shard());
+    }
+    return FabricDataLoader<Loader>(std::move(loader), setup.move_to_device ? accelerator_.get() : nullptr, device());
+  }
+
+  /// Moves a tensor or a batch (anything fulgor::move_batch moves) onto the
+  /// device; a module is moved in place, as setup moves it.
+  template <typename T>
+  T to_device(T batch) const {
+    return move_batch(std::move(batch), *accelerator_, device());
+  }
+  void to_device(torch::nn::Module& module) const;
+
+  // ---- The training step ------------------------------------------------------
+  /// Replaces loss.backward(): scales the loss under "16-mixed" and, under
+  /// ddp, waits until the set-up modules' gradients are averaged over the
+  /// ranks (unless a no_backward_sync guard is alive).
+  void backward(const torch::Tensor& loss);
+  /// Clips the gradients of `module`'s parameters (unscaling `optimizer`'s
+  /// first under "16-mixed"); returns the total norm when clipping by norm.
+  /// Throws ConfigError unless exactly one of clip_val and max_norm is set.
+  std::optional<double> clip_gradients(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                                       const ClipGradients& how);
+  std::optional<double> clip_gradients(torch::nn::Module& module, FabricOptimizer& optimizer,
+                                       const ClipGradients& how) {
+    return clip_gradients(module, optimizer.optimizer(), how);
+  }
+  /// Autocast for the precision (nothing unless it is mixed), for code
+  /// beyond the forward pass; `auto autocast = fabric.autocast();`.
+  AutocastScope autocast() const { return AutocastScope(precision_, *accelerator_); }
+  /// While the guard lives, backward accumulates `module`'s gradients
+  /// locally without communicating (gradient accumulation); `enabled` false
+  /// makes it a no-op. A no-op on one process. Throws ConfigError for a
+  /// module setup has not seen.
+  BackwardSyncGuard no_backward_sync(torch::nn::Module& module, bool enabled = true);
+  /// The FabricOptimizer's step (see there).
+  bool step(torch::optim::Optimizer& optimizer);
+
+  // ---- Collectives ------------------------------------------------------------
+  /// `tensor` combined over the ranks (Lightning's default: the mean), in
+  /// place on the device; returned for convenience. One process: unchanged.
+  torch::Tensor all_reduce(torch::Tensor tensor, ReduceOp op = ReduceOp::mean);
+  double all_reduce(double value, ReduceOp op = ReduceOp::mean);
+  /// The ranks' tensors stacked along a new first dimension; one process:
+  /// the tensor itself, as Lightning's.
+  torch::Tensor all_gather(const torch::Tensor& tensor);
+  /// Rank `src`'s tensor, on every rank.
+  torch::Tensor broadcast(torch::Tensor tensor, int64_t src = 0);
+  /// Rank `src`'s JSON value (any plain object), on every rank.
+  nlohmann::json broadcast(const nlohmann::json& value, int64_t src = 0);
+  void barrier();
+
+  // ---- Checkpoints --------------------------------------------------------------
+  /// Writes `state` to `path` in fulgor's checkpoint format (one file,
+  /// written atomically by rank 0; every rank waits for it). Never code: no
+  /// TorchScript or pickled objects, only tensors and JSON.
+  void save(const std::string& path, const FabricState& state);
+  /// Restores `state` in place from `path`: a file written by save, or a
+  /// torch.save / Lightning file of a dict (read by fulgor's interop
+  /// readers, which run nothing): a module from a state dict, an optimizer
+  /// from a torch.optim state dict, values from numbers, bools and strings.
+  /// With `strict`, every name of `state` must be in the file and modules
+  /// must match exactly (CheckpointError naming the name and file). Returns
+  /// the file's plain values that `state` did not ask for.
+  nlohmann::json load(const std::string& path, const FabricState& state, bool strict = true);
+  /// Loads weights into one module from a file of any format read_weights
+  /// reads (torch.save state dicts, Lightning .ckpt, fulgor checkpoints,
+  /// safetensors), matched strictly or not (Lightning's load_raw).
+  void load_raw(const std::string& path, torch::nn::Module& module, bool strict = true);
+  /// Loads a torch.optim state dict from a torch.save / Lightning file.
+  void load_raw(const std::string& path, torch::optim::Optimizer& optimizer);
+
+  // ---- Output -------------------------------------------------------------------
+  /// Prints the arguments separated by spaces on each node's local rank 0.
+  template <typename... Args>
+  void print(const Args&... args) const {
+    if (local_rank() != 0) return;
+    std::ostringstream line;
+    const char* separator = "";
+    ((line << separator << args, separator = " "), ...);
+    std::cout << line.str() << std::endl;
+  }
+  /// Sends a metric to the loggers (rank 0's only). Without a step, the
+  /// number of log calls so far.
+  void log(const std::string& name, double value, std::optional<int64_t> step = std::nullopt);
+  void log(const std::string& name, const torch::Tensor& value, std::optional<int64_t> step = std::nullopt);
+  void log_dict(const std::map<std::string, double>& metrics, std::optional<int64_t> step = std::nullopt);
+  const std::vector<std::shared_ptr<Logger>>& loggers() const { return loggers_; }
+
+  /// fulgor::seed_everything.
+  static uint64_t seed_everything(uint64_t seed);
+
+  // ---- Where this process stands ----------------------------------------------
+  int64_t global_rank() const { return environment_.rank; }
+  int64_t local_rank() const { return environment_.local_rank; }
+  int64_t node_rank() const { return environment_.node_rank; }
+  int64_t world_size() const { return environment_.world_size; }
+  bool is_global_zero() const { return environment_.rank == 0; }
+  torch::Device device() const { return device_setup_.device; }
+  const Accelerator& accelerator() const { return *accelerator_; }
+  const Precision& precision() const { return precision_; }
+  /// "ddp" or "single_device", what "auto" became.
+  const std::string& strategy() const { return strategy_; }
+  /// The "16-mixed" loss scaler; nullptr otherwise.
+  GradScaler* grad_scaler() const { return scaler_.get(); }
+
+ private:
+  template <typename M>
+  static torch::nn::Module& as_module(M& module) {
+    if constexpr (std::is_base_of_v<torch::nn::Module, M>) {
+      return module;
+    } else {
+      return *module;  // a ModuleHolder or a shared_ptr
+    }
+  }
+  template <typename O>
+  static torch::optim::Optimizer& as_optimizer(O& optimizer) {
+    if constexpr (std::is_base_of_v<torch::optim::Optimizer, O>) {
+      return optimizer;
+    } else {
+      return *optimizer;
+    }
+  }
+  void require_launched(const char* what) const;
+  DistributedShard shard() const;
+  ProcessGroup& group();
+  GradientSynchronizer* synchronizer_of(const torch::nn::Module& module) const;
+
+  FabricOptions options_;
+  std::unique_ptr<Accelerator> accelerator_;
+  Precision precision_;
+  std::string strategy_;
+  std::vector<torch::Device> selected_;
+  DistributedEnvironment environment_;
+  DeviceSetup device_setup_;
+  bool launched_ = false;
+  std::unique_ptr<ProcessGroup> group_;
+  std::unique_ptr<GradScaler> scaler_;
+  std::vector<std::shared_ptr<Logger>> loggers_;
+  int64_t log_calls_ = 0;
+  std::vector<torch::nn::Module*> modules_;
+  std::vector<std::unique_ptr<GradientSynchronizer>> synchronizers_;  // one per module, under ddp
+  std::vector<torch::optim::Optimizer*> optimizers_;
+};
+
+inline bool FabricOptimizer::step() { return fabric_->step(*optimizer_); }
+
+}  // namespace fulgor

@@ -1,0 +1,294 @@
+// Fabric::save and Fabric::load: a named state in fulgor's checkpoint file,
+// and the same state from a torch.save or Lightning file.
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+#include <torch/version.h>
+
+#include <algorithm>
+#include <cctype>
+#include <set>
+
+#include "detail/tensor_moves.h"
+#include "fulgor/checkpoint/checkpoint.h"
+#include "fulgor/core/error.h"
+#include "fulgor/core/version.h"
+#include "fulgor/fabric/fabric.h"
+#include "fulgor/interop/optimizer_state.h"
+#include "fulgor/interop/state_dict.h"
+#include "fulgor/interop/torch_load.h"
+#include "fulgor/interop/weights_file.h"
+
+namespace fulgor {
+
+// Note [Fabric checkpoints]
+// A Fabric checkpoint is a fulgor checkpoint file (Note [Checkpoint files])
+// whose archive holds
+//   "meta"     a JSON string: {"format": "fulgor-fabric", "format_version": 1,
+//              the fulgor and LibTorch versions, "items": {name: kind},
+//              "values": {name: JSON}} with the plain values and the
+//              state_dict() of json-stateful objects
+//   <name>     a module's or an optimizer's archive (Module::save,
+//              Optimizer::save), an archive-stateful object's, or a tensor
+// Only tensors and JSON: nothing in it runs code when it is read.
+namespace {
+
+constexpr const char* kFabricFormat = "fulgor-fabric";
+constexpr int kFabricFormatVersion = 1;
+
+const char* kind_name(FabricStateItem::Kind kind) {
+  switch (kind) {
+    case FabricStateItem::Kind::module:
+      return "module";
+    case FabricStateItem::Kind::optimizer:
+      return "optimizer";
+    case FabricStateItem::Kind::archive:
+      return "archive";
+    case FabricStateItem::Kind::json_state:
+      return "state_dict";
+    case FabricStateItem::Kind::tensor:
+      return "tensor";
+    case FabricStateItem::Kind::value:
+      return "value";
+  }
+  return "?";
+}
+
+void check_names(const FabricState& state) {
+  std::set<std::string> seen;
+  for (const auto& [name, item] : state) {
+    const bool valid = !name.empty() && name != "meta" && std::all_of(name.begin(), name.end(), [](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
+    });
+    if (!valid)
+      throw ConfigError(
+          fmt::format("fabric state name '{}': names are letters, digits, '_' and '-', and not 'meta'", name));
+    if (!seen.insert(name).second) throw ConfigError(fmt::format("fabric state name '{}' is given twice", name));
+  }
+}
+
+// Runs `restore`, turning LibTorch's and the JSON library's errors into a
+// CheckpointError naming the item and the file.
+template <typename Restore>
+void restore_item(const std::string& path, const std::string& name, Restore&& restore) {
+  try {
+    restore();
+  } catch (const Error&) {
+    throw;
+  } catch (const c10::Error& e) {
+    throw CheckpointError(
+        fmt::format("checkpoint '{}': '{}' does not fit: {}", path, name, e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    throw CheckpointError(fmt::format("checkpoint '{}': '{}' does not fit: {}", path, name, e.what()));
+  }
+}
+
+nlohmann::json read_fabric_meta(torch::serialize::InputArchive& archive, const std::string& path) {
+  c10::IValue meta;
+  if (!archive.try_read("meta", meta) || !meta.isString())
+    throw CheckpointError(fmt::format("checkpoint '{}' has no metadata", path));
+  nlohmann::json parsed = nlohmann::json::parse(meta.toStringRef(), nullptr, /*allow_exceptions=*/false);
+  if (!parsed.is_object() || parsed.value("format", "") != kFabricFormat)
+    throw CheckpointError(
+        fmt::format("checkpoint '{}' was not written by Fabric::save (a Trainer's checkpoint?): load its weights with "
+                    "Fabric::load_raw",
+                    path));
+  if (parsed.value("format_version", 0) > kFabricFormatVersion)
+    throw CheckpointError(fmt::format("checkpoint '{}' has Fabric format version {}; this fulgor reads up to {}", path,
+                                      parsed.value("format_version", 0), kFabricFormatVersion));
+  return parsed;
+}
+
+// The JSON of a plain value torch_load returned; nullopt for anything else.
+std::optional<nlohmann::json> json_of(const c10::IValue& value) {
+  if (value.isInt()) return nlohmann::json(value.toInt());
+  if (value.isDouble()) return nlohmann::json(value.toDouble());
+  if (value.isBool()) return nlohmann::json(value.toBool());
+  if (value.isString()) return nlohmann::json(value.toStringRef());
+  if (value.isNone()) return nlohmann::json(nullptr);
+  if (value.isList()) {
+    nlohmann::json list = nlohmann::json::array();
+    for (const auto& element : value.toListRef()) {
+      auto converted = json_of(element);
+      if (!converted) return std::nullopt;
+      list.push_back(*converted);
+    }
+    return list;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+void Fabric::save(const std::string& path, const FabricState& state) {
+  require_launched("save");
+  check_names(state);
+  if (is_global_zero()) {
+    nlohmann::json meta = {{"format", kFabricFormat},
+                           {"format_version", kFabricFormatVersion},
+                           {"fulgor_version", fulgor::version()},
+                           {"torch_version", TORCH_VERSION},
+                           {"items", nlohmann::json::object()},
+                           {"values", nlohmann::json::object()}};
+    torch::serialize::OutputArchive archive;
+    for (const auto& [name, item] : state) {
+      meta["items"][name] = kind_name(item.kind());
+      torch::serialize::OutputArchive nested;
+      switch (item.kind()) {
+        case FabricStateItem::Kind::module:
+          item.module()->save(nested);
+          archive.write(name, nested);
+          break;
+        case FabricStateItem::Kind::optimizer:
+          item.optimizer()->save(nested);
+          archive.write(name, nested);
+          break;
+        case FabricStateItem::Kind::archive:
+          item.save(nested);
+          archive.write(name, nested);
+          break;
+        case FabricStateItem::Kind::tensor:
+          archive.write(name, *item.tensor());
+          break;
+        case FabricStateItem::Kind::json_state:
+        case FabricStateItem::Kind::value:
+          meta["values"][name] = item.to_json();
+          break;
+      }
+    }
+    archive.write("meta", c10::IValue(meta.dump()));
+    write_checkpoint_file(path, archive);
+  }
+  barrier();
+}
+
+nlohmann::json Fabric::load(const std::string& path, const FabricState& state, bool strict) {
+  require_launched("load");
+  check_names(state);
+  nlohmann::json remainder = nlohmann::json::object();
+  const WeightsFormat format = detect_weights_format(path);
+  if (format == WeightsFormat::safetensors)
+    throw CheckpointError(fmt::format(
+        "checkpoint '{}' is a safetensors file, which holds weights alone: load them with Fabric::load_raw", path));
+  const std::set<std::string> asked = [&] {
+    std::set<std::string> names;
+    for (const auto& entry : state) names.insert(entry.first);
+    return names;
+  }();
+  const auto missing = [&](const std::string& name) {
+    if (strict)
+      throw CheckpointError(
+          fmt::format("checkpoint '{}' has no '{}' (load with strict = false to skip it)", path, name));
+  };
+
+  if (format == WeightsFormat::fulgor_checkpoint) {
+    torch::serialize::InputArchive archive = read_checkpoint_file(path);
+    const nlohmann::json meta = read_fabric_meta(archive, path);
+    const nlohmann::json& items = meta.at("items");
+    const nlohmann::json& values = meta.at("values");
+    for (const auto& [name, item] : state) {
+      if (!items.contains(name)) {
+        missing(name);
+        continue;
+      }
+      const std::string saved_kind = items.at(name).get<std::string>();
+      if (saved_kind != kind_name(item.kind()))
+        throw CheckpointError(fmt::format("checkpoint '{}': '{}' was saved as a {}, and is loaded into a {}", path,
+                                          name, saved_kind, kind_name(item.kind())));
+      restore_item(path, name, [&, &name = name, &item = item] {
+        torch::serialize::InputArchive nested;
+        switch (item.kind()) {
+          case FabricStateItem::Kind::module:
+            archive.read(name, nested);
+            detail::load_module_state(*item.module(), nested, path);
+            break;
+          case FabricStateItem::Kind::optimizer:
+            archive.read(name, nested);
+            item.optimizer()->load(nested);
+            detail::move_archive_tensors(nested, *accelerator_, device(), "optimizer '" + name + "' state");
+            break;
+          case FabricStateItem::Kind::archive:
+            archive.read(name, nested);
+            item.load(nested);
+            break;
+          case FabricStateItem::Kind::tensor:
+            archive.read(name, *item.tensor());
+            break;
+          case FabricStateItem::Kind::json_state:
+          case FabricStateItem::Kind::value:
+            item.from_json(values.at(name));
+            break;
+        }
+      });
+    }
+    for (auto it = values.begin(); it != values.end(); ++it)
+      if (!asked.count(it.key()) && items.value(it.key(), "") == "value") remainder[it.key()] = it.value();
+  } else {
+    // A torch.save or Lightning file, read without running any of it.
+    const c10::IValue loaded = torch_load(path);
+    if (!loaded.isGenericDict())
+      throw CheckpointError(
+          fmt::format("checkpoint '{}' holds a {}, not a dict of named states", path, loaded.tagKind()));
+    const auto dict = loaded.toGenericDict();
+    for (const auto& [name, item] : state) {
+      const auto found = dict.find(name);
+      if (found == dict.end()) {
+        missing(name);
+        continue;
+      }
+      const c10::IValue& value = found->value();
+      const std::string source = fmt::format("'{}' of '{}'", name, path);
+      restore_item(path, name, [&, &item = item, &name = name] {
+        switch (item.kind()) {
+          case FabricStateItem::Kind::module: {
+            LoadStateDictOptions options;
+            options.strict = strict;
+            load_state_dict(*item.module(), state_dict_from(value, source), options);
+            break;
+          }
+          case FabricStateItem::Kind::optimizer:
+            import_optimizer_state(*item.optimizer(), value, source);
+            break;
+          case FabricStateItem::Kind::archive:
+            throw CheckpointError(fmt::format(
+                "checkpoint '{}': '{}' is restored from fulgor checkpoints only (Fabric::save)", path, name));
+          case FabricStateItem::Kind::tensor:
+            if (!value.isTensor())
+              throw CheckpointError(
+                  fmt::format("checkpoint '{}': '{}' is a {}, not a tensor", path, name, value.tagKind()));
+            *item.tensor() = value.toTensor();
+            break;
+          case FabricStateItem::Kind::json_state:
+          case FabricStateItem::Kind::value: {
+            auto converted = json_of(value);
+            if (!converted)
+              throw CheckpointError(
+                  fmt::format("checkpoint '{}': '{}' is a {}, not a plain value", path, name, value.tagKind()));
+            item.from_json(*converted);
+            break;
+          }
+        }
+      });
+    }
+    for (const auto& entry : dict) {
+      if (!entry.key().isString() || asked.count(entry.key().toStringRef())) continue;
+      if (auto converted = json_of(entry.value())) remainder[entry.key().toStringRef()] = *converted;
+    }
+  }
+  barrier();
+  return remainder;
+}
+
+void Fabric::load_raw(const std::string& path, torch::nn::Module& module, bool strict) {
+  require_launched("load_raw");
+  LoadStateDictOptions options;
+  options.strict = strict;
+  load_state_dict(module, read_weights(path), options);
+}
+
+void Fabric::load_raw(const std::string& path, torch::optim::Optimizer& optimizer) {
+  require_launched("load_raw");
+  import_optimizer_state(optimizer, path);
+}
+
+}  // namespace fulgor

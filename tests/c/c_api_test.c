@@ -1,0 +1,127 @@
+/* The C API from C: a TorchScript regression network trained, used, saved
+ * and loaded; each kind of bad input answered with its status and message.
+ *
+ *   fulgor_c_api_test MODEL.pt NOT_A_MODEL OUTDIR
+ *
+ * MODEL.pt is tests/jit/torchscript_model.py's network (4 inputs, 1 output).
+ * Exits 0 when every check holds; otherwise prints the failed checks. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "fulgor/c/fulgor.h"
+
+static int failures = 0;
+
+#define CHECK(condition)                                                                            \
+  do {                                                                                              \
+    if (!(condition)) {                                                                             \
+      fprintf(stderr, "%s:%d: check failed: %s (last error: %s)\n", __FILE__, __LINE__, #condition, \
+              fulgor_last_error());                                                                 \
+      ++failures;                                                                                   \
+    }                                                                                               \
+  } while (0)
+
+/* The call returns `status` and its message mentions `words`. */
+#define CHECK_ERROR(call, status, words)                 \
+  do {                                                   \
+    fulgor_status got = (call);                          \
+    CHECK(got == (status));                              \
+    CHECK(strstr(fulgor_last_error(), (words)) != NULL); \
+  } while (0)
+
+enum { kRows = 32, kFeatures = 4 };
+
+int main(int argc, char** argv) {
+  if (argc != 4) {
+    fprintf(stderr, "usage: fulgor_c_api_test MODEL.pt NOT_A_MODEL OUTDIR\n");
+    return 2;
+  }
+  const char* path = argv[1];
+  char checkpoint[4096];
+  snprintf(checkpoint, sizeof checkpoint, "%s/c_api.ckpt", argv[3]);
+
+  /* The data: y = x0 - 2 x1 + 0.5 x2, deterministic. */
+  float x[kRows][kFeatures], y[kRows][1];
+  for (int i = 0; i < kRows; ++i) {
+    for (int j = 0; j < kFeatures; ++j) x[i][j] = (float)sin(0.7 * i + 1.3 * j);
+    y[i][0] = x[i][0] - 2 * x[i][1] + 0.5f * x[i][2];
+  }
+  const int64_t x_shape[2] = {kRows, kFeatures}, y_shape[2] = {kRows, 1};
+
+  /* Bad configurations and files. */
+  fulgor_model* model = NULL;
+  CHECK_ERROR(fulgor_model_create(path, "{not json", &model), FULGOR_ERROR_CONFIG, "not JSON");
+  CHECK(model == NULL);
+  CHECK_ERROR(fulgor_model_create(path, "{\"optimiser\": {}}", &model), FULGOR_ERROR_CONFIG, "unknown key 'optimiser'");
+  CHECK_ERROR(fulgor_model_create(path, "{\"loss\": 3}", &model), FULGOR_ERROR_CONFIG, "expected a string");
+  CHECK_ERROR(fulgor_model_create(path, "{\"loss\": \"hinge\"}", &model), FULGOR_ERROR_CONFIG, "unknown loss");
+  CHECK_ERROR(fulgor_model_create(path, "{\"optimizer\": {\"type\": \"sgd\", \"lr\": \"fast\"}}", &model),
+              FULGOR_ERROR_CONFIG, "expected a number");
+  CHECK_ERROR(fulgor_model_create(path, "{\"precision\": \"8-true\"}", &model), FULGOR_ERROR_CONFIG, "8-true");
+  CHECK_ERROR(fulgor_model_create(argv[2], "{}", &model), FULGOR_ERROR_MODEL, "is not a TorchScript file");
+  CHECK_ERROR(fulgor_model_create(NULL, "{}", &model), FULGOR_ERROR_ARGUMENT, "null");
+
+  const char* config =
+      "{\"accelerator\": \"cpu\", \"loss\": \"mse\", \"seed\": 1,"
+      " \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.05, \"momentum\": 0.9},"
+      " \"lr_scheduler\": {\"type\": \"step\", \"step_size\": 100, \"gamma\": 0.5}}";
+  CHECK(fulgor_model_create(path, config, &model) == FULGOR_OK);
+  if (model == NULL) return 1;
+  int64_t rank = -1, world_size = -1;
+  CHECK(fulgor_model_rank(model, &rank, &world_size) == FULGOR_OK);
+  CHECK(rank == 0 && world_size == 1);
+
+  /* Training lowers the loss. */
+  double first = 0, loss = 0;
+  for (int step = 0; step < 200; ++step) {
+    CHECK(fulgor_train(model, x, FULGOR_FLOAT32, x_shape, 2, y, FULGOR_FLOAT32, y_shape, 2, &loss) == FULGOR_OK);
+    if (step == 0) first = loss;
+  }
+  printf("loss %g -> %g\n", first, loss);
+  CHECK(isfinite(loss) && loss < first / 4);
+
+  /* Buffers that do not fit, answered without a crash. */
+  const int64_t narrow_shape[2] = {kRows, 3}, short_label[2] = {kRows - 1, 1}, negative[2] = {kRows, -1};
+  int64_t labels[kRows];
+  memset(labels, 0, sizeof labels);
+  const int64_t label_rows[1] = {kRows};
+  CHECK_ERROR(fulgor_train(model, x, FULGOR_FLOAT32, narrow_shape, 2, y, FULGOR_FLOAT32, y_shape, 2, &loss),
+              FULGOR_ERROR_MODEL, "forward failed on the given inputs");
+  CHECK_ERROR(fulgor_train(model, x, FULGOR_FLOAT32, x_shape, 2, y, FULGOR_FLOAT32, short_label, 2, &loss),
+              FULGOR_ERROR_SHAPE, "does not fit loss 'mse'");
+  CHECK_ERROR(fulgor_train(model, x, FULGOR_FLOAT32, x_shape, 2, labels, FULGOR_INT64, label_rows, 1, &loss),
+              FULGOR_ERROR_SHAPE, "does not fit loss 'mse'");
+  CHECK_ERROR(fulgor_train(model, NULL, FULGOR_FLOAT32, x_shape, 2, y, FULGOR_FLOAT32, y_shape, 2, &loss),
+              FULGOR_ERROR_ARGUMENT, "input is a null pointer");
+  CHECK_ERROR(fulgor_train(model, x, FULGOR_FLOAT32, negative, 2, y, FULGOR_FLOAT32, y_shape, 2, &loss),
+              FULGOR_ERROR_ARGUMENT, "negative size");
+  CHECK_ERROR(fulgor_train(model, x, (fulgor_dtype)42, x_shape, 2, y, FULGOR_FLOAT32, y_shape, 2, &loss),
+              FULGOR_ERROR_ARGUMENT, "dtype 42 is unknown");
+  CHECK_ERROR(fulgor_train(NULL, x, FULGOR_FLOAT32, x_shape, 2, y, FULGOR_FLOAT32, y_shape, 2, &loss),
+              FULGOR_ERROR_ARGUMENT, "null pointer");
+
+  /* Predictions, and the same ones after a save and a load into another model. */
+  float predicted[kRows][1], reloaded[kRows][1], wide[kRows][2];
+  const int64_t wide_shape[2] = {kRows, 2};
+  CHECK(fulgor_predict(model, x, FULGOR_FLOAT32, x_shape, 2, predicted, FULGOR_FLOAT32, y_shape, 2) == FULGOR_OK);
+  double error = 0;
+  for (int i = 0; i < kRows; ++i) error += (predicted[i][0] - y[i][0]) * (predicted[i][0] - y[i][0]);
+  CHECK(error / kRows < first / 4);
+  CHECK_ERROR(fulgor_predict(model, x, FULGOR_FLOAT32, x_shape, 2, wide, FULGOR_FLOAT32, wide_shape, 2),
+              FULGOR_ERROR_SHAPE, "does not fit the model's output");
+  CHECK(fulgor_save(model, checkpoint) == FULGOR_OK);
+  fulgor_model* other = NULL;
+  CHECK(fulgor_model_create(path, config, &other) == FULGOR_OK);
+  CHECK(fulgor_load(other, checkpoint) == FULGOR_OK);
+  CHECK(fulgor_predict(other, x, FULGOR_FLOAT32, x_shape, 2, reloaded, FULGOR_FLOAT32, y_shape, 2) == FULGOR_OK);
+  CHECK(memcmp(predicted, reloaded, sizeof predicted) == 0);
+  CHECK_ERROR(fulgor_load(other, argv[2]), FULGOR_ERROR_CHECKPOINT, argv[2]);
+
+  fulgor_model_destroy(other);
+  fulgor_model_destroy(model);
+  fulgor_model_destroy(NULL);
+  if (failures == 0) printf("all checks passed\n");
+  return failures == 0 ? 0 : 1;
+}

@@ -1,0 +1,324 @@
+// fulgor::Fabric in one process: a hand-written loop and its Fabric version
+// train bit for bit alike; checkpoints of a named state; collectives, logging
+// and precision on one process; what Fabric refuses.
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+#include <limits>
+
+#include "../distributed/support/spawn.h"
+#include "../support/python_reference.h"
+#include "fabric_loops.h"  // docs/ways_in.md's loops
+#include "fulgor/fulgor.h"
+
+namespace {
+
+using fulgor::test::TempDir;
+
+torch::nn::Sequential make_net() {
+  torch::manual_seed(0);
+  return torch::nn::Sequential(torch::nn::Linear(6, 16), torch::nn::ReLU(), torch::nn::Linear(16, 3));
+}
+
+std::pair<torch::Tensor, torch::Tensor> make_data() {
+  torch::Generator generator = at::detail::createCPUGenerator(3);
+  return {torch::randn({96, 6}, generator), torch::randn({96, 3}, generator)};
+}
+
+fulgor::TensorLoaderOptions shuffled() {
+  fulgor::TensorLoaderOptions options;
+  options.batch_size = 8;
+  options.shuffle = true;
+  options.seed = 5;
+  return options;
+}
+
+torch::optim::SGD make_sgd(torch::nn::Sequential& net) {
+  return torch::optim::SGD(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+}
+
+constexpr int64_t kEpochs = 3, kAccumulate = 2;
+
+// The loop a LibTorch program writes: accumulation over two batches, the
+// gradients' norm clipped before each step.
+std::vector<torch::Tensor> plain_loop() {
+  auto net = make_net();
+  auto sgd = make_sgd(net);
+  auto [x, y] = make_data();
+  fulgor::TensorLoader loader(x, y, shuffled());
+  for (int64_t epoch = 0; epoch < kEpochs; ++epoch) {
+    int64_t i = 0;
+    for (auto& batch : loader) {
+      torch::Tensor loss = torch::mse_loss(net->forward(batch.data), batch.target) / kAccumulate;
+      loss.backward();
+      if (++i % kAccumulate == 0) {
+        torch::nn::utils::clip_grad_norm_(net->parameters(), 0.5);
+        sgd.step();
+        sgd.zero_grad();
+      }
+    }
+  }
+  return net->parameters();
+}
+
+// The same loop, converted.
+std::vector<torch::Tensor> fabric_loop() {
+  fulgor::Fabric fabric({.accelerator = "cpu", .devices = 1});
+  fabric.launch();
+  auto net = make_net();
+  auto sgd = make_sgd(net);
+  auto optimizer = fabric.setup(net, sgd);
+  auto [x, y] = make_data();
+  auto loader = fabric.setup_dataloaders(fulgor::TensorLoader(x, y, shuffled()));
+  for (int64_t epoch = 0; epoch < kEpochs; ++epoch) {
+    int64_t i = 0;
+    for (auto& batch : loader) {
+      const bool steps = (i + 1) % kAccumulate == 0;
+      {
+        auto no_sync = fabric.no_backward_sync(*net, !steps);
+        fabric.backward(torch::mse_loss(net->forward(batch.data), batch.target) / kAccumulate);
+      }
+      if (++i % kAccumulate == 0) {
+        fabric.clip_gradients(*net, optimizer, {.max_norm = 0.5});
+        optimizer.step();
+        optimizer.zero_grad();
+      }
+    }
+  }
+  EXPECT_EQ(fabric.strategy(), "single_device");
+  EXPECT_EQ(fabric.world_size(), 1);
+  EXPECT_TRUE(fabric.is_global_zero());
+  EXPECT_EQ(fabric.device(), torch::Device(torch::kCPU));
+  return net->parameters();
+}
+
+TEST(Fabric, ConvertedLoopTrainsBitForBitAsThePlainLoop) {
+  const auto plain = plain_loop();
+  const auto fabric = fabric_loop();
+  ASSERT_EQ(plain.size(), fabric.size());
+  bool changed = false;
+  const auto initial = make_net()->parameters();
+  for (size_t i = 0; i < plain.size(); ++i) {
+    EXPECT_TRUE(torch::equal(plain[i], fabric[i])) << "parameter " << i;
+    changed = changed || !torch::equal(plain[i], initial[i]);
+  }
+  EXPECT_TRUE(changed) << "training changed nothing";
+}
+
+TEST(Fabric, TheDocsLoopsTrainAlike) {
+  auto [x, y] = make_data();
+  const auto plain = train_plain(x, y), fabric = train_with_fabric(x, y);
+  ASSERT_EQ(plain.size(), fabric.size());
+  for (size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(torch::equal(plain[i], fabric[i])) << "parameter " << i;
+}
+
+TEST(Fabric, OneProcessNeedsNoLaunchAndItsCollectivesAreIdentities) {
+  fulgor::Fabric fabric({.accelerator = "cpu"});
+  const torch::Tensor t = torch::arange(4.0);
+  EXPECT_TRUE(torch::equal(fabric.all_reduce(t.clone()), t));
+  EXPECT_TRUE(torch::equal(fabric.all_gather(t), t));
+  EXPECT_TRUE(torch::equal(fabric.broadcast(t), t));
+  EXPECT_EQ(fabric.all_reduce(2.5, fulgor::ReduceOp::sum), 2.5);
+  EXPECT_EQ(fabric.broadcast(nlohmann::json{{"a", 1}}), (nlohmann::json{{"a", 1}}));
+  fabric.barrier();
+  EXPECT_THROW(fabric.launch(), fulgor::Error) << "launch() was called by the first collective already";
+}
+
+TEST(Fabric, BatchesOfASetUpLoaderAreOnTheDevice) {
+  fulgor::Fabric fabric({.accelerator = "cpu"});
+  auto [x, y] = make_data();
+  auto loader = fabric.setup_dataloaders(fulgor::TensorLoader(x, y, {.batch_size = 32}));
+  EXPECT_EQ(loader.size(), 3);
+  int64_t batches = 0;
+  for (auto& batch : loader) {
+    EXPECT_EQ(batch.data.device(), fabric.device());
+    EXPECT_TRUE(torch::equal(batch.data, x.narrow(0, 32 * batches, 32)));
+    ++batches;
+  }
+  EXPECT_EQ(batches, 3);
+}
+
+TEST(Fabric, AutocastComputesInTheMixedPrecisionsType) {
+  fulgor::Fabric fabric({.accelerator = "cpu", .precision = "bf16-mixed"});
+  auto net = make_net();
+  fabric.setup(net);
+  const torch::Tensor x = torch::randn({4, 6});
+  {
+    auto autocast = fabric.autocast();
+    EXPECT_EQ(net->forward(x).scalar_type(), torch::kBFloat16);
+  }
+  EXPECT_EQ(net->forward(x).scalar_type(), torch::kFloat);
+  EXPECT_EQ(fabric.grad_scaler(), nullptr) << "only 16-mixed scales the loss";
+  // The parameters stay float32 under a mixed precision.
+  EXPECT_EQ(net->parameters()[0].scalar_type(), torch::kFloat);
+}
+
+TEST(Fabric, TruePrecisionConvertsTheModule) {
+  fulgor::Fabric fabric({.accelerator = "cpu", .precision = "64-true"});
+  auto net = make_net();
+  fabric.setup(net);
+  for (const auto& p : net->parameters()) EXPECT_EQ(p.scalar_type(), torch::kDouble);
+}
+
+TEST(Fabric, RefusesWhatLightningRefuses) {
+  EXPECT_THROW(fulgor::Fabric({.accelerator = "cpu", .strategy = "fsdp"}), fulgor::ConfigError);
+  EXPECT_THROW(fulgor::Fabric({.accelerator = "cpu", .precision = "8-true"}), fulgor::ConfigError);
+  EXPECT_THROW(fulgor::Fabric({.accelerator = "cpu", .devices = 2, .strategy = "single_device"}), fulgor::ConfigError);
+  EXPECT_THROW(fulgor::Fabric({.accelerator = "cpu", .num_nodes = 0}), fulgor::ConfigError);
+  EXPECT_THROW(fulgor::Fabric({.accelerator = "cpu", .num_nodes = 2}), fulgor::ConfigError);
+  fulgor::Fabric fabric({.accelerator = "cpu"});
+  auto net = make_net();
+  auto sgd = make_sgd(net);
+  fabric.setup(net, sgd);
+  EXPECT_THROW(fabric.setup(net), fulgor::ConfigError);
+  EXPECT_THROW(fabric.setup_optimizer(sgd), fulgor::ConfigError);
+  auto other = make_net();
+  EXPECT_THROW((void)fabric.no_backward_sync(*other), fulgor::ConfigError);
+  EXPECT_THROW(fabric.clip_gradients(*net, sgd, {}), fulgor::ConfigError);
+  EXPECT_THROW(fabric.clip_gradients(*net, sgd, {.clip_val = 1.0, .max_norm = 1.0}), fulgor::ConfigError);
+}
+
+TEST(Fabric, ClipGradientsByValueAndByNorm) {
+  fulgor::Fabric fabric({.accelerator = "cpu"});
+  auto net = make_net();
+  auto sgd = make_sgd(net);
+  fabric.setup(net, sgd);
+  auto [x, y] = make_data();
+  fabric.backward(torch::mse_loss(net->forward(x), y) * 100);
+  fabric.clip_gradients(*net, sgd, {.clip_val = 0.01});
+  for (const auto& p : net->parameters()) EXPECT_LE(p.grad().abs().max().item<double>(), 0.01);
+  const auto norm = fabric.clip_gradients(*net, sgd, {.max_norm = 0.001});
+  ASSERT_TRUE(norm.has_value());
+  EXPECT_GT(*norm, 0.001);
+  std::vector<torch::Tensor> grads;
+  for (const auto& p : net->parameters()) grads.push_back(p.grad().reshape({-1}));
+  EXPECT_NEAR(torch::cat(grads).norm().item<double>(), 0.001, 1e-6);
+  // A non-finite norm is an error unless asked otherwise, as Lightning's default.
+  net->parameters()[0].mutable_grad()[0][0] = std::numeric_limits<float>::infinity();
+  EXPECT_THROW(fabric.clip_gradients(*net, sgd, {.max_norm = 1.0}), fulgor::Error);
+  EXPECT_NO_THROW(fabric.clip_gradients(*net, sgd, {.max_norm = 1.0, .error_if_nonfinite = false}));
+}
+
+// A scheduler-like object with a JSON state, for "anything with a state dict".
+struct Counter {
+  int64_t count = 0;
+  nlohmann::json state_dict() const { return {{"count", count}}; }
+  void load_state_dict(const nlohmann::json& state) { count = state.at("count").get<int64_t>(); }
+};
+
+TEST(Fabric, SaveAndLoadANamedState) {
+  TempDir dir;
+  const std::string path = dir / "state.ckpt";
+  fulgor::Fabric fabric({.accelerator = "cpu"});
+  auto net = make_net();
+  auto sgd = make_sgd(net);
+  auto optimizer = fabric.setup(net, sgd);
+  auto [x, y] = make_data();
+  fabric.backward(torch::mse_loss(net->forward(x), y));
+  optimizer.step();
+  int64_t step = 7;
+  std::string tag = "run-a";
+  Counter counter{3};
+  torch::Tensor extra = torch::arange(5.0);
+  fulgor::GradScaler scaler;
+  fabric.save(path, {{"model", net},
+                     {"optimizer", sgd},
+                     {"step", step},
+                     {"tag", tag},
+                     {"counter", counter},
+                     {"extra", extra},
+                     {"scaler", scaler}});
+  EXPECT_EQ(fulgor::detect_weights_format(path), fulgor::WeightsFormat::fulgor_checkpoint);
+
+  auto restored = make_net();
+  auto restored_sgd = make_sgd(restored);
+  int64_t restored_step = 0;
+  std::string restored_tag;
+  Counter restored_counter;
+  torch::Tensor restored_extra;
+  const nlohmann::json remainder = fabric.load(path, {{"model", restored},
+                                                      {"optimizer", restored_sgd},
+                                                      {"step", restored_step},
+                                                      {"counter", restored_counter},
+                                                      {"extra", restored_extra}});
+  for (size_t i = 0; i < net->parameters().size(); ++i)
+    EXPECT_TRUE(torch::equal(net->parameters()[i], restored->parameters()[i]));
+  EXPECT_EQ(restored_step, 7);
+  EXPECT_EQ(restored_counter.count, 3);
+  EXPECT_TRUE(torch::equal(restored_extra, extra));
+  EXPECT_EQ(remainder, (nlohmann::json{{"tag", "run-a"}})) << "what the state did not ask for comes back";
+  // The momentum buffers came back: both take the same next step.
+  for (auto* which : {&net, &restored}) {
+    (*which)->zero_grad();
+    torch::mse_loss((*which)->forward(x), y).backward();
+  }
+  sgd.step();
+  restored_sgd.step();
+  for (size_t i = 0; i < net->parameters().size(); ++i)
+    EXPECT_TRUE(torch::equal(net->parameters()[i], restored->parameters()[i]));
+
+  int64_t absent = 0;
+  EXPECT_THROW(fabric.load(path, {{"epoch", absent}}), fulgor::CheckpointError);
+  EXPECT_NO_THROW(fabric.load(path, {{"epoch", absent}}, /*strict=*/false));
+  EXPECT_THROW(fabric.load(path, {{"step", sgd}}), fulgor::CheckpointError) << "a value loaded into an optimizer";
+  EXPECT_THROW(fabric.save(path, {{"meta", step}}), fulgor::ConfigError);
+  EXPECT_THROW(fabric.save(path, {{"a.b", step}}), fulgor::ConfigError);
+  auto wider = torch::nn::Sequential(torch::nn::Linear(6, 32), torch::nn::ReLU(), torch::nn::Linear(32, 3));
+  EXPECT_THROW(fabric.load(path, {{"model", wider}}), fulgor::CheckpointError);
+}
+
+TEST(Fabric, LoadsATorchSaveCheckpointThroughTheInteropReaders) {
+  TempDir dir;
+  const std::string script = dir / "make.py";
+  std::ofstream(script) << R"(import json, sys, torch
+torch.manual_seed(1)
+net = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+sgd = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+net(torch.randn(4, 6)).sum().backward()
+sgd.step()
+path = sys.argv[1] + ".pt"
+torch.save({"model": net.state_dict(), "optimizer": sgd.state_dict(), "epoch": 4, "note": "python"}, path)
+json.dump({"path": path, "bias": net[2].bias.tolist()}, open(sys.argv[1], "w"))
+)";
+  const nlohmann::json made = fulgor::test::python_reference("/usr/bin/python3", script, "fabric_torch_save");
+  fulgor::Fabric fabric({.accelerator = "cpu"});
+  auto net = make_net();
+  auto sgd = make_sgd(net);
+  fabric.setup(net, sgd);
+  int64_t epoch = 0;
+  const nlohmann::json remainder =
+      fabric.load(made.at("path").get<std::string>(), {{"model", net}, {"optimizer", sgd}, {"epoch", epoch}});
+  EXPECT_EQ(epoch, 4);
+  EXPECT_EQ(remainder, (nlohmann::json{{"note", "python"}}));
+  const auto bias = made.at("bias").get<std::vector<float>>();
+  EXPECT_TRUE(torch::equal(net->parameters()[3], torch::tensor(bias)));
+  auto other = make_net();
+  fabric.load_raw(made.at("path").get<std::string>(), *other, /*strict=*/true);
+  EXPECT_TRUE(torch::equal(other->parameters()[3], torch::tensor(bias)));
+  std::filesystem::remove(made.at("path").get<std::string>());
+}
+
+TEST(Fabric, LogsThroughFulgorsLoggers) {
+  TempDir dir;
+  auto csv = std::make_shared<fulgor::CSVLogger>(dir.str());
+  fulgor::Fabric fabric({.accelerator = "cpu", .loggers = {csv}});
+  fabric.log("loss", 0.5);
+  fabric.log("loss", torch::tensor(0.25));
+  fabric.log_dict({{"acc", 0.75}}, 10);
+  csv->save();
+  std::ifstream in(csv->log_dir() + "/metrics.csv");
+  std::string header, first, second, third;
+  std::getline(in, header);
+  std::getline(in, first);
+  std::getline(in, second);
+  std::getline(in, third);
+  EXPECT_EQ(header, "step,acc,loss");
+  EXPECT_EQ(first, "0,,0.5");
+  EXPECT_EQ(second, "1,,0.25");
+  EXPECT_EQ(third, "10,0.75,");
+}
+
+}  // namespace

@@ -1,0 +1,107 @@
+// The program the Fabric ddp tests start (through fulgor-run, or once, as a
+// user runs a program, for Fabric to launch its ranks itself):
+//
+//   fulgor_fabric_worker fabric OUTDIR EPOCHS ACCUMULATE
+//   fulgor_fabric_worker trainer OUTDIR EPOCHS ACCUMULATE
+//
+// Both train the distributed tests' regression network with SGD on two
+// ranks of the CPU, each rank on its DistributedSampler shard of batches of
+// 16: "fabric" in a hand-written loop with fulgor::Fabric, "trainer" with
+// the Trainer's strategy "ddp". ACCUMULATE batches make one optimizer step.
+// Each rank writes its final parameters to OUTDIR/MODE_rankR.pt, and "fabric"
+// also what the collectives returned to OUTDIR/fabric_rankR.txt. Exits 0 on
+// success, 3 with the message on a fulgor::Error, 4 on any other exception.
+
+#include <torch/torch.h>
+
+#include <fstream>
+#include <iostream>
+#include <string>
+
+#include "../../distributed/support/ddp_trainer_scenario.h"
+#include "fulgor/core/error.h"
+#include "fulgor/fabric/fabric.h"
+
+namespace {
+
+using namespace fulgor::test;
+
+void write_parameters(const std::string& path, torch::nn::Module& module) {
+  torch::serialize::OutputArchive archive;
+  archive.write("final", flat_parameters(module));
+  archive.save_to(path);
+}
+
+void run_fabric(const std::string& out, int64_t epochs, int64_t accumulate) {
+  fulgor::Fabric fabric({.accelerator = "cpu", .devices = 2});
+  fabric.launch();
+  const std::string rank = std::to_string(fabric.global_rank());
+  torch::nn::Sequential model = make_model(init_seed(fabric.global_rank()));
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(kLearningRate));
+  auto optimizer = fabric.setup(model, sgd);
+  // The loader shards itself already (a DistributedSampler of the user's).
+  auto loader = fabric.setup_dataloaders(make_loader(fabric.world_size(), fabric.global_rank()));
+  for (int64_t epoch = 0; epoch < epochs; ++epoch) {
+    int64_t batch_idx = 0;
+    for (auto& batch : loader) {
+      const bool steps = (batch_idx + 1) % accumulate == 0;
+      if (batch_idx % accumulate == 0) optimizer.zero_grad();
+      {
+        auto no_sync = fabric.no_backward_sync(*model, /*enabled=*/!steps);
+        torch::Tensor loss = torch::mse_loss(model->forward(batch.data), batch.target);
+        fabric.backward(accumulate > 1 ? loss / static_cast<double>(accumulate) : loss);
+      }
+      if (steps) optimizer.step();
+      ++batch_idx;
+    }
+  }
+  write_parameters(out + "/fabric_rank" + rank + ".pt", *model);
+  std::ofstream values(out + "/fabric_rank" + rank + ".txt");
+  values.precision(17);
+  const double mean = fabric.all_reduce(static_cast<double>(fabric.global_rank() + 1));
+  const torch::Tensor gathered = fabric.all_gather(torch::full({2}, static_cast<double>(fabric.global_rank())));
+  const torch::Tensor broadcast = fabric.broadcast(torch::full({1}, fabric.global_rank() + 5.0), 1);
+  const nlohmann::json message = fabric.broadcast(nlohmann::json{{"from", fabric.global_rank()}});
+  fabric.barrier();
+  values << "world_size " << fabric.world_size() << "\nglobal_rank " << fabric.global_rank() << "\nstrategy "
+         << fabric.strategy() << "\nmean " << mean << "\ngathered_rows " << gathered.size(0) << "\ngathered_1 "
+         << gathered[1][0].item<double>() << "\nbroadcast " << broadcast.item<double>() << "\nmessage_from "
+         << message.at("from").get<int>() << "\n";
+}
+
+void run_trainer(const std::string& out, int64_t epochs, int64_t accumulate) {
+  RegressionNet model(init_seed(fulgor::detect_distributed_environment().rank));
+  auto loader = make_loader(2, fulgor::detect_distributed_environment().rank);
+  fulgor::TrainerOptions options = ddp_options(out, epochs, accumulate);
+  options.logger = false;
+  options.enable_checkpointing = false;
+  options.enable_progress_bar = false;
+  options.enable_model_summary = false;
+  fulgor::Trainer trainer(options);
+  trainer.fit(model, loader);
+  write_parameters(out + "/trainer_rank" + std::to_string(trainer.global_rank()) + ".pt", model);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 5) {
+    std::cerr << "usage: fulgor_fabric_worker fabric|trainer OUTDIR EPOCHS ACCUMULATE\n";
+    return 2;
+  }
+  const std::string mode = argv[1], out = argv[2];
+  const int64_t epochs = std::stoll(argv[3]), accumulate = std::stoll(argv[4]);
+  try {
+    if (mode == "fabric")
+      run_fabric(out, epochs, accumulate);
+    else
+      run_trainer(out, epochs, accumulate);
+  } catch (const fulgor::Error& e) {
+    std::cerr << "fulgor::Error: " << e.what() << "\n";
+    return 3;
+  } catch (const std::exception& e) {
+    std::cerr << "exception: " << e.what() << "\n";
+    return 4;
+  }
+  return 0;
+}
