@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "fulgor/config/trainer_options.h"
+#include "fulgor/core/export.h"
 
 namespace fulgor {
 
@@ -42,10 +43,10 @@ struct CommandLine {
   T get(const std::string& section, const std::string& key, T fallback) const;
 };
 
-namespace detail {
-[[noreturn]] void throw_unreadable_section_value(const std::string& section, const std::string& key,
-                                                 const nlohmann::json& value, const std::string& why);
-}  // namespace detail
+namespace impl {
+[[noreturn]] FULGOR_API void throw_unreadable_section_value(const std::string& section, const std::string& key,
+                                                            const nlohmann::json& value, const std::string& why);
+}  // namespace impl
 
 template <typename T>
 T CommandLine::get(const std::string& section, const std::string& key, T fallback) const {
@@ -64,7 +65,7 @@ T CommandLine::get(const std::string& section, const std::string& key, T fallbac
              (v < 0 || static_cast<uint64_t>(v) <= static_cast<uint64_t>(limits::max()));
     }
     if (!fits)
-      detail::throw_unreadable_section_value(
+      impl::throw_unreadable_section_value(
           section, key, value,
           "expected an integer from " + std::to_string(limits::min()) + " to " + std::to_string(limits::max()));
     return value.template get<T>();
@@ -72,15 +73,15 @@ T CommandLine::get(const std::string& section, const std::string& key, T fallbac
     try {
       return value.template get<T>();
     } catch (const nlohmann::json::exception& e) {
-      detail::throw_unreadable_section_value(section, key, value, e.what());
+      impl::throw_unreadable_section_value(section, key, value, e.what());
     }
   }
 }
 
 /// Parses `argv[1..argc)` onto `defaults` (the program's own trainer defaults).
-CommandLine parse_command_line(int argc, const char* const* argv, TrainerOptions defaults = {});
+FULGOR_API CommandLine parse_command_line(int argc, const char* const* argv, TrainerOptions defaults = {});
 
 /// A usage text listing every trainer option with its default.
-std::string command_line_help(const std::string& program, const TrainerOptions& defaults = {});
+FULGOR_API std::string command_line_help(const std::string& program, const TrainerOptions& defaults = {});
 
 }  // namespace fulgor

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "fulgor/core/export.h"
 #include "fulgor/data/image_folder.h"
 #include "fulgor/data/image_transforms.h"
 #include "fulgor/data/loader_protocol.h"
@@ -68,7 +69,7 @@ struct ImageLoaderOptions {
 /// Requires: batch_size >= 1, prefetch_batches >= 1, num_workers >= 0,
 /// shuffle_buffer >= 1 (ConfigError otherwise). One iteration at a time; starting another, or
 /// destroying the loader, stops the workers of the one before.
-class ImageLoader {
+class FULGOR_API ImageLoader {
  public:
   using Batch = torch::data::Example<>;
 

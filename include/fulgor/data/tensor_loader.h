@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "fulgor/core/export.h"
 #include "fulgor/data/loader_protocol.h"
 
 namespace fulgor {
@@ -49,7 +50,7 @@ struct TensorLoaderOptions {
 ///
 /// Requires: data and targets share their first dimension; batch_size >= 1.
 /// Not thread-safe: one iteration at a time.
-class TensorLoader {
+class FULGOR_API TensorLoader {
  public:
   using Batch = torch::data::Example<>;
 

@@ -25,20 +25,13 @@
 #include "fulgor/precision/precision.h"
 
 namespace fulgor {
-namespace detail {
+
+// The Trainer's compiled part takes these (Trainer::run_fit, run_eval): they
+// cross from the headers into the library, as impl does (Note [Exported
+// symbols] in fulgor/core/export.h).
+namespace impl {
 
 enum class Stage { train, validate, test, predict };
-
-// A loader's batch_indices() (Note [The loader protocol]), where it offers them.
-template <typename L>
-std::optional<std::vector<int64_t>> batch_indices_of(const L& loader) {
-  if constexpr (has_batch_indices<L>::value) return loader.batch_indices();
-  return std::nullopt;
-}
-template <typename B>
-std::optional<std::vector<int64_t>> batch_indices_of(const AnyLoader<B>& loader) {
-  return loader.batch_indices();
-}
 
 // A loader and a module's steps for it, with the batch type erased, so that
 // the loops are compiled once, in src/loops/. It speaks the loader
@@ -112,6 +105,24 @@ class StepRunner {
  private:
   std::optional<int64_t> length_;
 };
+
+}  // namespace impl
+
+namespace detail {
+
+using impl::Stage;
+using impl::StepRunner;
+
+// A loader's batch_indices() (Note [The loader protocol]), where it offers them.
+template <typename L>
+std::optional<std::vector<int64_t>> batch_indices_of(const L& loader) {
+  if constexpr (has_batch_indices<L>::value) return loader.batch_indices();
+  return std::nullopt;
+}
+template <typename B>
+std::optional<std::vector<int64_t>> batch_indices_of(const AnyLoader<B>& loader) {
+  return loader.batch_indices();
+}
 
 template <typename Batch, typename Loader>
 class LoaderRunner : public StepRunner {

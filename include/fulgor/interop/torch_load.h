@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <optional>
 
+#include "fulgor/core/export.h"
+
 namespace fulgor {
 
 /// How torch_load reads a file.
@@ -39,6 +41,6 @@ struct TorchLoadOptions {
 /// Throws InteropError naming the file and the problem: not a zip archive,
 /// truncated, a failed CRC, a big-endian file, a global outside the
 /// allow-list (named), a malformed pickle.
-c10::IValue torch_load(const std::filesystem::path& path, const TorchLoadOptions& options = {});
+FULGOR_API c10::IValue torch_load(const std::filesystem::path& path, const TorchLoadOptions& options = {});
 
 }  // namespace fulgor
