@@ -64,7 +64,7 @@ class MetricSink {
   virtual void log_metric(std::string_view name, metrics::Metric& metric, const LogOptions& options) = 0;
 };
 struct ModuleAccess;
-template <typename Batch, typename Loader>
+template <typename Batch>
 class LoaderRunner;
 }  // namespace detail
 
@@ -349,7 +349,7 @@ class BasicModule : public ModuleBase {
   virtual AnyLoader<Batch> predict_loader() { return {}; }
 
  private:
-  template <typename, typename>
+  template <typename>
   friend class detail::LoaderRunner;
   // Set by the Trainer's loader for transfer_batch_to_device's default.
   const Accelerator* transfer_accelerator_ = nullptr;

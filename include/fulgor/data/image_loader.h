@@ -97,19 +97,11 @@ class FULGOR_API ImageLoader {
   /// how a Trainer resumes mid-epoch. Always true; ConfigError when negative.
   bool start_at(int64_t batch);
 
-  class Iterator {
+  class FULGOR_API Iterator : public detail::BatchIterator<Iterator, Batch> {
    public:
-    using iterator_category = std::input_iterator_tag;
-    using value_type = Batch;
-    using difference_type = std::ptrdiff_t;
-    using pointer = Batch*;
-    using reference = Batch&;
-
     Batch& operator*() { return batch_; }
-    Batch* operator->() { return &batch_; }
     Iterator& operator++();
     bool operator==(const Iterator& other) const { return done_ == other.done_; }
-    bool operator!=(const Iterator& other) const { return !(*this == other); }
 
    private:
     friend class ImageLoader;
