@@ -415,7 +415,7 @@ struct SchedulerConfig {
 /// schedulers (each scheduler knows its optimizer). Automatic optimization
 /// steps one optimizer with each training_step's loss, so fit refuses
 /// several with a ConfigError unless the module optimizes manually (Note
-/// [Several optimizers] in src/trainer/manual_optimization.cpp).
+/// [Several optimizers] in src/loops/manual_optimization.cpp).
 struct OptimizerConfig {
   std::vector<std::shared_ptr<torch::optim::Optimizer>> optimizers;
   std::vector<SchedulerConfig> schedulers;
