@@ -8,7 +8,9 @@
 
 namespace fulgor {
 
-namespace detail {
+namespace impl {
+using detail::demangle;
+
 void throw_batch_type_mismatch(bool took, const std::type_info* held, const std::type_info& asked) {
   if (took || held == nullptr)
     throw Error("BatchEnd::batch<" + demangle(asked.name()) +
@@ -17,7 +19,7 @@ void throw_batch_type_mismatch(bool took, const std::type_info* held, const std:
   throw Error("BatchEnd::batch<" + demangle(asked.name()) + ">(): the batch is a " + demangle(held->name()) +
               "; ask for the module's batch type");
 }
-}  // namespace detail
+}  // namespace impl
 
 std::string Callback::state_key() const { return detail::demangle(typeid(*this).name()); }
 

@@ -157,10 +157,10 @@ void ModuleBase::clip_gradients(torch::optim::Optimizer& optimizer, std::optiona
     torch::nn::utils::clip_grad_value_(params, *clip_val);
 }
 
-namespace detail {
+namespace impl {
 void throw_step_not_implemented(const ModuleBase& module, const char* step) {
   throw ConfigError(fmt::format("{} does not override {}, which this loop needs", module.name(), step));
 }
-}  // namespace detail
+}  // namespace impl
 
 }  // namespace fulgor

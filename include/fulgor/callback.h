@@ -12,13 +12,16 @@
 #include <typeinfo>
 #include <vector>
 
+#include "fulgor/core/export.h"
+
 namespace fulgor {
 
 class Trainer;
 class ModuleBase;
 
-namespace detail {
-[[noreturn]] void throw_batch_type_mismatch(bool took, const std::type_info* held, const std::type_info& asked);
+namespace impl {
+[[noreturn]] FULGOR_API void throw_batch_type_mismatch(bool took, const std::type_info* held,
+                                                       const std::type_info& asked);
 }
 
 /// What the batch-end hooks are given (Lightning's `outputs, batch,
@@ -47,7 +50,7 @@ struct BatchEnd {
   template <typename B>
   const B& batch() const {
     if (batch_data == nullptr || *batch_type != typeid(B))
-      detail::throw_batch_type_mismatch(batch_data == nullptr, batch_type, typeid(B));
+      impl::throw_batch_type_mismatch(batch_data == nullptr, batch_type, typeid(B));
     return *static_cast<const B*>(batch_data);
   }
 };
@@ -68,7 +71,7 @@ struct BatchEnd {
 /// returns it from state_dict() and takes it back in load_state_dict(); the
 /// checkpoint files it under state_key(), which must differ between the
 /// callbacks of one Trainer.
-class Callback {
+class FULGOR_API Callback {
  public:
   virtual ~Callback() = default;
 

@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "fulgor/core/export.h"
 #include "fulgor/data/any_loader.h"
 
 namespace fulgor {
@@ -26,7 +27,7 @@ struct DataModuleAccess;
 /// saved in checkpoints under name() and given back to load_state_dict() when
 /// a checkpoint with that name is restored; the hyper-parameters are saved
 /// beside it and sent to the loggers with the module's.
-class DataModuleBase {
+class FULGOR_API DataModuleBase {
  public:
   virtual ~DataModuleBase() = default;
 

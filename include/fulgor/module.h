@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "fulgor/core/batch.h"
+#include "fulgor/core/export.h"
 #include "fulgor/data/any_loader.h"
 #include "fulgor/optim/manual_optimizer.h"
 #include "fulgor/optim/scheduler.h"
@@ -63,7 +64,7 @@ class MetricSink {
   virtual void log_metric(std::string_view name, metrics::Metric& metric, const LogOptions& options) = 0;
 };
 struct ModuleAccess;
-template <typename Batch, typename Loader>
+template <typename Batch>
 class LoaderRunner;
 }  // namespace detail
 
@@ -89,8 +90,9 @@ class ModuleBase;
 /// when it goes out of scope, also on exceptions.
 class [[nodiscard]] ToggledOptimizer {
  public:
-  ToggledOptimizer(ModuleBase& module, torch::optim::Optimizer& optimizer);
-  ~ToggledOptimizer();
+  // Exported member by member: GCC takes no attribute between [[nodiscard]] and the name.
+  FULGOR_API ToggledOptimizer(ModuleBase& module, torch::optim::Optimizer& optimizer);
+  FULGOR_API ~ToggledOptimizer();
   ToggledOptimizer(const ToggledOptimizer&) = delete;
   ToggledOptimizer& operator=(const ToggledOptimizer&) = delete;
 
@@ -116,7 +118,7 @@ class [[nodiscard]] ToggledOptimizer {
 /// training_step itself, with optimizers(), manual_backward() and
 /// ManualOptimizer::step(), and may configure several optimizers
 /// (docs/training.md, "Manual optimization").
-class ModuleBase : public torch::nn::Module {
+class FULGOR_API ModuleBase : public torch::nn::Module {
  public:
   ModuleBase() = default;
   explicit ModuleBase(const std::string& name) : torch::nn::Module(name) {}
@@ -292,8 +294,8 @@ class ModuleBase : public torch::nn::Module {
   nlohmann::json hparams_ = nlohmann::json::object();
 };
 
-namespace detail {
-[[noreturn]] void throw_step_not_implemented(const ModuleBase& module, const char* step);
+namespace impl {
+[[noreturn]] FULGOR_API void throw_step_not_implemented(const ModuleBase& module, const char* step);
 }
 
 /// A LightningModule for batches of type `Batch` (what the loaders yield).
@@ -317,13 +319,13 @@ class BasicModule : public ModuleBase {
 
   virtual torch::Tensor training_step(Batch batch, int64_t batch_idx) = 0;
   virtual void validation_step(Batch /*batch*/, int64_t /*batch_idx*/) {
-    detail::throw_step_not_implemented(*this, "validation_step");
+    impl::throw_step_not_implemented(*this, "validation_step");
   }
   virtual void test_step(Batch /*batch*/, int64_t /*batch_idx*/) {
-    detail::throw_step_not_implemented(*this, "test_step");
+    impl::throw_step_not_implemented(*this, "test_step");
   }
   virtual torch::Tensor predict_step(Batch /*batch*/, int64_t /*batch_idx*/) {
-    detail::throw_step_not_implemented(*this, "predict_step");
+    impl::throw_step_not_implemented(*this, "predict_step");
   }
 
   // ---- Batch transfer, in this order, for every batch a loop runs ----------
@@ -347,7 +349,7 @@ class BasicModule : public ModuleBase {
   virtual AnyLoader<Batch> predict_loader() { return {}; }
 
  private:
-  template <typename, typename>
+  template <typename>
   friend class detail::LoaderRunner;
   // Set by the Trainer's loader for transfer_batch_to_device's default.
   const Accelerator* transfer_accelerator_ = nullptr;

@@ -8,6 +8,8 @@
 #include <string>
 #include <string_view>
 
+#include "fulgor/core/export.h"
+
 namespace fulgor {
 
 /// PyTorch Lightning's SimpleProfiler (extended): the time spent in each
@@ -27,7 +29,7 @@ namespace fulgor {
 ///     rows Action | Mean duration (s) | Num calls | Total time (s) |
 ///     Percentage %, a "Total" row first (all calls, the time since the
 ///     profiler was made, 100 %), the actions by total time, largest first.
-class SimpleProfiler {
+class FULGOR_API SimpleProfiler {
  public:
   using Clock = std::chrono::steady_clock;
 

@@ -10,16 +10,17 @@
 #include <string>
 #include <vector>
 
-#include "fulgor/core/accelerator.h"
 #include "fulgor/callback.h"
+#include "fulgor/config/trainer_options.h"
+#include "fulgor/core/accelerator.h"
+#include "fulgor/core/error.h"
+#include "fulgor/core/export.h"
 #include "fulgor/data/data_loader.h"
 #include "fulgor/data_module.h"
 #include "fulgor/detail/step_runner.h"
-#include "fulgor/core/error.h"
 #include "fulgor/loggers/logger.h"
 #include "fulgor/module.h"
 #include "fulgor/profiler.h"
-#include "fulgor/config/trainer_options.h"
 
 namespace fulgor {
 
@@ -32,7 +33,7 @@ enum class StopReason {
   requested,   ///< a hook called request_stop (EarlyStopping, Timer, ...)
   signal,      ///< SIGINT or SIGTERM: a checkpoint was saved first
 };
-std::string to_string(StopReason reason);
+FULGOR_API std::string to_string(StopReason reason);
 
 struct FitOptions {
   /// A checkpoint to resume from: a path, "last" (the checkpoint folder's
@@ -107,7 +108,7 @@ using LoaderArgument = std::enable_if_t<!std::is_base_of_v<DataModuleBase, L> &&
 ///   - strategy "ddp" (or "auto" under a launcher with WORLD_SIZE > 1) runs one
 ///     process per device with gradients averaged over the processes; see
 ///     docs/distributed.md for what it adds (sync_dist, rank-0-only output).
-class Trainer {
+class FULGOR_API Trainer {
  public:
   explicit Trainer(TrainerOptions options = {});
   ~Trainer();

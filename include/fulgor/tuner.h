@@ -8,6 +8,7 @@
 
 #include "fulgor/callbacks/batch_size_finder.h"
 #include "fulgor/callbacks/lr_finder.h"
+#include "fulgor/core/export.h"
 #include "fulgor/trainer.h"
 
 namespace fulgor {
@@ -40,7 +41,7 @@ using TunerLoader = std::enable_if_t<!std::is_base_of_v<DataModuleBase, L> && !s
 /// BatchSizeFinder, whose loaders must come from the module or the data
 /// module; it returns the size found (nullopt under fast_dev_run). The
 /// Trainer must not have a finder of the same kind of its own (ConfigError).
-class Tuner {
+class FULGOR_API Tuner {
  public:
   explicit Tuner(Trainer& trainer) : trainer_(trainer) {}
 

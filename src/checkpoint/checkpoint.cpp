@@ -255,7 +255,7 @@ void write_checkpoint_file(const std::string& path, torch::serialize::OutputArch
   }
 }
 
-namespace detail {
+namespace impl {
 void remove_stale_temporaries(const std::string& dir) {
   std::error_code ec;
   for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
@@ -271,7 +271,7 @@ void remove_stale_temporaries(const std::string& dir) {
     ::close(fd);
   }
 }
-}  // namespace detail
+}  // namespace impl
 
 namespace {
 // A checkpoint file open for reading.
@@ -463,12 +463,12 @@ void load_state(torch::nn::Module& module, torch::serialize::InputArchive& archi
 }
 }  // namespace
 
-namespace detail {
+namespace impl {
 void load_module_state(torch::nn::Module& module, torch::serialize::InputArchive& archive, const std::string& path) {
   torch::NoGradGuard no_grad;
   load_state(module, archive, path, "");
 }
-}  // namespace detail
+}  // namespace impl
 
 void load_module_weights(ModuleBase& module, const std::string& path) {
   auto archive = read_checkpoint_file(path);

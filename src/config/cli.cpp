@@ -176,16 +176,16 @@ CommandLine parse_command_line(int argc, const char* const* argv, TrainerOptions
   return result;
 }
 
-namespace detail {
+namespace impl {
 void throw_unreadable_section_value(const std::string& section, const std::string& key, const json& value,
                                     const std::string& why) {
   // nlohmann's words without its "[json.exception.type_error.302] " tag.
   std::string reason = why;
   if (auto tag = reason.find("] "); reason.rfind("[json.exception.", 0) == 0 && tag != std::string::npos)
     reason = reason.substr(tag + 2);
-  throw ConfigError(fmt::format("--{}.{}: cannot read {}: {}", section, key, json_for_message(value), reason));
+  throw ConfigError(fmt::format("--{}.{}: cannot read {}: {}", section, key, detail::json_for_message(value), reason));
 }
-}  // namespace detail
+}  // namespace impl
 
 std::string command_line_help(const std::string& program, const TrainerOptions& defaults, const json& sections) {
   check_declared(sections);

@@ -27,6 +27,8 @@
 
 namespace fulgor {
 namespace detail {
+using impl::AcceleratorCreator;
+
 namespace {
 
 struct Staged {
@@ -84,7 +86,7 @@ std::string abi_mismatch(const std::string& what, int abi_version) {
 
 }  // namespace
 
-void register_accelerator_at_load(int abi_version, const char* name, AcceleratorCreator creator) noexcept {
+void register_at_load(int abi_version, const char* name, AcceleratorCreator creator) noexcept {
   if (current_load != nullptr) {
     current_load->staged.push_back({abi_version, name, creator});
     return;
@@ -192,6 +194,10 @@ std::string load_failure(const std::string& path, const char* why) {
 
 }  // namespace
 }  // namespace detail
+
+void impl::register_accelerator_at_load(int abi_version, const char* name, AcceleratorCreator creator) noexcept {
+  detail::register_at_load(abi_version, name, creator);
+}
 
 std::vector<std::string> load_accelerator_plugin(const std::string& path) {
   // One load at a time; a library opened again keeps its first outcome, since

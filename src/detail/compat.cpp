@@ -28,29 +28,6 @@ std::optional<c10::ScalarType> newer_safetensors_dtype(const std::string& name) 
   return std::nullopt;
 }
 
-namespace {
-#if FULGOR_TORCH_AT_LEAST(2, 0)
-void* state_key(const torch::Tensor& param) { return param.unsafeGetTensorImpl(); }
-#else
-std::string state_key(const torch::Tensor& param) { return c10::guts::to_string(param.unsafeGetTensorImpl()); }
-#endif
-}  // namespace
-
-torch::optim::OptimizerParamState* optimizer_param_state(const torch::optim::Optimizer& optimizer,
-                                                         const torch::Tensor& param) {
-  const auto& states = optimizer.state();
-  auto it = states.find(state_key(param));
-  return it == states.end() ? nullptr : it->second.get();
-}
-
-void set_optimizer_param_state(torch::optim::Optimizer& optimizer, const torch::Tensor& param,
-                               std::unique_ptr<torch::optim::OptimizerParamState> state) {
-  if (state)
-    optimizer.state()[state_key(param)] = std::move(state);
-  else
-    optimizer.state().erase(state_key(param));
-}
-
 #if FULGOR_TORCH_AT_LEAST(2, 4)
 
 bool autocast_supported(c10::DeviceType device_type) { return at::autocast::is_autocast_available(device_type); }

@@ -29,27 +29,6 @@ bool runs_data_parallel(const std::string& strategy, const DistributedEnvironmen
   return strategy != "single_device" && environment.is_distributed();
 }
 
-bool launches_ranks(const std::string& strategy, const DistributedEnvironment& environment,
-                    const Accelerator& accelerator, const Devices& devices, size_t selected) {
-  if (environment.is_distributed() || selected < 2) return false;
-  if (strategy != "single_device") {
-    // Refused before any rank starts, rather than by every rank at once.
-    const std::string backend = accelerator.distributed_backend();
-    if (!has_distributed_backend(backend))
-      throw ConfigError(fmt::format(
-          "devices={} selects {} devices of accelerator '{}', so strategy '{}' trains on {} processes over its "
-          "distributed backend '{}', which is not registered (registered: {}): register it "
-          "(REGISTER_DISTRIBUTED_BACKEND), or use devices=1",
-          devices.str(), selected, accelerator.name(), strategy, selected, backend,
-          fmt::join(distributed_backend_names(), ", ")));
-    return true;
-  }
-  throw ConfigError(fmt::format(
-      "devices={} selects {} devices of accelerator '{}', but strategy 'single_device' runs on one device: use "
-      "devices=1, or strategy 'auto' or 'ddp' to train on all {} (one process each)",
-      devices.str(), selected, accelerator.name(), selected));
-}
-
 namespace {
 
 // Note [A device's index] (DeviceSetup::index): LibTorch gives each of a
@@ -64,27 +43,6 @@ int64_t index_of(const Accelerator& accelerator, const Devices& devices, torch::
 }
 
 }  // namespace
-
-DeviceSetup device_setup(const Accelerator& accelerator, const Devices& devices,
-                         const std::vector<torch::Device>& selected, const DistributedEnvironment& environment) {
-  const auto local_rank = static_cast<size_t>(environment.local_rank);
-  const bool shared = !selected.empty() && std::all_of(selected.begin(), selected.end(),
-                                                       [&](const torch::Device& d) { return d == selected.front(); });
-  if (local_rank >= selected.size() && !shared)
-    throw ConfigError(fmt::format(
-        "devices={} selects {} devices of accelerator '{}', but this is local rank {} of {} processes on this "
-        "node (from {}): select at least one device per process",
-        devices.str(), selected.size(), accelerator.name(), environment.local_rank, environment.local_world_size,
-        environment.source));
-  const size_t position = local_rank < selected.size() ? local_rank : 0;
-  DeviceSetup setup{selected[position]};
-  setup.index = index_of(accelerator, devices, setup.device, position);
-  setup.local_rank = environment.local_rank;
-  setup.local_world_size = environment.local_world_size;
-  setup.rank = environment.rank;
-  setup.world_size = environment.world_size;
-  return setup;
-}
 
 namespace {
 
@@ -195,3 +153,50 @@ std::shared_ptr<Logger> silenced_logger(std::shared_ptr<Logger> logger) {
 }
 
 }  // namespace fulgor::detail
+
+// Exported for the tests (Note [Exported symbols] in fulgor/core/export.h).
+namespace fulgor::impl {
+
+bool launches_ranks(const std::string& strategy, const DistributedEnvironment& environment,
+                    const Accelerator& accelerator, const Devices& devices, size_t selected) {
+  if (environment.is_distributed() || selected < 2) return false;
+  if (strategy != "single_device") {
+    // Refused before any rank starts, rather than by every rank at once.
+    const std::string backend = accelerator.distributed_backend();
+    if (!has_distributed_backend(backend))
+      throw ConfigError(fmt::format(
+          "devices={} selects {} devices of accelerator '{}', so strategy '{}' trains on {} processes over its "
+          "distributed backend '{}', which is not registered (registered: {}): register it "
+          "(REGISTER_DISTRIBUTED_BACKEND), or use devices=1",
+          devices.str(), selected, accelerator.name(), strategy, selected, backend,
+          fmt::join(distributed_backend_names(), ", ")));
+    return true;
+  }
+  throw ConfigError(fmt::format(
+      "devices={} selects {} devices of accelerator '{}', but strategy 'single_device' runs on one device: use "
+      "devices=1, or strategy 'auto' or 'ddp' to train on all {} (one process each)",
+      devices.str(), selected, accelerator.name(), selected));
+}
+
+DeviceSetup device_setup(const Accelerator& accelerator, const Devices& devices,
+                         const std::vector<torch::Device>& selected, const DistributedEnvironment& environment) {
+  const auto local_rank = static_cast<size_t>(environment.local_rank);
+  const bool shared = !selected.empty() && std::all_of(selected.begin(), selected.end(),
+                                                       [&](const torch::Device& d) { return d == selected.front(); });
+  if (local_rank >= selected.size() && !shared)
+    throw ConfigError(fmt::format(
+        "devices={} selects {} devices of accelerator '{}', but this is local rank {} of {} processes on this "
+        "node (from {}): select at least one device per process",
+        devices.str(), selected.size(), accelerator.name(), environment.local_rank, environment.local_world_size,
+        environment.source));
+  const size_t position = local_rank < selected.size() ? local_rank : 0;
+  DeviceSetup setup{selected[position]};
+  setup.index = detail::index_of(accelerator, devices, setup.device, position);
+  setup.local_rank = environment.local_rank;
+  setup.local_world_size = environment.local_world_size;
+  setup.rank = environment.rank;
+  setup.world_size = environment.world_size;
+  return setup;
+}
+
+}  // namespace fulgor::impl

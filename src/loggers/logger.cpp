@@ -64,6 +64,10 @@ std::string csv_number(double v) {
 
 std::string FileLogger::version() const { return "version_" + std::to_string(dir_.version()); }
 
+std::string FileLogger::log_dir() const { return dir_.path(); }
+
+int64_t FileLogger::version_number() const { return dir_.version(); }
+
 void FileLogger::log_hyperparams(const nlohmann::json& hparams) { detail::write_hparams(dir_.create(), hparams); }
 
 // ---- CSVLogger ----------------------------------------------------------------

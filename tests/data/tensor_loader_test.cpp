@@ -5,12 +5,14 @@
 #include <limits>
 #include <optional>
 #include <set>
+#include <vector>
 
+#include "fulgor/core/error.h"
+#include "fulgor/core/registry.h"
 #include "fulgor/data/epoch_sampler.h"
 #include "fulgor/data/prefetcher.h"
 #include "fulgor/data/tensor_loader.h"
-#include "fulgor/core/error.h"
-#include "fulgor/core/registry.h"
+#include "fulgor/detail/step_runner.h"
 
 namespace fulgor {
 namespace {
@@ -435,6 +437,80 @@ TEST(DevicePrefetcher, UnboundItRefusesToIterateAndPassesLengthAndEpochOn) {
   EXPECT_EQ(loader.size(), 2);
   static_assert(detail::has_distribute<DevicePrefetcher<TensorLoader>>::value);
   static_assert(!detail::has_distribute<DevicePrefetcher<std::vector<int>>>::value);
+}
+
+// A TensorLoader with start_at as well, recording it: a loader that offers
+// every member of the loader protocol a wrapper is to pass on.
+struct EveryMemberLoader {
+  TensorLoader inner;
+  std::optional<int64_t> started_at;
+  int64_t size() const { return inner.size(); }
+  void set_epoch(int64_t epoch) { inner.set_epoch(epoch); }
+  bool disable_shuffle() { return inner.disable_shuffle(); }
+  bool distribute(const DistributedShard& shard) { return inner.distribute(shard); }
+  bool start_at(int64_t batch) {
+    started_at = batch;
+    return true;
+  }
+  std::vector<int64_t> batch_indices() const { return inner.batch_indices(); }
+  TensorLoader::Iterator begin() { return inner.begin(); }
+  TensorLoader::Iterator end() { return inner.end(); }
+};
+
+TEST(DevicePrefetcher, PassesEveryMemberOfTheLoaderProtocolOn) {
+  using Prefetcher = DevicePrefetcher<EveryMemberLoader>;
+  static_assert(detail::HasSize<Prefetcher>::value && detail::has_set_epoch<Prefetcher>::value &&
+                detail::has_disable_shuffle<Prefetcher>::value && detail::has_distribute<Prefetcher>::value &&
+                detail::has_start_at<Prefetcher>::value && detail::has_batch_indices<Prefetcher>::value &&
+                detail::has_bind_device<Prefetcher>::value);
+  // What its loader lacks, it lacks too.
+  static_assert(!detail::has_disable_shuffle<DevicePrefetcher<CountingLoader>>::value &&
+                !detail::has_start_at<DevicePrefetcher<CountingLoader>>::value &&
+                !detail::has_batch_indices<DevicePrefetcher<CountingLoader>>::value);
+
+  EveryMemberLoader loader{make_loader(10, {.batch_size = 4, .shuffle = true}), std::nullopt};
+  auto cpu = make_accelerator("cpu");
+  Prefetcher prefetcher(loader, *cpu, torch::Device(torch::kCPU));
+  // The indices are those of the batch handed out, not of the one fetched ahead.
+  int64_t batches = 0;
+  for (auto& batch : prefetcher) {
+    const auto targets = batch.target;
+    std::vector<int64_t> ids(targets.data_ptr<int64_t>(), targets.data_ptr<int64_t>() + targets.numel());
+    EXPECT_EQ(prefetcher.batch_indices(), ids) << "batch " << batches;
+    if (batches++ < 2) {
+      EXPECT_NE(loader.batch_indices(), ids) << "the loader is a batch ahead";
+    }
+  }
+  EXPECT_EQ(batches, 3);
+
+  EXPECT_TRUE(prefetcher.disable_shuffle());  // it was shuffling
+  EXPECT_FALSE(prefetcher.disable_shuffle());
+  EXPECT_FALSE(loader.inner.options().shuffle);
+  EXPECT_TRUE(prefetcher.start_at(2));
+  EXPECT_EQ(loader.started_at, 2);
+  prefetcher.set_epoch(3);
+  EXPECT_EQ(loader.inner.epoch(), 3);
+  EXPECT_TRUE(prefetcher.distribute({2, 1, true}));
+  EXPECT_EQ(prefetcher.size(), 2);
+}
+
+// A Trainer runs a loader given as an AnyLoader as it is, and a prefetcher's
+// disable_shuffle reaches its loader through the Trainer's erased loader.
+TEST(DevicePrefetcher, ItsLoaderStopsShufflingThroughTheStepRunner) {
+  auto loader = make_loader(10, {.batch_size = 4, .shuffle = true});
+  DevicePrefetcher<TensorLoader> prefetcher(loader);
+  struct Net : BasicModule<torch::data::Example<>> {
+    torch::Tensor training_step(torch::data::Example<> batch, int64_t) override { return batch.data.sum(); }
+    OptimizerConfig configure_optimizers() override { return {}; }
+  } net;
+  auto runner = detail::make_runner(net, prefetcher);
+  EXPECT_EQ(runner.length(), 3);
+  EXPECT_TRUE(runner.disable_shuffle());
+  EXPECT_FALSE(loader.options().shuffle);
+  AnyLoader<> any(std::ref(loader));
+  auto through_any = detail::make_runner(net, any);
+  EXPECT_TRUE(through_any.distribute({2, 0, true}));
+  EXPECT_EQ(through_any.length(), 2);
 }
 
 }  // namespace

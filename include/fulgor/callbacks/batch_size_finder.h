@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "fulgor/callback.h"
+#include "fulgor/core/export.h"
 
 namespace fulgor {
 
@@ -53,7 +54,7 @@ struct BatchSizeTrial {
 /// set's length). An exception that is not an out-of-memory error ends the
 /// search and propagates, after the starting point is put back. Under
 /// fast_dev_run it does nothing, with a warning.
-class BatchSizeFinder : public Callback {
+class FULGOR_API BatchSizeFinder : public Callback {
  public:
   /// Throws ConfigError for a mode other than "power" or "binsearch" (either
   /// case), a margin outside [0, 1), or counts or sizes below 1.

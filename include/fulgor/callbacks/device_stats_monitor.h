@@ -4,6 +4,7 @@
 #include <string>
 
 #include "fulgor/callback.h"
+#include "fulgor/core/export.h"
 
 namespace fulgor {
 
@@ -21,7 +22,7 @@ namespace fulgor {
 /// the device is another one. An accelerator without statistics logs nothing.
 /// setup throws ConfigError when the Trainer has no logger (logger = false and
 /// no loggers), except under fast_dev_run, which has none by design.
-class DeviceStatsMonitor : public Callback {
+class FULGOR_API DeviceStatsMonitor : public Callback {
  public:
   explicit DeviceStatsMonitor(std::optional<bool> cpu_stats = std::nullopt) : cpu_stats_(cpu_stats) {}
 

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "fulgor/callback.h"
+#include "fulgor/core/export.h"
 
 namespace fulgor {
 
@@ -62,7 +63,7 @@ struct EarlyStoppingOptions {
 /// is set; when it is not, setup resolves it as Lightning's does, to
 /// val_check_interval == 1.0 (or a count of 1) and check_val_every_n_epoch
 /// == 1, once: a later fit under other intervals keeps the first answer.
-class EarlyStopping : public Callback {
+class FULGOR_API EarlyStopping : public Callback {
  public:
   explicit EarlyStopping(EarlyStoppingOptions options);
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "fulgor/callback.h"
+#include "fulgor/core/export.h"
 
 namespace fulgor {
 
@@ -28,7 +29,7 @@ namespace fulgor {
 /// (Lightning compares values), and the parameters of a group added again on
 /// resume are made trainable (Lightning leaves them frozen after
 /// freeze_before_training).
-class BaseFinetuning : public Callback {
+class FULGOR_API BaseFinetuning : public Callback {
  public:
   virtual void freeze_before_training(ModuleBase& module) = 0;
   virtual void finetune_function(ModuleBase& module, int64_t epoch, torch::optim::Optimizer& optimizer) = 0;
@@ -87,7 +88,7 @@ struct BackboneFinetuningOptions {
 /// unfreeze_backbone_at_epoch on, in a new parameter group whose rate then
 /// grows by lambda_func (Lightning 2.6's BackboneFinetuning). A module without
 /// a "backbone" child is a ConfigError.
-class BackboneFinetuning : public BaseFinetuning {
+class FULGOR_API BackboneFinetuning : public BaseFinetuning {
  public:
   explicit BackboneFinetuning(BackboneFinetuningOptions options = {});
 

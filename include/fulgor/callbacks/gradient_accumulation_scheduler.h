@@ -4,6 +4,7 @@
 #include <map>
 
 #include "fulgor/callback.h"
+#include "fulgor/core/export.h"
 
 namespace fulgor {
 
@@ -17,7 +18,7 @@ namespace fulgor {
 /// schedule, an epoch below 0, a factor below 1 (when made); a module that
 /// optimizes manually and a Trainer whose option accumulate_grad_batches is
 /// not 1 (when training starts). Keeps no state: the epoch gives the factor.
-class GradientAccumulationScheduler : public Callback {
+class FULGOR_API GradientAccumulationScheduler : public Callback {
  public:
   explicit GradientAccumulationScheduler(std::map<int64_t, int64_t> scheduling);
 

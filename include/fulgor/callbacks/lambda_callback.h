@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "fulgor/callback.h"
+#include "fulgor/core/export.h"
 
 namespace fulgor {
 
@@ -43,7 +44,7 @@ class BatchEndFunction {
 
 /// The functions a LambdaCallback calls: one per Callback hook, with the
 /// hook's arguments. Those left empty do nothing.
-struct LambdaHooks {
+struct FULGOR_API LambdaHooks {
   std::function<void(Trainer&, ModuleBase&, const std::string&)> setup;
   std::function<void(Trainer&, ModuleBase&, const std::string&)> teardown;
   std::function<void(Trainer&, ModuleBase&)> on_fit_start;
@@ -89,7 +90,7 @@ struct LambdaHooks {
 /// Contract: each hook calls its function in LambdaHooks when one is set, at
 /// the hook's place in the Trainer's order, and does nothing otherwise. It
 /// keeps no state. In C++20: `LambdaCallback({.on_train_epoch_end = ...})`.
-class LambdaCallback : public Callback {
+class FULGOR_API LambdaCallback : public Callback {
  public:
   explicit LambdaCallback(LambdaHooks hooks) : hooks_(std::move(hooks)) {}
 

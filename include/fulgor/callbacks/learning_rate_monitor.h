@@ -4,6 +4,7 @@
 #include <string>
 
 #include "fulgor/callback.h"
+#include "fulgor/core/export.h"
 #include "fulgor/optim/scheduler.h"
 
 namespace fulgor {
@@ -16,7 +17,7 @@ namespace fulgor {
 /// optimizer's scheduler (at epoch start without one); Interval::step logs
 /// before the training batches whose logs are due (every log_every_n_steps
 /// optimizer steps, as Lightning does), Interval::epoch at every epoch start.
-class LearningRateMonitor : public Callback {
+class FULGOR_API LearningRateMonitor : public Callback {
  public:
   explicit LearningRateMonitor(std::optional<Interval> logging_interval = std::nullopt)
       : logging_interval_(logging_interval) {}

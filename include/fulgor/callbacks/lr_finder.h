@@ -7,12 +7,13 @@
 #include <vector>
 
 #include "fulgor/callback.h"
+#include "fulgor/core/export.h"
 
 namespace fulgor {
 
 /// Options of the learning-rate range test (Lightning's lr_find arguments,
 /// with its defaults).
-struct LrFindOptions {
+struct FULGOR_API LrFindOptions {
   double min_lr = 1e-8;  ///< the rate of the first step
   double max_lr = 1.0;   ///< the rate of the last step
   /// Optimizer steps the sweep takes (Lightning's num_training): one rate each.
@@ -40,7 +41,7 @@ struct LrFindOptions {
 /// the losses over the rates (in float32, as Lightning's tensors), leaving
 /// out the first skip_begin and the last skip_end entries (Python's slice
 /// [skip_begin:-skip_end]) and the losses that are not finite.
-class LRFinder {
+class FULGOR_API LRFinder {
  public:
   struct Results {
     std::vector<double> lr;
@@ -89,7 +90,7 @@ class LRFinder {
 /// nothing, with a warning. lr_find() may be called from on_train_epoch_start
 /// too (a subclass running a sweep at chosen epochs, as Lightning's
 /// FineTuneLearningRateFinder example).
-class LearningRateFinder : public Callback {
+class FULGOR_API LearningRateFinder : public Callback {
  public:
   /// Throws ConfigError for a mode other than "exponential" or "linear"
   /// (either case), num_training < 1, or rates that are not positive.

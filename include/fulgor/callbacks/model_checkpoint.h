@@ -7,6 +7,7 @@
 #include <string>
 
 #include "fulgor/callback.h"
+#include "fulgor/core/export.h"
 
 namespace fulgor {
 
@@ -68,7 +69,7 @@ struct ModelCheckpointOptions {
 /// (best_model_path and the others) counts a file from the moment its save
 /// begins, as the state inside the file must, and the file it displaces is
 /// removed only once the new file is on disk.
-class ModelCheckpoint : public Callback {
+class FULGOR_API ModelCheckpoint : public Callback {
  public:
   explicit ModelCheckpoint(ModelCheckpointOptions options = {});
 

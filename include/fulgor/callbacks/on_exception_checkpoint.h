@@ -3,6 +3,7 @@
 #include <string>
 
 #include "fulgor/callback.h"
+#include "fulgor/core/export.h"
 
 namespace fulgor {
 
@@ -18,7 +19,7 @@ namespace fulgor {
 /// Lightning's Checkpoint callbacks. An empty `filename` is a ConfigError. A
 /// stop by a signal (Ctrl-C) is not an exception in fulgor: the fit ends
 /// cleanly, with ModelCheckpoint's saves, and this callback removes its file.
-class OnExceptionCheckpoint : public Callback {
+class FULGOR_API OnExceptionCheckpoint : public Callback {
  public:
   explicit OnExceptionCheckpoint(std::string dirpath, std::string filename = "on_exception");
 

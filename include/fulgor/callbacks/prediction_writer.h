@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "fulgor/callback.h"
+#include "fulgor/core/export.h"
 
 namespace fulgor {
 
@@ -22,7 +23,7 @@ namespace fulgor {
 /// writes its own part: write with trainer.global_rank() in the file names.
 /// The defaults of write_on_batch_end and write_on_epoch_end throw Error, as
 /// Lightning's raise NotImplementedError.
-class BasePredictionWriter : public Callback {
+class FULGOR_API BasePredictionWriter : public Callback {
  public:
   explicit BasePredictionWriter(const std::string& write_interval = "batch");
 
@@ -57,7 +58,7 @@ class BasePredictionWriter : public Callback {
 /// lists, as the example of Lightning's BasePredictionWriter writes them. An
 /// index file is written only where the loader tells the indices. Files of an
 /// earlier run with the same names are replaced.
-class TorchSavePredictionWriter : public BasePredictionWriter {
+class FULGOR_API TorchSavePredictionWriter : public BasePredictionWriter {
  public:
   explicit TorchSavePredictionWriter(std::filesystem::path output_dir, const std::string& write_interval = "batch");
 

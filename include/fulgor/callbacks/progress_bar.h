@@ -7,6 +7,7 @@
 #include <string>
 
 #include "fulgor/callback.h"
+#include "fulgor/core/export.h"
 
 namespace fulgor {
 
@@ -16,7 +17,7 @@ namespace fulgor {
 /// `refresh_lines` percent of an epoch (or every 50 batches when the length is
 /// unknown), at least `min_line_seconds` apart, and one per finished epoch and
 /// evaluation, each written once.
-class ProgressBar : public Callback {
+class FULGOR_API ProgressBar : public Callback {
  public:
   /// `out`: where to write (nullptr: std::cout). `terminal`: whether `out`
   /// shows a line redrawn in place; unset means when `out` is std::cout and

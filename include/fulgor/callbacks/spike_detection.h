@@ -8,11 +8,12 @@
 
 #include "fulgor/callback.h"
 #include "fulgor/core/error.h"
+#include "fulgor/core/export.h"
 
 namespace fulgor {
 
 /// What SpikeDetection throws (Lightning's TrainingSpikeException).
-class TrainingSpikeException : public Error {
+class FULGOR_API TrainingSpikeException : public Error {
  public:
   explicit TrainingSpikeException(int64_t batch_idx)
       : Error("Training spike detected in batch " + std::to_string(batch_idx)), batch_idx_(batch_idx) {}
@@ -47,7 +48,7 @@ struct SpikeDetectionOptions {
 /// throw when any finds a spike; rank 0 writes the file. The running mean,
 /// the last loss and the batches found are in checkpoints. An unknown mode,
 /// or a window below 1, is a ConfigError.
-class SpikeDetection : public Callback {
+class FULGOR_API SpikeDetection : public Callback {
  public:
   explicit SpikeDetection(SpikeDetectionOptions options = {});
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "fulgor/callback.h"
+#include "fulgor/core/export.h"
 #include "fulgor/optim/scheduler.h"
 
 namespace fulgor {
@@ -21,7 +22,7 @@ namespace fulgor {
 /// ("linear"), then holds it. `swa_lrs` has one rate for all groups or one
 /// per group. Refuses, with a ConfigError, another strategy, a negative
 /// anneal_epochs, or a list of another length than the groups.
-class SWALR : public LRScheduler {
+class FULGOR_API SWALR : public LRScheduler {
  public:
   SWALR(torch::optim::Optimizer& optimizer, std::vector<double> swa_lrs, int64_t anneal_epochs = 10,
         const std::string& anneal_strategy = "cos");
@@ -43,7 +44,7 @@ class SWALR : public LRScheduler {
 /// average over the batches) while the pass runs in training mode, then the
 /// momenta and the model's mode are put back. Returns whether the model has
 /// batch-norm layers (none: nothing is run).
-bool update_bn(torch::nn::Module& model, const std::function<void()>& forward_pass);
+FULGOR_API bool update_bn(torch::nn::Module& model, const std::function<void()>& forward_pass);
 
 /// Options of StochasticWeightAveraging, with Lightning's defaults.
 struct StochasticWeightAveragingOptions {
@@ -78,7 +79,7 @@ struct StochasticWeightAveragingOptions {
 /// optimizer, a fractional start with max_epochs -1, and, unlike Lightning,
 /// which swaps the module's scheduler for SWALR, any scheduler of the module's;
 /// a module with batch-norm layers needs bn_forward.
-class StochasticWeightAveraging : public Callback {
+class FULGOR_API StochasticWeightAveraging : public Callback {
  public:
   explicit StochasticWeightAveraging(StochasticWeightAveragingOptions options);
   ~StochasticWeightAveraging() override;

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "fulgor/callback.h"
+#include "fulgor/core/export.h"
 
 namespace fulgor {
 
@@ -25,7 +26,7 @@ namespace fulgor {
 /// `samples_per_sec`, `items_per_sec`; once the window holds as many FLOPs
 /// counts, `device/flops_per_sec` (`flops_per_sec` with world_size > 1), and
 /// `device/mfu` when available_flops is set. "/" is the separator.
-class Throughput {
+class FULGOR_API Throughput {
  public:
   /// available_flops: one device's peak FLOP/s; world_size >= 1; window_size >= 2.
   explicit Throughput(std::optional<double> available_flops = std::nullopt, int64_t world_size = 1,
@@ -49,7 +50,7 @@ class Throughput {
 };
 
 /// Options of ThroughputMonitor (Lightning's arguments and its Throughput's).
-struct ThroughputMonitorOptions {
+struct FULGOR_API ThroughputMonitorOptions {
   /// The samples in a batch (required).
   std::function<int64_t(const BatchEnd&)> batch_size_fn;
   /// The items (tokens, pixels) in a batch: adds the `items_per_sec` rates.
@@ -82,7 +83,7 @@ struct ThroughputMonitorOptions {
 /// calls, with a new window and clock at each, as Lightning's. The sanity
 /// check is not measured. The metrics go to the loggers at the Trainer's
 /// logging step (Lightning logs the evaluation loops' at their batch count). No batch_size_fn is a ConfigError.
-class ThroughputMonitor : public Callback {
+class FULGOR_API ThroughputMonitor : public Callback {
  public:
   explicit ThroughputMonitor(ThroughputMonitorOptions options);
 

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "fulgor/callback.h"
+#include "fulgor/core/export.h"
 #include "fulgor/optim/scheduler.h"
 
 namespace fulgor {
@@ -14,7 +15,7 @@ namespace fulgor {
 /// Contract: checks after every training batch (Interval::step) or epoch
 /// (Interval::epoch) and asks the Trainer to stop, naming the budget. The time
 /// already spent is saved in checkpoints and counts after a resume.
-class Timer : public Callback {
+class FULGOR_API Timer : public Callback {
  public:
   using Duration = std::chrono::duration<double>;
   explicit Timer(Duration duration, Interval interval = Interval::step);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "fulgor/callback.h"
+#include "fulgor/core/export.h"
 
 namespace fulgor {
 
@@ -19,10 +20,10 @@ using AverageFunction = std::function<torch::Tensor(const torch::Tensor&, const 
 
 /// torch.optim.swa_utils.get_swa_avg_fn: the equally weighted average,
 /// a + (m - a) / (n + 1).
-AverageFunction swa_average();
+FULGOR_API AverageFunction swa_average();
 /// torch.optim.swa_utils.get_ema_avg_fn: decay * a + (1 - decay) * m.
 /// A decay outside [0, 1] is a ConfigError.
-AverageFunction ema_average(double decay = 0.999);
+FULGOR_API AverageFunction ema_average(double decay = 0.999);
 
 /// A running average of a module's parameters and buffers (torch's
 /// AveragedModel): the first update copies the module's values, each later one
@@ -36,7 +37,7 @@ AverageFunction ema_average(double decay = 0.999);
 /// point (BatchNorm's num_batches_tracked) take the module's value at every
 /// update: torch would average them and round. update/swap/copy refuse, with
 /// a ConfigError, a module whose tensors differ in number or shape.
-class AveragedModel {
+class FULGOR_API AveragedModel {
  public:
   AveragedModel(const torch::nn::Module& module, AverageFunction average = {}, bool use_buffers = true,
                 std::optional<torch::Device> device = std::nullopt);
@@ -89,7 +90,7 @@ struct WeightAveragingOptions {
 /// module's own as this callback's tensors; resuming from it restores both,
 /// with the number of models averaged and the last step that updated. Resuming
 /// from a checkpoint without them starts the average from its model.
-class WeightAveraging : public Callback {
+class FULGOR_API WeightAveraging : public Callback {
  public:
   explicit WeightAveraging(WeightAveragingOptions options = {});
 
@@ -139,7 +140,7 @@ struct EMAWeightAveragingOptions {
 /// after every update_every_n_steps-th optimizer step from
 /// update_starting_at_step on, and after every epoch from
 /// update_starting_at_epoch on.
-class EMAWeightAveraging : public WeightAveraging {
+class FULGOR_API EMAWeightAveraging : public WeightAveraging {
  public:
   explicit EMAWeightAveraging(EMAWeightAveragingOptions options = {});
   bool should_update(std::optional<int64_t> step_idx, std::optional<int64_t> epoch_idx) override;

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "fulgor/core/export.h"
+
 namespace fulgor {
 
 class ModuleBase;
@@ -52,32 +54,39 @@ class Accelerator;
 /// Writes `archive` to `path` as a checkpoint file, atomically.
 /// Throws CheckpointError naming the file and the system's reason, or saying
 /// that `path` exists and is not a regular file.
-void write_checkpoint_file(const std::string& path, torch::serialize::OutputArchive& archive);
+FULGOR_API void write_checkpoint_file(const std::string& path, torch::serialize::OutputArchive& archive);
 
 /// Reads a checkpoint file onto the CPU. Throws CheckpointError naming the
 /// file when it is missing, not a regular file, truncated, corrupted, of
 /// another format or version.
-torch::serialize::InputArchive read_checkpoint_file(const std::string& path);
+FULGOR_API torch::serialize::InputArchive read_checkpoint_file(const std::string& path);
 
 /// The "meta" JSON of a checkpoint file (versions, epoch, global step, ...).
-nlohmann::json read_checkpoint_meta(const std::string& path);
+FULGOR_API nlohmann::json read_checkpoint_meta(const std::string& path);
 
 /// Copies the parameters and buffers saved in the checkpoint at `path` into
 /// `module`, wherever its tensors live (Lightning's load_from_checkpoint for
 /// the weights). Throws CheckpointError naming a missing or misshapen tensor,
 /// or one whose dtype differs from the module's, with both dtypes (Note
 /// [Checkpoint dtypes] in src/checkpoint/checkpoint.cpp): nothing is cast silently.
-void load_module_weights(ModuleBase& module, const std::string& path);
+FULGOR_API void load_module_weights(ModuleBase& module, const std::string& path);
 
-namespace detail {
+// Exported for the tests (Note [Exported symbols] in fulgor/core/export.h).
+namespace impl {
 // Removes the temporary files that writers killed mid-save left in `dir`,
 // sparing those a live writer holds (Note [Temporary checkpoint files]).
 // Best effort: what cannot be examined or removed stays, silently.
-void remove_stale_temporaries(const std::string& dir);
+FULGOR_API void remove_stale_temporaries(const std::string& dir);
 
 // Copies the tensors of `archive` (read onto the CPU) into the module's
 // parameters and buffers in place.
-void load_module_state(torch::nn::Module& module, torch::serialize::InputArchive& archive, const std::string& path);
+FULGOR_API void load_module_state(torch::nn::Module& module, torch::serialize::InputArchive& archive,
+                                  const std::string& path);
+}  // namespace impl
+
+namespace detail {
+using impl::load_module_state;
+using impl::remove_stale_temporaries;
 
 // Replaces every tensor `archive` holds (nested archives, lists, dicts and
 // tuples included) by a copy in host memory, pinned when `pin` and the tensor

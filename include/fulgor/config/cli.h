@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "fulgor/config/trainer_options.h"
+#include "fulgor/core/export.h"
 
 namespace fulgor {
 
@@ -46,10 +47,10 @@ struct CommandLine {
   T get(const std::string& section, const std::string& key, T fallback) const;
 };
 
-namespace detail {
-[[noreturn]] void throw_unreadable_section_value(const std::string& section, const std::string& key,
-                                                 const nlohmann::json& value, const std::string& why);
-}  // namespace detail
+namespace impl {
+[[noreturn]] FULGOR_API void throw_unreadable_section_value(const std::string& section, const std::string& key,
+                                                            const nlohmann::json& value, const std::string& why);
+}  // namespace impl
 
 template <typename T>
 T CommandLine::get(const std::string& section, const std::string& key, T fallback) const {
@@ -68,7 +69,7 @@ T CommandLine::get(const std::string& section, const std::string& key, T fallbac
              (v < 0 || static_cast<uint64_t>(v) <= static_cast<uint64_t>(limits::max()));
     }
     if (!fits)
-      detail::throw_unreadable_section_value(
+      impl::throw_unreadable_section_value(
           section, key, value,
           "expected an integer from " + std::to_string(limits::min()) + " to " + std::to_string(limits::max()));
     return value.template get<T>();
@@ -76,7 +77,7 @@ T CommandLine::get(const std::string& section, const std::string& key, T fallbac
     try {
       return value.template get<T>();
     } catch (const nlohmann::json::exception& e) {
-      detail::throw_unreadable_section_value(section, key, value, e.what());
+      impl::throw_unreadable_section_value(section, key, value, e.what());
     }
   }
 }
@@ -91,12 +92,12 @@ T CommandLine::get(const std::string& section, const std::string& key, T fallbac
 /// declared, on the command line or in a config file, is a ConfigError naming
 /// the nearest declared one; a declared section must be given an object of
 /// keys. Null (the default) keeps every other section as given, unchecked.
-CommandLine parse_command_line(int argc, const char* const* argv, TrainerOptions defaults = {},
-                               const nlohmann::json& sections = nullptr);
+FULGOR_API CommandLine parse_command_line(int argc, const char* const* argv, TrainerOptions defaults = {},
+                                          const nlohmann::json& sections = nullptr);
 
 /// A usage text listing every trainer option with its default, and the
 /// program's declared sections' keys with theirs.
-std::string command_line_help(const std::string& program, const TrainerOptions& defaults = {},
-                              const nlohmann::json& sections = nullptr);
+FULGOR_API std::string command_line_help(const std::string& program, const TrainerOptions& defaults = {},
+                                          const nlohmann::json& sections = nullptr);
 
 }  // namespace fulgor

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "fulgor/core/devices.h"
+#include "fulgor/core/export.h"
 
 namespace fulgor {
 
@@ -22,7 +23,7 @@ class Logger;
 ///
 /// Requires: a count >= 0, a fraction in [0, 1] (checked where it is used,
 /// with a ConfigError naming the option).
-class Limit {
+class FULGOR_API Limit {
  public:
   Limit() = default;  ///< all batches
   Limit(int count) : count_(count) {}
@@ -61,7 +62,7 @@ class Limit {
 /// loggers are objects and stay out of JSON), and parse_command_line fills them
 /// from `--trainer.<name>=<value>` arguments. The Trainer checks the values
 /// when a loop starts and throws ConfigError naming the option.
-struct TrainerOptions {
+struct FULGOR_API TrainerOptions {
   /// A registered accelerator, "auto" (highest priority available) or "gpu".
   std::string accelerator = "auto";
   /// "auto", "single_device" or "ddp" (one process per device, started by
@@ -191,28 +192,28 @@ struct TrainerOptions {
 };
 
 /// Converts options to JSON. Callbacks and loggers are left out.
-void to_json(nlohmann::json& json, const TrainerOptions& options);
+FULGOR_API void to_json(nlohmann::json& json, const TrainerOptions& options);
 /// Fills options from a JSON object holding any subset of the option names.
 /// Throws ConfigError naming the key for an unknown key (listing the known
 /// ones) or an ill-typed value (naming the expected type).
-void from_json(const nlohmann::json& json, TrainerOptions& options);
+FULGOR_API void from_json(const nlohmann::json& json, TrainerOptions& options);
 
-void to_json(nlohmann::json& json, const Limit& limit);
-void from_json(const nlohmann::json& json, Limit& limit);
-void to_json(nlohmann::json& json, const Devices& devices);
-void from_json(const nlohmann::json& json, Devices& devices);
+FULGOR_API void to_json(nlohmann::json& json, const Limit& limit);
+FULGOR_API void from_json(const nlohmann::json& json, Limit& limit);
+FULGOR_API void to_json(nlohmann::json& json, const Devices& devices);
+FULGOR_API void from_json(const nlohmann::json& json, Devices& devices);
 
 /// Sets one option from its textual form as typed on a command line
 /// (`max_epochs`, `"3"`). Throws ConfigError naming the key and the expected
 /// type when the key is unknown or the text does not parse.
-void set_option(TrainerOptions& options, const std::string& key, const std::string& value);
+FULGOR_API void set_option(TrainerOptions& options, const std::string& key, const std::string& value);
 
 /// Checks every value as a Trainer does when a loop starts: throws ConfigError
 /// naming the first option whose value is not accepted (a count out of its
 /// range, a fraction outside [0, 1], NaN or an infinity, an unknown name).
-void check_options(const TrainerOptions& options);
+FULGOR_API void check_options(const TrainerOptions& options);
 
 /// The names of all options JSON and the command line accept, in declaration order.
-std::vector<std::string> trainer_option_names();
+FULGOR_API std::vector<std::string> trainer_option_names();
 
 }  // namespace fulgor

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "fulgor/core/devices.h"
+#include "fulgor/core/export.h"
 
 namespace fulgor {
 
@@ -52,7 +53,7 @@ struct DeviceSetup {
 ///   - Methods taking a device get one of this accelerator's device type.
 ///   - An instance is used from one thread at a time; the registry hands out a
 ///     fresh instance to each caller.
-class Accelerator {
+class FULGOR_API Accelerator {
  public:
   virtual ~Accelerator() = default;
 

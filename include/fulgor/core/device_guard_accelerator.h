@@ -3,6 +3,7 @@
 #include <string>
 
 #include "fulgor/core/accelerator.h"
+#include "fulgor/core/export.h"
 
 namespace fulgor {
 
@@ -18,7 +19,7 @@ namespace fulgor {
 /// a method that reaches the device (setup_device, move_tensor and so
 /// move_module and move_batch, get_rng_state, set_rng_state). Those throw
 /// DeviceError with the reason when the accelerator is unavailable.
-class DeviceGuardAccelerator : public Accelerator {
+class FULGOR_API DeviceGuardAccelerator : public Accelerator {
  public:
   Availability availability() const override;
   int64_t device_count() const override;

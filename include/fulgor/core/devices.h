@@ -6,6 +6,8 @@
 #include <variant>
 #include <vector>
 
+#include "fulgor/core/export.h"
+
 namespace fulgor {
 
 /// Which devices a Trainer uses, with PyTorch Lightning's meanings:
@@ -17,7 +19,7 @@ namespace fulgor {
 ///
 /// Requires: nothing; any value converts. Whether it is valid depends on the
 /// accelerator, and Accelerator::parse_devices says why when it is not.
-class Devices {
+class FULGOR_API Devices {
  public:
   using Value = std::variant<int64_t, std::string, std::vector<int64_t>>;
 
@@ -54,10 +56,11 @@ inline constexpr int64_t kMaxDevices = 65536;
 /// other than -1, indices past the count and counts above kMaxDevices, with a
 /// ConfigError naming the value and the count. `accelerator` names the
 /// accelerator in messages.
-std::vector<int64_t> parse_device_indices(const Devices& devices, int64_t available, const std::string& accelerator);
+FULGOR_API std::vector<int64_t> parse_device_indices(const Devices& devices, int64_t available,
+                                                     const std::string& accelerator);
 
 /// Lightning's CPU semantics: a number of processes, "auto" meaning 1, at most
 /// kMaxDevices (ConfigError naming the value and the limit).
-int64_t parse_process_count(const Devices& devices, const std::string& accelerator);
+FULGOR_API int64_t parse_process_count(const Devices& devices, const std::string& accelerator);
 
 }  // namespace fulgor

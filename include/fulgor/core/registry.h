@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "fulgor/core/accelerator.h"
+#include "fulgor/core/export.h"
 #include "fulgor/core/version.h"
 
 namespace fulgor {
@@ -49,7 +50,7 @@ struct AcceleratorInfo {
 ///           cuda 400 > xpu 300 > npu 200 > cpu 0; plugins give their own)
 ///   "gpu"   the available accelerator of highest priority whose device type
 ///           is not the CPU
-class AcceleratorRegistry {
+class FULGOR_API AcceleratorRegistry {
  public:
   /// The registry, after loading the plugins FULGOR_ACCELERATOR_PLUGINS names.
   /// Throws PluginError when one of them fails to load.
@@ -107,7 +108,7 @@ class AcceleratorRegistry {
 };
 
 /// Shorthand for AcceleratorRegistry::instance().create(name).
-std::unique_ptr<Accelerator> make_accelerator(const std::string& name);
+FULGOR_API std::unique_ptr<Accelerator> make_accelerator(const std::string& name);
 
 /// Loads an accelerator plugin: a shared library that registers accelerators
 /// with REGISTER_ACCELERATOR. Returns the names it registered. Loading the same
@@ -115,9 +116,11 @@ std::unique_ptr<Accelerator> make_accelerator(const std::string& name);
 /// it is missing, is not a loadable shared library, was built for another plugin
 /// ABI version, registers nothing, or registers a name already taken; then
 /// nothing it registered is kept.
-std::vector<std::string> load_accelerator_plugin(const std::string& path);
+FULGOR_API std::vector<std::string> load_accelerator_plugin(const std::string& path);
 
-namespace detail {
+// What the macros and templates of public headers call inside the library:
+// exported, unlike detail (Note [Exported symbols] in fulgor/core/export.h).
+namespace impl {
 
 using AcceleratorCreator = std::unique_ptr<Accelerator> (*)();
 
@@ -125,7 +128,7 @@ using AcceleratorCreator = std::unique_ptr<Accelerator> (*)();
 // is the plugin ABI the caller was compiled with and is checked before
 // anything else is used. Never throws: problems surface when the plugin loader
 // or the first registry lookup reports them.
-void register_accelerator_at_load(int abi_version, const char* name, AcceleratorCreator creator) noexcept;
+FULGOR_API void register_accelerator_at_load(int abi_version, const char* name, AcceleratorCreator creator) noexcept;
 
 struct AcceleratorRegistration {
   AcceleratorRegistration(int abi_version, const char* name, AcceleratorCreator creator) noexcept {
@@ -133,16 +136,15 @@ struct AcceleratorRegistration {
   }
 };
 
-}  // namespace detail
+}  // namespace impl
 }  // namespace fulgor
 
 #define FULGOR_DETAIL_CONCAT_(a, b) a##b
 #define FULGOR_DETAIL_CONCAT(a, b) FULGOR_DETAIL_CONCAT_(a, b)
 
 // Registers with an explicit ABI version; REGISTER_ACCELERATOR is what code uses.
-#define FULGOR_DETAIL_REGISTER_ACCELERATOR(abi_version, name, Class)                                       \
-  static const ::fulgor::detail::AcceleratorRegistration FULGOR_DETAIL_CONCAT(fulgor_accelerator_at_load_, \
-                                                                              __COUNTER__)(                \
+#define FULGOR_DETAIL_REGISTER_ACCELERATOR(abi_version, name, Class)                                                   \
+  static const ::fulgor::impl::AcceleratorRegistration FULGOR_DETAIL_CONCAT(fulgor_accelerator_at_load_, __COUNTER__)( \
       abi_version, name, []() -> std::unique_ptr<::fulgor::Accelerator> { return std::make_unique<Class>(); })
 
 /// Registers accelerator class `Class` (default-constructible, cheap to

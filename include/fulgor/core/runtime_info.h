@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "fulgor/core/export.h"
+
 namespace fulgor {
 
 /// The BLAS library LibTorch's CPU matrix products run on in this process.
@@ -18,16 +20,16 @@ struct BlasInfo {
   bool linked_into_libtorch = false;
 };
 
-BlasInfo blas_info();
+FULGOR_API BlasInfo blas_info();
 
 /// LibTorch's intra-op thread count.
-int torch_threads();
+FULGOR_API int torch_threads();
 
 /// Gives OpenBLAS one thread when it runs threads of its own (its pthreads
 /// build), which would otherwise fight LibTorch's threads for the cores (Note
 /// [BLAS threads] in src/core/runtime_info.cpp). Leaves it as it is when
 /// OPENBLAS_NUM_THREADS is set. The CPU accelerator calls it when a loop
 /// sets up its device. Returns whether it changed the count.
-bool limit_blas_threads();
+FULGOR_API bool limit_blas_threads();
 
 }  // namespace fulgor

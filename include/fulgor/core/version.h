@@ -1,5 +1,7 @@
 #pragma once
 
+#include "fulgor/core/export.h"
+
 // fulgor's release and its plugin ABI.
 //
 // FULGOR_PLUGIN_ABI_VERSION changes whenever a change to Accelerator, the
@@ -18,12 +20,12 @@ namespace fulgor {
 
 /// The version of the fulgor library this process runs (may differ from the
 /// headers a plugin was built with).
-const char* version();
+FULGOR_API const char* version();
 
 /// The plugin ABI version of the fulgor library this process runs.
-int plugin_abi_version();
+FULGOR_API int plugin_abi_version();
 
 /// The LibTorch version this fulgor was built against, "MAJOR.MINOR.PATCH".
-const char* torch_version();
+FULGOR_API const char* torch_version();
 
 }  // namespace fulgor

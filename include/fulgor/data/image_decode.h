@@ -7,13 +7,14 @@
 #include <vector>
 
 #include "fulgor/core/error.h"
+#include "fulgor/core/export.h"
 
 namespace fulgor {
 
 /// A sample that cannot be read or decoded: a corrupt or truncated image, a
 /// format fulgor does not decode, a file or shard member that is missing.
 /// The message names the sample.
-class DataError : public Error {
+class FULGOR_API DataError : public Error {
  public:
   using Error::Error;
 };
@@ -83,7 +84,7 @@ struct DecodeRequest {
 ///
 /// Not thread-safe: one decoder per thread (it keeps TurboJPEG's handles and
 /// their buffers).
-class ImageDecoder {
+class FULGOR_API ImageDecoder {
  public:
   explicit ImageDecoder(int64_t max_pixels = kDefaultMaxImagePixels);
   ~ImageDecoder();
@@ -107,6 +108,6 @@ class ImageDecoder {
 
 /// The format of encoded bytes, from their signature; DataError naming
 /// `name` for anything but JPEG and PNG.
-ImageFormat image_format(const uint8_t* data, size_t size, const std::string& name);
+FULGOR_API ImageFormat image_format(const uint8_t* data, size_t size, const std::string& name);
 
 }  // namespace fulgor

@@ -4,6 +4,8 @@
 #include <string>
 #include <vector>
 
+#include "fulgor/core/export.h"
+
 namespace fulgor {
 
 /// Encoded images with a class each, read by index: what an ImageLoader
@@ -12,7 +14,7 @@ namespace fulgor {
 /// Contract: size() and target() are fixed after construction; read() may be
 /// called from several threads at once, and throws DataError (naming the
 /// sample) when the sample cannot be read.
-class ImageDataset {
+class FULGOR_API ImageDataset {
  public:
   virtual ~ImageDataset() = default;
   virtual int64_t size() const = 0;
@@ -42,7 +44,7 @@ class ImageDataset {
 ///
 /// Throws DataError naming the folder when root is not a folder, has no class
 /// folder, or a class has no image (torchvision's FileNotFoundError).
-class ImageFolder final : public ImageDataset {
+class FULGOR_API ImageFolder final : public ImageDataset {
  public:
   explicit ImageFolder(const std::string& root);
 
@@ -62,6 +64,6 @@ class ImageFolder final : public ImageDataset {
 };
 
 /// Reads a whole file into `bytes`; DataError naming it when it cannot.
-void read_file(const std::string& path, std::vector<uint8_t>& bytes);
+FULGOR_API void read_file(const std::string& path, std::vector<uint8_t>& bytes);
 
 }  // namespace fulgor

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "fulgor/core/export.h"
 #include "fulgor/data/image_folder.h"
 #include "fulgor/data/image_transforms.h"
 #include "fulgor/data/loader_protocol.h"
@@ -71,7 +72,7 @@ struct ImageLoaderOptions {
 /// Requires: batch_size >= 1, prefetch_batches >= 1, num_workers >= 0,
 /// shuffle_buffer >= 1 (ConfigError otherwise). One iteration at a time; starting another, or
 /// destroying the loader, stops the workers of the one before.
-class ImageLoader {
+class FULGOR_API ImageLoader {
  public:
   using Batch = torch::data::Example<>;
 
@@ -99,19 +100,11 @@ class ImageLoader {
   /// how a Trainer resumes mid-epoch. Always true; ConfigError when negative.
   bool start_at(int64_t batch);
 
-  class Iterator {
+  class FULGOR_API Iterator : public detail::BatchIterator<Iterator, Batch> {
    public:
-    using iterator_category = std::input_iterator_tag;
-    using value_type = Batch;
-    using difference_type = std::ptrdiff_t;
-    using pointer = Batch*;
-    using reference = Batch&;
-
     Batch& operator*() { return batch_; }
-    Batch* operator->() { return &batch_; }
     Iterator& operator++();
     bool operator==(const Iterator& other) const { return done_ == other.done_; }
-    bool operator!=(const Iterator& other) const { return !(*this == other); }
 
    private:
     friend class ImageLoader;

@@ -7,6 +7,7 @@
 #include <variant>
 #include <vector>
 
+#include "fulgor/core/export.h"
 #include "fulgor/data/image_decode.h"
 
 namespace fulgor {
@@ -78,7 +79,7 @@ struct ImageCrop {
 /// RandomResizedCrop or a Resize to {h, w}, last among them); Normalize only
 /// with float output, after the geometric transforms. Throws ConfigError
 /// naming the transform otherwise.
-class ImageTransforms {
+class FULGOR_API ImageTransforms {
  public:
   explicit ImageTransforms(std::vector<ImageTransform> steps, ImageOutput output = {});
 

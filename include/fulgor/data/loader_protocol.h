@@ -49,16 +49,22 @@
 //                                 the batch it yielded last (Lightning's
 //                                 batch indices, which a prediction writer
 //                                 records); a DevicePrefetcher, which runs
-//                                 ahead, does not forward it.
+//                                 ahead, answers it for the batch it handed
+//                                 out, not the one it fetched.
 //
 // fulgor::ImageLoader offers all but bind_device, batches_on and batch_indices;
 // fulgor::TensorLoader offers all but bind_device and start_at; fulgor::make_data_loader's
 // loaders offer size(), set_epoch and distribute; a DevicePrefetcher forwards
 // what its loader offers. docs/training.md ("Loaders") says the same for users.
+// The protocol is erased once, for any batch type, in AnyLoader (Note [One
+// erased loader] in fulgor/data/any_loader.h), through which the Trainer
+// runs every loader.
 
 #include <torch/types.h>
 
+#include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <optional>
 #include <type_traits>
 #include <utility>
@@ -131,6 +137,21 @@ struct has_start_at : std::false_type {};
 template <typename L>
 struct has_start_at<L, std::void_t<decltype(bool{std::declval<L&>().start_at(int64_t{})})>> : std::true_type {};
 
+// Note [Batch iterators]
+// The loaders' iterators are input iterators over batches, compared only
+// with end(): what they have in common is written here once.
+template <typename Derived, typename Batch>
+class BatchIterator {
+ public:
+  using iterator_category = std::input_iterator_tag;
+  using value_type = Batch;
+  using difference_type = std::ptrdiff_t;
+  using pointer = Batch*;
+  using reference = Batch&;
+
+  Batch* operator->() { return &*static_cast<Derived&>(*this); }
+  bool operator!=(const Derived& other) const { return !(static_cast<const Derived&>(*this) == other); }
+};
 }  // namespace detail
 
 /// Batches per epoch of `loader` when it tells (a size() member), else nullopt.

@@ -3,11 +3,13 @@
 #include <iterator>
 #include <optional>
 #include <utility>
+#include <vector>
 
 #include "fulgor/core/accelerator.h"
 #include "fulgor/core/batch.h"
-#include "fulgor/data/loader_protocol.h"
 #include "fulgor/core/error.h"
+#include "fulgor/data/any_loader.h"
+#include "fulgor/data/loader_protocol.h"
 
 namespace fulgor {
 
@@ -26,8 +28,12 @@ namespace fulgor {
 ///   fulgor::DevicePrefetcher prefetched(train_loader);
 ///   trainer.fit(model, prefetched, val_loader);
 ///
-/// It tells the Trainer the loader's length and passes set_epoch, distribute
-/// and start_at on, where the loader has them.
+/// It passes every member of the loader protocol (Note [The loader
+/// protocol]) on, where the loader has it: size(), set_epoch, disable_shuffle,
+/// distribute, start_at, and batch_indices, which it answers for the batch it
+/// handed out last rather than the one it fetched ahead. bind_device and
+/// pin_memory are its own: it binds itself, and asks its loader for pinned
+/// memory as iteration begins.
 ///
 /// Requires: loader, accelerator outlive the prefetcher; one iteration at a
 /// time; an accelerator and device (given here or by a Trainer) before begin().
@@ -56,6 +62,10 @@ class DevicePrefetcher {
   void set_epoch(int64_t epoch) {
     loader_->set_epoch(epoch);
   }
+  template <typename L = Loader, typename = decltype(std::declval<L&>().disable_shuffle())>
+  bool disable_shuffle() {
+    return loader_->disable_shuffle();
+  }
   template <typename L = Loader, typename = decltype(std::declval<L&>().distribute(DistributedShard{}))>
   bool distribute(const DistributedShard& shard) {
     return loader_->distribute(shard);
@@ -64,33 +74,33 @@ class DevicePrefetcher {
   bool start_at(int64_t batch) {
     return loader_->start_at(batch);
   }
+  /// The data set's indices of the batch handed out last.
+  template <typename L = Loader, typename = decltype(std::declval<const L&>().batch_indices())>
+  std::vector<int64_t> batch_indices() const {
+    return indices_;
+  }
 
-  class Iterator {
+  class Iterator : public detail::BatchIterator<Iterator, Batch> {
    public:
-    using iterator_category = std::input_iterator_tag;
-    using value_type = Batch;
-    using difference_type = std::ptrdiff_t;
-    using pointer = Batch*;
-    using reference = Batch&;
-
     Batch& operator*() { return *current_; }
-    Batch* operator->() { return &*current_; }
     Iterator& operator++() {
-      current_ = std::move(ahead_);
-      ahead_.reset();
-      fetch();
+      advance();
       return *this;
     }
     bool operator==(const Iterator& other) const { return current_.has_value() == other.current_.has_value(); }
-    bool operator!=(const Iterator& other) const { return !(*this == other); }
 
    private:
     friend class DevicePrefetcher;
     Iterator() = default;
     explicit Iterator(DevicePrefetcher* owner) : owner_(owner), it_(owner->loader_->begin()) {
       fetch();
+      advance();
+    }
+    // Hands out the batch fetched ahead, and fetches the next.
+    void advance() {
       current_ = std::move(ahead_);
       ahead_.reset();
+      owner_->indices_ = std::move(ahead_indices_);
       fetch();
     }
     // Issues the copy of the source's next batch, if any.
@@ -98,6 +108,7 @@ class DevicePrefetcher {
       if (!it_ || !(*it_ != owner_->loader_->end())) return;
       ahead_ = move_batch(Batch(**it_), *owner_->accelerator_, *owner_->device_,
                           owner_->accelerator_->supports_pinned_memory());
+      if constexpr (detail::has_batch_indices<Loader>::value) ahead_indices_ = owner_->loader_->batch_indices();
       ++*it_;
     }
 
@@ -105,6 +116,7 @@ class DevicePrefetcher {
     std::optional<SourceIterator> it_;  // LibTorch's loader iterators have no default state
     std::optional<Batch> current_;
     std::optional<Batch> ahead_;
+    std::vector<int64_t> ahead_indices_;
   };
 
   Iterator begin() {
@@ -122,6 +134,7 @@ class DevicePrefetcher {
   Loader* loader_;
   const Accelerator* accelerator_ = nullptr;
   std::optional<torch::Device> device_;
+  std::vector<int64_t> indices_;  // of the batch handed out last
 };
 
 }  // namespace fulgor

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "fulgor/core/export.h"
 #include "fulgor/data/image_folder.h"
 
 namespace fulgor {
@@ -33,7 +34,7 @@ namespace fulgor {
 /// not a tar archive, a member is truncated, a sample has no image or no
 /// class, or a class is not an integer >= 0; naming the index when it is
 /// not one, or was written for another version of its shard.
-class TarShards final : public ImageDataset {
+class FULGOR_API TarShards final : public ImageDataset {
  public:
   /// `use_index` false: index files are ignored, the shards streamed.
   explicit TarShards(const std::vector<std::string>& shards, bool use_index = true);

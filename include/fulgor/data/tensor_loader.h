@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "fulgor/core/export.h"
 #include "fulgor/data/loader_protocol.h"
 
 namespace fulgor {
@@ -49,7 +50,7 @@ struct TensorLoaderOptions {
 ///
 /// Requires: data and targets share their first dimension; batch_size >= 1.
 /// Not thread-safe: one iteration at a time.
-class TensorLoader {
+class FULGOR_API TensorLoader {
  public:
   using Batch = torch::data::Example<>;
 
@@ -94,19 +95,11 @@ class TensorLoader {
   /// A DevicePrefetcher calls it where its accelerator supports pinned memory.
   void pin_memory();
 
-  class Iterator {
+  class FULGOR_API Iterator : public detail::BatchIterator<Iterator, Batch> {
    public:
-    using iterator_category = std::input_iterator_tag;
-    using value_type = Batch;
-    using difference_type = std::ptrdiff_t;
-    using pointer = Batch*;
-    using reference = Batch&;
-
     Batch& operator*() { return batch_; }
-    Batch* operator->() { return &batch_; }
     Iterator& operator++();
     bool operator==(const Iterator& other) const { return done_ == other.done_; }
-    bool operator!=(const Iterator& other) const { return !(*this == other); }
 
    private:
     friend class TensorLoader;

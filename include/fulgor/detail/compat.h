@@ -8,6 +8,7 @@
 #include <c10/core/DeviceType.h>
 #include <c10/core/ScalarType.h>
 #include <c10/util/intrusive_ptr.h>
+#include <torch/optim/optimizer.h>
 #include <torch/types.h>
 #include <torch/version.h>
 
@@ -20,11 +21,6 @@
 
 #define FULGOR_TORCH_AT_LEAST(major, minor) \
   (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
-
-namespace torch::optim {
-class Optimizer;
-class OptimizerParamState;
-}  // namespace torch::optim
 
 namespace c10d {
 class Backend;
@@ -66,14 +62,31 @@ void autocast_exit();
 void unscale_grads(const std::vector<torch::Tensor>& grads, torch::Tensor& found_inf, const torch::Tensor& inv_scale);
 void update_scale(torch::Tensor& scale, torch::Tensor& growth_tracker, const torch::Tensor& found_inf,
                   double growth_factor, double backoff_factor, int64_t interval);
-/// An optimizer's state for `param`, or nullptr where it has none yet. The
-/// state map is keyed by the parameter's TensorImpl: as a string in 1.13, as
-/// the pointer from 2.0 on.
-torch::optim::OptimizerParamState* optimizer_param_state(const torch::optim::Optimizer& optimizer,
-                                                         const torch::Tensor& param);
+/// The key of `param`'s state in an optimizer's state map: the parameter's
+/// TensorImpl, as a string in 1.13, as the pointer from 2.0 on.
+inline auto optimizer_state_key(const torch::Tensor& param) {
+#if FULGOR_TORCH_AT_LEAST(2, 0)
+  return static_cast<void*>(param.unsafeGetTensorImpl());
+#else
+  return c10::guts::to_string(param.unsafeGetTensorImpl());
+#endif
+}
+/// An optimizer's state for `param`, or nullptr where it has none yet.
+/// Inline, as the tests read optimizer states too.
+inline torch::optim::OptimizerParamState* optimizer_param_state(const torch::optim::Optimizer& optimizer,
+                                                                const torch::Tensor& param) {
+  const auto& states = optimizer.state();
+  auto it = states.find(optimizer_state_key(param));
+  return it == states.end() ? nullptr : it->second.get();
+}
 /// Replaces the optimizer's state for `param` (nullptr: removes it).
-void set_optimizer_param_state(torch::optim::Optimizer& optimizer, const torch::Tensor& param,
-                               std::unique_ptr<torch::optim::OptimizerParamState> state);
+inline void set_optimizer_param_state(torch::optim::Optimizer& optimizer, const torch::Tensor& param,
+                                      std::unique_ptr<torch::optim::OptimizerParamState> state) {
+  if (state)
+    optimizer.state()[optimizer_state_key(param)] = std::move(state);
+  else
+    optimizer.state().erase(optimizer_state_key(param));
+}
 
 // ---- c10d (distributed) -------------------------------------------------------
 

@@ -25,27 +25,23 @@
 #include "fulgor/precision/precision.h"
 
 namespace fulgor {
-namespace detail {
+
+// The Trainer's compiled part takes these (Trainer::run_fit, run_eval): they
+// cross from the headers into the library, as impl does (Note [Exported
+// symbols] in fulgor/core/export.h).
+namespace impl {
 
 enum class Stage { train, validate, test, predict };
 
-// A loader's batch_indices() (Note [The loader protocol]), where it offers them.
-template <typename L>
-std::optional<std::vector<int64_t>> batch_indices_of(const L& loader) {
-  if constexpr (has_batch_indices<L>::value) return loader.batch_indices();
-  return std::nullopt;
-}
-template <typename B>
-std::optional<std::vector<int64_t>> batch_indices_of(const AnyLoader<B>& loader) {
-  return loader.batch_indices();
-}
-
 // A loader and a module's steps for it, with the batch type erased, so that
-// the loops are compiled once, in src/loops/. It speaks the loader
-// protocol (Note [The loader protocol]) for them.
+// the loops are compiled once, in src/loops/. It speaks the loader protocol
+// (Note [The loader protocol]) for them through the one erased loader it
+// runs (Note [One erased loader] in fulgor/data/any_loader.h).
 class StepRunner {
  public:
-  explicit StepRunner(std::optional<int64_t> length) : length_(length) {}
+  explicit StepRunner(detail::AnyLoaderBase& loader) : loader_(&loader) {}
+  StepRunner(const StepRunner&) = delete;
+  StepRunner& operator=(const StepRunner&) = delete;
   virtual ~StepRunner() = default;
   // Takes the loader, where a data module or the module makes it (the loop
   // asks for it when it sets up its data, as Lightning's setup_data): false
@@ -54,7 +50,7 @@ class StepRunner {
   // The class that makes the loader, for messages ("" for a loader given).
   virtual std::string source_name() const { return {}; }
   // Batches per epoch, when the loader tells.
-  std::optional<int64_t> length() const { return length_; }
+  std::optional<int64_t> length() const { return loader_->length(); }
   void bind(const Accelerator& accelerator, torch::Device device, const Precision& precision) {
     accelerator_ = &accelerator;
     device_ = device;
@@ -65,19 +61,24 @@ class StepRunner {
   // Asks the loader for each batch's indices (batch_indices()): the
   // prediction loop does, for the prediction writers.
   void record_indices(bool on) { want_indices_ = on; }
+  // Note [Loader epochs]
+  // A loader that shuffles by epoch number (TensorLoader) would otherwise
+  // count its own epochs, which a resumed run starts again from 0; being told
+  // the Trainer's epoch makes its order the uninterrupted run's.
   // Tells a loader with a set_epoch member which epoch comes next.
-  virtual void set_epoch(int64_t epoch) = 0;
+  void set_epoch(int64_t epoch) { loader_->set_epoch(epoch); }
   // Makes a loader with a distribute member read `shard` (Note [Distributed
-  // sampling] in src/trainer/state.cpp), and takes its new length; returns
-  // false where the loader has no such member or declined.
-  virtual bool distribute(const DistributedShard& shard) = 0;
+  // sampling] in src/trainer/state.cpp); returns false where the loader has
+  // no such member or declined. length() is the shard's afterwards.
+  bool distribute(const DistributedShard& shard) { return loader_->distribute(shard); }
   // Turns off a loader's shuffling where it can (TensorLoader::disable_shuffle):
   // returns whether it was shuffling.
-  virtual bool disable_shuffle() = 0;
+  bool disable_shuffle() { return loader_->disable_shuffle(); }
   // Makes the next epoch begin at `batch` where the loader can
   // (ImageLoader::start_at): false where the loop must fetch and drop the
-  // batches before it.
-  virtual bool start_at(int64_t batch) = 0;
+  // batches before it, as when overfit_batches replays its cache, which the
+  // loader does not know of.
+  bool start_at(int64_t batch) { return cache_limit_ == 0 && loader_->start_at(batch); }
   virtual void start_epoch() = 0;
   // Fetches the next batch, onto the device when `move`; false at the end.
   virtual bool next(bool move) = 0;
@@ -100,8 +101,6 @@ class StepRunner {
   virtual void drop_batch() = 0;
 
  protected:
-  void set_length(std::optional<int64_t> length) { length_ = length; }
-
   const Accelerator* accelerator_ = nullptr;
   const Precision* precision_ = nullptr;
   std::optional<torch::Device> device_;
@@ -110,63 +109,34 @@ class StepRunner {
   bool want_indices_ = false;
 
  private:
-  std::optional<int64_t> length_;
+  detail::AnyLoaderBase* loader_;
 };
 
-template <typename Batch, typename Loader>
+}  // namespace impl
+
+namespace detail {
+
+using impl::Stage;
+using impl::StepRunner;
+
+// Runs `loader` for the module.
+template <typename Batch>
 class LoaderRunner : public StepRunner {
-  using Iterator = decltype(std::declval<Loader&>().begin());
-  using LoaderBatch = std::decay_t<decltype(*std::declval<Iterator&>())>;
-  static_assert(std::is_constructible_v<Batch, LoaderBatch&&>,
-                "the loader's batches do not convert to the module's batch type: derive the module from "
-                "fulgor::BasicModule<B> with B the type the loader yields");
-
  public:
-  LoaderRunner(BasicModule<Batch>& module, Loader& loader)
-      : StepRunner(loader_length(loader)), module_(module), loader_(loader) {}
-
-  // Note [Loader epochs]
-  // A loader that shuffles by epoch number (TensorLoader) would otherwise
-  // count its own epochs, which a resumed run starts again from 0; being told
-  // the Trainer's epoch makes its order the uninterrupted run's.
-  void set_epoch(int64_t epoch) override {
-    if constexpr (has_set_epoch<Loader>::value) loader_.set_epoch(epoch);
-  }
-
-  bool distribute(const DistributedShard& shard) override {
-    if constexpr (has_distribute<Loader>::value) {
-      const bool done = loader_.distribute(shard);
-      set_length(loader_length(loader_));
-      return done;
-    }
-    return false;
-  }
-
-  bool disable_shuffle() override {
-    if constexpr (has_disable_shuffle<Loader>::value) return loader_.disable_shuffle();
-    return false;
-  }
-
-  bool start_at(int64_t batch) override {
-    // overfit_batches replays its cache, which the loader does not know of.
-    if constexpr (has_start_at<Loader>::value)
-      if (cache_limit_ == 0) return loader_.start_at(batch);
-    return false;
-  }
+  LoaderRunner(BasicModule<Batch>& module, AnyLoader<Batch>& loader)
+      : StepRunner(loader), module_(module), loader_(loader) {}
 
   void start_epoch() override {
     fetched_.reset();
     replay_ = cache_limit_ > 0 && static_cast<int64_t>(cache_.size()) == cache_limit_;
     position_ = 0;
-    if constexpr (has_batches_on<Loader>::value) module_.transfer_moves_ = !loader_.batches_on(*device_);
+    module_.transfer_moves_ = !loader_.batches_on(*device_);
     module_.transfer_accelerator_ = accelerator_;
     if (replay_) return;
     cache_.clear();
     it_.reset();
-    end_.reset();
-    if constexpr (has_bind_device<Loader>::value) loader_.bind_device(*accelerator_, *device_);
+    loader_.bind_device(*accelerator_, *device_);
     it_.emplace(loader_.begin());
-    end_.emplace(loader_.end());
     started_ = false;
   }
 
@@ -179,9 +149,9 @@ class LoaderRunner : public StepRunner {
     } else {
       if (started_) ++*it_;
       started_ = true;
-      if (*it_ == *end_) return false;
+      if (*it_ == loader_.end()) return false;
       fetched_.emplace(Batch(std::move(**it_)));
-      if (want_indices_) indices_ = batch_indices_of(loader_);
+      if (want_indices_) indices_ = loader_.batch_indices();
       if (cache_limit_ > 0 && static_cast<int64_t>(cache_.size()) < cache_limit_) {
         if constexpr (std::is_copy_constructible_v<Batch>)
           cache_.push_back(*fetched_);
@@ -239,8 +209,8 @@ class LoaderRunner : public StepRunner {
   }
 
   BasicModule<Batch>& module_;
-  Loader& loader_;
-  std::optional<Iterator> it_, end_;
+  AnyLoader<Batch>& loader_;
+  std::optional<typename AnyLoader<Batch>::Iterator> it_;
   bool started_ = false;
   std::optional<Batch> fetched_;
   std::vector<Batch> cache_;
@@ -256,12 +226,10 @@ struct HeldLoader {
 // The loader for one stage that a data module (BasicDataModule<Batch>) or the
 // module itself makes, asked for when the loop opens it.
 template <typename Batch, typename Source>
-class SourceRunner final : private HeldLoader<Batch>, public LoaderRunner<Batch, AnyLoader<Batch>> {
+class SourceRunner final : private HeldLoader<Batch>, public LoaderRunner<Batch> {
  public:
   SourceRunner(BasicModule<Batch>& module, Source& source, Stage stage)
-      : LoaderRunner<Batch, AnyLoader<Batch>>(module, this->HeldLoader<Batch>::loader),
-        source_(source),
-        stage_(stage) {}
+      : LoaderRunner<Batch>(module, this->HeldLoader<Batch>::loader), source_(source), stage_(stage) {}
   std::string source_name() const override { return source_.name(); }
 
   bool open() override {
@@ -280,7 +248,6 @@ class SourceRunner final : private HeldLoader<Batch>, public LoaderRunner<Batch,
         loader = source_.predict_loader();
         break;
     }
-    this->set_length(loader.length());
     return !loader.empty();
   }
 
@@ -307,10 +274,35 @@ T& deref(const std::shared_ptr<T>& loader) {
   return *loader;
 }
 
+// A loader given to fit, validate, test or predict: an AnyLoader of the
+// module's batch type runs as it is, any other through one that refers to it.
+template <typename Batch, typename Loader>
+class GivenLoaderRunner final : private HeldLoader<Batch>, public LoaderRunner<Batch> {
+  static constexpr bool kErased = std::is_same_v<Loader, AnyLoader<Batch>>;
+
+ public:
+  GivenLoaderRunner(BasicModule<Batch>& module, Loader& loader)
+      : HeldLoader<Batch>{held(loader)}, LoaderRunner<Batch>(module, erased(loader)) {}
+
+ private:
+  static AnyLoader<Batch> held(Loader& loader) {
+    if constexpr (kErased)
+      return {};
+    else
+      return AnyLoader<Batch>(std::ref(loader));
+  }
+  AnyLoader<Batch>& erased(Loader& loader) {
+    if constexpr (kErased)
+      return loader;
+    else
+      return this->HeldLoader<Batch>::loader;
+  }
+};
+
 template <typename Batch, typename L>
 auto make_runner(BasicModule<Batch>& module, L& loader) {
   auto& l = deref(loader);
-  return LoaderRunner<Batch, std::remove_reference_t<decltype(l)>>(module, l);
+  return GivenLoaderRunner<Batch, std::remove_reference_t<decltype(l)>>(module, l);
 }
 
 }  // namespace detail

@@ -15,12 +15,13 @@
 #include <string>
 #include <vector>
 
+#include "fulgor/core/export.h"
 #include "fulgor/detail/compat.h"
 
 namespace fulgor {
 
 /// What a backend factory gets to build one rank's backend.
-struct DistributedBackendContext {
+struct FULGOR_API DistributedBackendContext {
   c10::intrusive_ptr<c10d::Store> store;  ///< the job's rendezvous store (a c10d::TCPStore)
   int rank = 0;
   int world_size = 1;
@@ -38,17 +39,17 @@ using DistributedBackendFactory =
 /// Registers `factory` under `name` ("xccl", "hccl"); replaces an earlier one
 /// of the same name, so a plugin can supply a better implementation of a
 /// built-in. Thread-safe.
-void register_distributed_backend(const std::string& name, DistributedBackendFactory factory);
+FULGOR_API void register_distributed_backend(const std::string& name, DistributedBackendFactory factory);
 /// Whether `name` is registered.
-bool has_distributed_backend(const std::string& name);
+FULGOR_API bool has_distributed_backend(const std::string& name);
 /// Registered names, sorted. Built in: "gloo" (where LibTorch has it) and
 /// "nccl" (where LibTorch was built with USE_C10D_NCCL).
-std::vector<std::string> distributed_backend_names();
+FULGOR_API std::vector<std::string> distributed_backend_names();
 /// Throws ConfigError listing the known names when `name` is not registered.
-void require_distributed_backend(const std::string& name);
+FULGOR_API void require_distributed_backend(const std::string& name);
 /// Builds the backend `name` stands for. Throws ConfigError listing the known
 /// names when `name` is unknown, DistributedError when the factory fails.
-c10::intrusive_ptr<detail::compat::CollectiveBackend> make_distributed_backend(
+FULGOR_API c10::intrusive_ptr<detail::compat::CollectiveBackend> make_distributed_backend(
     const std::string& name, const DistributedBackendContext& context);
 
 namespace detail {

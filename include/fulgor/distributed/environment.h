@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "fulgor/core/export.h"
+
 namespace fulgor {
 
 /// Where this process sits in a data-parallel job, as its launcher described it.
@@ -15,7 +17,7 @@ namespace fulgor {
 ///     0 <= node_rank, 1 <= master_port <= 65535.
 ///   - A process started without a launcher is a job of one: rank 0 of 1 on
 ///     node 0, with source "single process".
-struct DistributedEnvironment {
+struct FULGOR_API DistributedEnvironment {
   int64_t rank = 0;                       ///< global rank, 0 .. world_size-1
   int64_t local_rank = 0;                 ///< rank among the processes of this node
   int64_t world_size = 1;                 ///< processes in the job
@@ -45,15 +47,15 @@ using EnvironmentLookup = std::function<std::optional<std::string>(const std::st
 /// and otherwise returns the single-process environment. Throws ConfigError
 /// naming the variable and its value when a value is not a number, out of range
 /// or inconsistent with the others (e.g. RANK >= WORLD_SIZE).
-DistributedEnvironment detect_distributed_environment();
+FULGOR_API DistributedEnvironment detect_distributed_environment();
 /// The same, reading variables through `lookup` (for tests and embedding).
-DistributedEnvironment detect_distributed_environment(const EnvironmentLookup& lookup);
+FULGOR_API DistributedEnvironment detect_distributed_environment(const EnvironmentLookup& lookup);
 
 /// Expands a SLURM host list such as "node[01-04,07],gpu5" into host names
 /// ("node01", ..., "node04", "node07", "gpu5"), in order. Zero padding of a
 /// range start is kept; several bracket groups in one name multiply
 /// ("r[1-2]n[1-2]" -> r1n1, r1n2, r2n1, r2n2). Throws ConfigError naming the
 /// list for unbalanced brackets, empty names or descending ranges.
-std::vector<std::string> expand_slurm_nodelist(const std::string& nodelist);
+FULGOR_API std::vector<std::string> expand_slurm_nodelist(const std::string& nodelist);
 
 }  // namespace fulgor

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "fulgor/core/export.h"
 #include "fulgor/distributed/process_group.h"
 
 namespace fulgor {
@@ -57,7 +58,7 @@ struct GradientSyncOptions {
 ///     or finish_backward(); the synchronizer and its group are unusable afterwards.
 ///   - The module must outlive the synchronizer; its parameters must not be
 ///     replaced (moving them with Accelerator::move_module keeps them).
-class GradientSynchronizer {
+class FULGOR_API GradientSynchronizer {
  public:
   GradientSynchronizer(ProcessGroup group, torch::nn::Module& module, GradientSyncOptions options = {});
   ~GradientSynchronizer();

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "fulgor/core/accelerator.h"
+#include "fulgor/core/export.h"
 #include "fulgor/distributed/environment.h"
 
 namespace fulgor {
@@ -42,7 +43,7 @@ enum class ReduceOp { sum, mean, max, min };
 ///     went away, throws DistributedError naming the collective, this rank and
 ///     the peers; the group is unusable afterwards.
 ///   - Copies share one group. Not thread-safe: one thread issues collectives.
-class ProcessGroup {
+class FULGOR_API ProcessGroup {
  public:
   /// Joins the job `environment` describes with the backend
   /// options.backend or, when empty, `accelerator.distributed_backend()`;

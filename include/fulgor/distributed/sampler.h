@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "fulgor/core/export.h"
 #include "fulgor/data/epoch_sampler.h"
 
 namespace fulgor {
@@ -31,13 +32,14 @@ struct DistributedSamplerOptions {
 
 /// How many samples rank `rank` of `num_replicas` reads of a data set of
 /// `dataset_size` samples, split as DistributedSampler splits it.
-size_t shard_size(size_t dataset_size, int64_t num_replicas, int64_t rank, bool even = true, bool drop_last = false);
+FULGOR_API size_t shard_size(size_t dataset_size, int64_t num_replicas, int64_t rank, bool even = true,
+                             bool drop_last = false);
 
 /// Rank `rank`'s share of an epoch's `order`: positions rank, rank +
 /// num_replicas, ... of it, padded first by repeating it from its start (even,
 /// not drop_last) or cut (even, drop_last) to a multiple of num_replicas.
-std::vector<size_t> shard_of(std::vector<size_t> order, int64_t num_replicas, int64_t rank, bool even = true,
-                             bool drop_last = false);
+FULGOR_API std::vector<size_t> shard_of(std::vector<size_t> order, int64_t num_replicas, int64_t rank, bool even = true,
+                                        bool drop_last = false);
 
 /// The indices of one rank's shard of a data set, for LibTorch's data loaders.
 ///
@@ -58,7 +60,7 @@ std::vector<size_t> shard_of(std::vector<size_t> order, int64_t num_replicas, in
 ///     next reset() keeps that position, so a loader resumed mid-epoch goes on
 ///     where the saved one stopped instead of starting the epoch over.
 ///   - Not thread-safe, like LibTorch's samplers.
-class DistributedSampler : public EpochSampler {
+class FULGOR_API DistributedSampler : public EpochSampler {
  public:
   /// Throws ConfigError when num_replicas < 1, rank is outside
   /// 0..num_replicas-1, or options asks for drop_last without even.

@@ -8,13 +8,37 @@
 #include <string>
 #include <vector>
 
+#include "fulgor/config/trainer_options.h"
 #include "fulgor/core/accelerator.h"
+#include "fulgor/core/export.h"
 #include "fulgor/distributed/environment.h"
 #include "fulgor/distributed/gradient_sync.h"
 #include "fulgor/distributed/process_group.h"
 #include "fulgor/loggers/logger.h"
 #include "fulgor/module.h"
-#include "fulgor/config/trainer_options.h"
+
+// Exported for the tests (Note [Exported symbols] in fulgor/core/export.h).
+namespace fulgor::impl {
+
+/// Whether a Trainer with `strategy` starts the ranks of a job itself (Note
+/// [The Trainer's own launcher]): its devices select more than one device, in
+/// a process no launcher started, and the strategy is "auto" or "ddp", as
+/// Lightning's "auto" becomes "ddp" with its subprocess script launcher.
+/// Throws ConfigError for "single_device" with more than one device, and when
+/// the accelerator's distributed backend is not registered.
+FULGOR_API bool launches_ranks(const std::string& strategy, const DistributedEnvironment& environment,
+                               const Accelerator& accelerator, const Devices& devices, size_t selected);
+
+/// The device this process trains on, and what setup_device is told of it:
+/// `selected[local_rank]` of the devices `devices` selected. A selection of
+/// one device that processes share (the CPU: every entry is the same device)
+/// serves every local rank. Throws ConfigError when the selection has too few
+/// devices for the processes of this node.
+FULGOR_API DeviceSetup device_setup(const Accelerator& accelerator, const Devices& devices,
+                                    const std::vector<torch::Device>& selected,
+                                    const DistributedEnvironment& environment);
+
+}  // namespace fulgor::impl
 
 namespace fulgor::detail {
 
@@ -29,22 +53,8 @@ void check_strategy(const std::string& strategy);
 /// process, and "auto" likewise.
 bool runs_data_parallel(const std::string& strategy, const DistributedEnvironment& environment);
 
-/// Whether a Trainer with `strategy` starts the ranks of a job itself (Note
-/// [The Trainer's own launcher]): its devices select more than one device, in
-/// a process no launcher started, and the strategy is "auto" or "ddp", as
-/// Lightning's "auto" becomes "ddp" with its subprocess script launcher.
-/// Throws ConfigError for "single_device" with more than one device, and when
-/// the accelerator's distributed backend is not registered.
-bool launches_ranks(const std::string& strategy, const DistributedEnvironment& environment,
-                    const Accelerator& accelerator, const Devices& devices, size_t selected);
-
-/// The device this process trains on, and what setup_device is told of it:
-/// `selected[local_rank]` of the devices `devices` selected. A selection of
-/// one device that processes share (the CPU: every entry is the same device)
-/// serves every local rank. Throws ConfigError when the selection has too few
-/// devices for the processes of this node.
-DeviceSetup device_setup(const Accelerator& accelerator, const Devices& devices,
-                         const std::vector<torch::Device>& selected, const DistributedEnvironment& environment);
+using impl::device_setup;
+using impl::launches_ranks;
 
 /// Strategy "ddp": one process per device, joined in a c10d process group.
 ///

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "fulgor/core/export.h"
 #include "fulgor/module.h"
 #include "fulgor/optim/scheduler.h"
 
@@ -57,9 +58,10 @@ struct LightningCheckpointReport {
 /// named in the report and lr_schedulers ends before it.
 /// Throws InteropError for an optimizer other than SGD, Adam or AdamW, or
 /// hyper-parameters that are not a JSON object.
-LightningCheckpointReport save_lightning_checkpoint(const torch::nn::Module& module, const OptimizerConfig& optim,
-                                                    const std::filesystem::path& path,
-                                                    const LightningCheckpointOptions& options = {});
+FULGOR_API LightningCheckpointReport save_lightning_checkpoint(const torch::nn::Module& module,
+                                                               const OptimizerConfig& optim,
+                                                               const std::filesystem::path& path,
+                                                               const LightningCheckpointOptions& options = {});
 
 /// Writes the fulgor checkpoint at `fulgor_checkpoint` as a Lightning .ckpt:
 /// its weights are loaded into `module` (of the class that was trained), whose
@@ -67,9 +69,9 @@ LightningCheckpointReport save_lightning_checkpoint(const torch::nn::Module& mod
 /// states are loaded into; epoch, global_step and hyper_parameters are the
 /// checkpoint's, `options.prefix` and the version as given. Throws
 /// CheckpointError naming the file when its states do not fit the module's.
-LightningCheckpointReport export_lightning_checkpoint(ModuleBase& module,
-                                                      const std::filesystem::path& fulgor_checkpoint,
-                                                      const std::filesystem::path& path,
-                                                      LightningCheckpointOptions options = {});
+FULGOR_API LightningCheckpointReport export_lightning_checkpoint(ModuleBase& module,
+                                                                 const std::filesystem::path& fulgor_checkpoint,
+                                                                 const std::filesystem::path& path,
+                                                                 LightningCheckpointOptions options = {});
 
 }  // namespace fulgor

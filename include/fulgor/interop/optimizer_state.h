@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "fulgor/core/export.h"
+
 namespace fulgor {
 
 /// Puts a torch.optim state dict (Python's `optimizer.state_dict()`:
@@ -31,19 +33,20 @@ namespace fulgor {
 /// optimizer, the number of groups or parameters, a state tensor's shape
 /// (with the parameter's index and both shapes), a missing or mistyped
 /// entry, an option LibTorch lacks (maximize).
-void import_optimizer_state(torch::optim::Optimizer& optimizer, const c10::IValue& state_dict,
-                            const std::string& source);
+FULGOR_API void import_optimizer_state(torch::optim::Optimizer& optimizer, const c10::IValue& state_dict,
+                                       const std::string& source);
 
 /// Reads `path` with torch_load and imports from it the `index`-th state of
 /// a Lightning .ckpt's "optimizer_states", the "optimizer" of a
 /// {"model": ..., "optimizer": ...} checkpoint, or a bare
 /// `optimizer.state_dict()`; errors name the file.
-void import_optimizer_state(torch::optim::Optimizer& optimizer, const std::filesystem::path& path, size_t index = 0);
+FULGOR_API void import_optimizer_state(torch::optim::Optimizer& optimizer, const std::filesystem::path& path,
+                                       size_t index = 0);
 
 /// The torch.optim state dicts a checkpoint holds: Lightning's
 /// "optimizer_states", or a one-element list of {model, optimizer}'s
 /// "optimizer", or of a bare optimizer state dict; empty when there is none.
-std::vector<c10::IValue> optimizer_states_in(const c10::IValue& checkpoint);
+FULGOR_API std::vector<c10::IValue> optimizer_states_in(const c10::IValue& checkpoint);
 
 /// The optimizer's state as torch.optim's state_dict() of the same optimizer
 /// has it, which Python's `optimizer.load_state_dict` takes (torch 1.13 and
@@ -53,6 +56,6 @@ std::vector<c10::IValue> optimizer_states_in(const c10::IValue& checkpoint);
 /// lacks); `step` a float32 scalar tensor, as torch.optim keeps it; state
 /// tensors on the CPU. Throws InteropError naming an optimizer other than
 /// SGD, Adam or AdamW.
-c10::IValue export_optimizer_state(const torch::optim::Optimizer& optimizer);
+FULGOR_API c10::IValue export_optimizer_state(const torch::optim::Optimizer& optimizer);
 
 }  // namespace fulgor

@@ -4,6 +4,7 @@
 #include <map>
 #include <string>
 
+#include "fulgor/core/export.h"
 #include "fulgor/interop/state_dict.h"
 
 namespace fulgor {
@@ -26,13 +27,13 @@ struct Safetensors {
 /// from the data's start to the file's end, a size that is not dtype size
 /// times shape, a "__metadata__" that is not a map of strings, or a dtype
 /// this LibTorch lacks (named: U16, U32, U64, F8_* on 1.13).
-Safetensors read_safetensors(const std::filesystem::path& path);
+FULGOR_API Safetensors read_safetensors(const std::filesystem::path& path);
 
 /// Writes `tensors` (contiguous copies of them: the format has no views or
 /// shared storages) with `metadata` as a .safetensors file that the format's
 /// own reader, and read_safetensors, accept; replaced whole or not at all.
 /// Throws InteropError for a dtype the format has no name for.
-void write_safetensors(const StateDict& tensors, const std::filesystem::path& path,
-                       const std::map<std::string, std::string>& metadata = {});
+FULGOR_API void write_safetensors(const StateDict& tensors, const std::filesystem::path& path,
+                                  const std::map<std::string, std::string>& metadata = {});
 
 }  // namespace fulgor

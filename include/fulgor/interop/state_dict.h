@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "fulgor/core/export.h"
+
 namespace fulgor {
 
 /// Tensors by name, in order, as Python's Module.state_dict() has them.
@@ -22,11 +24,11 @@ using StateDict = torch::OrderedDict<std::string, torch::Tensor>;
 /// "model" ({model, optimizer} checkpoints). Entries that are not tensors
 /// (a state dict's version numbers) are left out.
 /// Throws InteropError naming `source` when there is no such dict.
-StateDict state_dict_from(const c10::IValue& loaded, const std::string& source);
+FULGOR_API StateDict state_dict_from(const c10::IValue& loaded, const std::string& source);
 
 /// The module's parameters and buffers by their dotted names, as Python's
 /// state_dict() names those of the equivalent module.
-StateDict state_dict_of(const torch::nn::Module& module);
+FULGOR_API StateDict state_dict_of(const torch::nn::Module& module);
 
 /// How a file's keys are matched to a module's names.
 struct LoadStateDictOptions {
@@ -52,7 +54,7 @@ struct StateDictMismatch {
 
 /// What did not match, as Python's load_state_dict reports it (with dtypes
 /// too); empty when everything was loaded.
-struct LoadStateDictResult {
+struct FULGOR_API LoadStateDictResult {
   std::vector<std::string> missing_keys;        ///< the module's, absent from the file
   std::vector<std::string> unexpected_keys;     ///< the file's (after renaming), unknown to the module
   std::vector<StateDictMismatch> mismatched_keys;  ///< left as they were
@@ -66,13 +68,13 @@ struct LoadStateDictResult {
 /// Ensures: every matched key is loaded; with strict, either all keys match
 /// and all are loaded, or InteropError lists every mismatch and nothing is
 /// loaded; without strict, the mismatches are returned.
-LoadStateDictResult load_state_dict(torch::nn::Module& module, const StateDict& state,
-                                    const LoadStateDictOptions& options = {});
+FULGOR_API LoadStateDictResult load_state_dict(torch::nn::Module& module, const StateDict& state,
+                                               const LoadStateDictOptions& options = {});
 
 /// Reads `path` (a torch.save state dict, a {"state_dict": ...} or
 /// {"model": ...} container, a Lightning .ckpt) with torch_load and loads it
 /// as above; errors name the file.
-LoadStateDictResult load_state_dict(torch::nn::Module& module, const std::filesystem::path& path,
-                                    const LoadStateDictOptions& options = {});
+FULGOR_API LoadStateDictResult load_state_dict(torch::nn::Module& module, const std::filesystem::path& path,
+                                               const LoadStateDictOptions& options = {});
 
 }  // namespace fulgor

@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <optional>
 
+#include "fulgor/core/export.h"
+
 namespace fulgor {
 
 /// How torch_load reads a file.
@@ -40,6 +42,6 @@ struct TorchLoadOptions {
 /// truncated, a failed CRC, a big-endian file, a global outside the
 /// allow-list (named), a malformed pickle, or one beyond the limits of
 /// Note [Pickles from elsewhere] (nesting, recursion, memo, dict keys).
-c10::IValue torch_load(const std::filesystem::path& path, const TorchLoadOptions& options = {});
+FULGOR_API c10::IValue torch_load(const std::filesystem::path& path, const TorchLoadOptions& options = {});
 
 }  // namespace fulgor

@@ -4,6 +4,7 @@
 
 #include <filesystem>
 
+#include "fulgor/core/export.h"
 #include "fulgor/interop/state_dict.h"
 
 namespace fulgor {
@@ -22,15 +23,15 @@ namespace fulgor {
 /// storage here share one in Python, with their offsets and strides; tensors
 /// on a device are written from a copy on the CPU and load onto the CPU.
 /// Throws InteropError naming the path or the value that cannot be written.
-void torch_save(const c10::IValue& value, const std::filesystem::path& path);
+FULGOR_API void torch_save(const c10::IValue& value, const std::filesystem::path& path);
 
 /// Writes `state` as Module.state_dict() is saved: an OrderedDict of tensors,
 /// which the equivalent Python module's load_state_dict takes, after
 /// torch.load(path, weights_only=True) on torch 1.13 and 2.x.
-void save_state_dict(const StateDict& state, const std::filesystem::path& path);
+FULGOR_API void save_state_dict(const StateDict& state, const std::filesystem::path& path);
 
 /// save_state_dict of the module's parameters and buffers, by the names
 /// state_dict_of gives them.
-void save_state_dict(const torch::nn::Module& module, const std::filesystem::path& path);
+FULGOR_API void save_state_dict(const torch::nn::Module& module, const std::filesystem::path& path);
 
 }  // namespace fulgor

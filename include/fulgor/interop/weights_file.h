@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <string>
 
+#include "fulgor/core/export.h"
 #include "fulgor/interop/state_dict.h"
 
 namespace fulgor {
@@ -17,25 +18,25 @@ enum class WeightsFormat {
 };
 
 /// "torch.save", "Lightning checkpoint", "fulgor checkpoint", "safetensors".
-std::string to_string(WeightsFormat format);
+FULGOR_API std::string to_string(WeightsFormat format);
 
 /// The format of `path`, from its first bytes (and, for a torch.save file,
 /// whether it is Lightning's). Throws InteropError naming the file when it is
 /// none of them.
-WeightsFormat detect_weights_format(const std::filesystem::path& path);
+FULGOR_API WeightsFormat detect_weights_format(const std::filesystem::path& path);
 
 /// The tensors of any WeightsFormat file, by the names Python's state_dict()
 /// gives them (a fulgor checkpoint's nested module archives become dotted
 /// names). Sets `*format` when given.
-StateDict read_weights(const std::filesystem::path& path, WeightsFormat* format = nullptr);
+FULGOR_API StateDict read_weights(const std::filesystem::path& path, WeightsFormat* format = nullptr);
 
 /// Writes `state` in the format `path`'s extension names: .safetensors, or a
 /// torch.save state dict for .pt, .pth and .bin. Throws InteropError for
 /// another extension, naming those accepted.
-void write_weights(const StateDict& state, const std::filesystem::path& path);
+FULGOR_API void write_weights(const StateDict& state, const std::filesystem::path& path);
 
 /// XXH3-64 of the tensor's values in row-major order, as `xxhsum -H3` prints
 /// it for a file of those bytes.
-uint64_t tensor_checksum(const torch::Tensor& tensor);
+FULGOR_API uint64_t tensor_checksum(const torch::Tensor& tensor);
 
 }  // namespace fulgor

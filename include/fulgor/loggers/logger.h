@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "fulgor/core/export.h"
+
 namespace fulgor {
 
 /// Where the Trainer sends metrics and hyper-parameters (Lightning's Logger).
@@ -16,7 +18,7 @@ namespace fulgor {
 /// Contract: log_metrics receives the values logged since the last call, with
 /// the global step; save() makes what was logged durable; finalize() is called
 /// once when a loop ends. Throws Error naming the file when it cannot write.
-class Logger {
+class FULGOR_API Logger {
  public:
   virtual ~Logger() = default;
   virtual std::string name() const = 0;
@@ -32,7 +34,7 @@ class Logger {
 };
 
 /// Options shared by the file loggers.
-struct FileLoggerOptions {
+struct FULGOR_API FileLoggerOptions {
   std::string save_dir = ".";
   std::string name = "lightning_logs";
   /// The version number; unset means one more than the highest version_N in
@@ -67,13 +69,13 @@ class VersionedDir {
 
 /// What the file loggers share: the run folder `save_dir/name/version_N`
 /// (created when first written to) and `hparams.json` in it.
-class FileLogger : public Logger {
+class FULGOR_API FileLogger : public Logger {
  public:
   std::string name() const override { return dir_.options().name; }
   std::string version() const override;
-  std::string log_dir() const override { return dir_.path(); }
+  std::string log_dir() const override;
   /// N of version_N: gives another logger the same run folder.
-  int64_t version_number() const { return dir_.version(); }
+  int64_t version_number() const;
   void log_hyperparams(const nlohmann::json& hparams) override;
 
  protected:
@@ -84,7 +86,7 @@ class FileLogger : public Logger {
 /// Lightning's CSVLogger: `save_dir/name/version_N/metrics.csv`, one row per
 /// log_metrics call with a column per metric name ever logged ("step" first),
 /// and the hyper-parameters in `hparams.json` beside it.
-class CSVLogger : public FileLogger {
+class FULGOR_API CSVLogger : public FileLogger {
  public:
   explicit CSVLogger(FileLoggerOptions options = {});
   explicit CSVLogger(std::string save_dir) : CSVLogger(detail::in_dir(std::move(save_dir))) {}
@@ -101,7 +103,7 @@ class CSVLogger : public FileLogger {
 /// Writes `save_dir/name/version_N/metrics.jsonl`: one JSON object per
 /// log_metrics call ({"step": ..., "<metric>": ...}), appended as it comes, and
 /// `hparams.json`.
-class JsonLinesLogger : public FileLogger {
+class FULGOR_API JsonLinesLogger : public FileLogger {
  public:
   explicit JsonLinesLogger(FileLoggerOptions options = {});
   explicit JsonLinesLogger(std::string save_dir) : JsonLinesLogger(detail::in_dir(std::move(save_dir))) {}

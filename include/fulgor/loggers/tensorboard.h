@@ -7,11 +7,12 @@
 #include <optional>
 #include <string>
 
+#include "fulgor/core/export.h"
 #include "fulgor/loggers/logger.h"
 
 namespace fulgor {
 
-struct TensorBoardLoggerOptions {
+struct FULGOR_API TensorBoardLoggerOptions {
   std::string save_dir = ".";
   std::string name = "lightning_logs";
   /// The version number; unset means one more than the highest version_N in
@@ -38,7 +39,7 @@ struct TensorBoardLoggerOptions {
 /// Contract: what was logged is in the file after save(), finalize() or the
 /// destructor, and at most flush_secs after it was logged when more comes.
 /// Throws Error naming the file when it cannot write.
-class TensorBoardLogger : public FileLogger {
+class FULGOR_API TensorBoardLogger : public FileLogger {
  public:
   explicit TensorBoardLogger(TensorBoardLoggerOptions options = {});
   explicit TensorBoardLogger(std::string save_dir);

@@ -2,6 +2,7 @@
 
 #include <torch/types.h>
 
+#include "fulgor/core/export.h"
 #include "fulgor/metrics/metric.h"
 
 namespace fulgor::metrics {
@@ -10,7 +11,7 @@ namespace fulgor::metrics {
 /// sum(weight), as torchmetrics' MeanMetric. NaN values are left out, with
 /// their weights (torchmetrics' default nan_strategy, without its warning,
 /// which would read the values on the host).
-class MeanMetric final : public Metric {
+class FULGOR_API MeanMetric final : public Metric {
  public:
   MeanMetric();
 

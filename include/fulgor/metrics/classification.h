@@ -5,13 +5,14 @@
 #include <cstdint>
 #include <string>
 
+#include "fulgor/core/export.h"
 #include "fulgor/metrics/metric.h"
 
 namespace fulgor::metrics {
 
 /// The arguments of torchmetrics' classification metrics, with their names
 /// and meanings.
-struct ClassificationOptions {
+struct FULGOR_API ClassificationOptions {
   /// "binary" or "multiclass".
   std::string task = "binary";
   /// multiclass: the number of classes (at least 2).
@@ -39,7 +40,7 @@ struct ClassificationOptions {
 ///     highest are the predicted classes.
 /// compute() of a metric with a division by zero in it (no positive
 /// predictions for Precision) gives 0 there, as torchmetrics' zero_division.
-class StatScores : public PredictionMetric {
+class FULGOR_API StatScores : public PredictionMetric {
  public:
   const ClassificationOptions& options() const { return options_; }
 
@@ -59,7 +60,7 @@ class StatScores : public PredictionMetric {
 /// The fraction of correct predictions. binary: (tp + tn) / all; multiclass
 /// micro: samples whose target is among the top_k predictions / samples;
 /// macro: the mean over classes of each class's recall.
-class Accuracy final : public StatScores {
+class FULGOR_API Accuracy final : public StatScores {
  public:
   explicit Accuracy(ClassificationOptions options = {}) : StatScores(std::move(options), "Accuracy") {}
 
@@ -69,7 +70,7 @@ class Accuracy final : public StatScores {
 };
 
 /// tp / (tp + fp).
-class Precision final : public StatScores {
+class FULGOR_API Precision final : public StatScores {
  public:
   explicit Precision(ClassificationOptions options = {}) : StatScores(std::move(options), "Precision") {}
 
@@ -79,7 +80,7 @@ class Precision final : public StatScores {
 };
 
 /// tp / (tp + fn).
-class Recall final : public StatScores {
+class FULGOR_API Recall final : public StatScores {
  public:
   explicit Recall(ClassificationOptions options = {}) : StatScores(std::move(options), "Recall") {}
 
@@ -89,7 +90,7 @@ class Recall final : public StatScores {
 };
 
 /// 2 tp / (2 tp + fp + fn), the harmonic mean of precision and recall.
-class F1Score final : public StatScores {
+class FULGOR_API F1Score final : public StatScores {
  public:
   explicit F1Score(ClassificationOptions options = {}) : StatScores(std::move(options), "F1Score") {}
 
@@ -103,7 +104,7 @@ class F1Score final : public StatScores {
 /// binary), as scikit-learn's confusion_matrix. `normalize`: "none" (int64
 /// counts), "true" (each row sums to 1), "pred" (each column) or "all".
 /// `options.top_k` and `average` do not apply. Inputs as StatScores.
-class ConfusionMatrix final : public PredictionMetric {
+class FULGOR_API ConfusionMatrix final : public PredictionMetric {
  public:
   explicit ConfusionMatrix(ClassificationOptions options = {}, std::string normalize = "none");
 
@@ -124,7 +125,7 @@ class ConfusionMatrix final : public PredictionMetric {
 /// ranks by compute(group)). Inputs: preds of scores, target of 0 and 1, of
 /// one shape; scores outside [0, 1] go through the sigmoid, as torchmetrics
 /// does. Without both a positive and a negative target the value is 0.
-class AUROC final : public PredictionMetric {
+class FULGOR_API AUROC final : public PredictionMetric {
  public:
   /// `task` must be "binary".
   explicit AUROC(std::string task = "binary");

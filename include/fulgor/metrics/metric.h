@@ -6,6 +6,8 @@
 #include <functional>
 #include <vector>
 
+#include "fulgor/core/export.h"
+
 namespace fulgor {
 class ProcessGroup;
 }
@@ -33,7 +35,7 @@ namespace fulgor::metrics {
 ///   - Inputs are checked for their shapes and dtypes (ConfigError), not for
 ///     their values: a class index out of range fails in LibTorch's indexing.
 ///   - Not thread-safe.
-class Metric {
+class FULGOR_API Metric {
  public:
   virtual ~Metric() = default;
 

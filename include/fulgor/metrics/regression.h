@@ -2,6 +2,7 @@
 
 #include <torch/types.h>
 
+#include "fulgor/core/export.h"
 #include "fulgor/metrics/metric.h"
 
 namespace fulgor::metrics {
@@ -9,7 +10,7 @@ namespace fulgor::metrics {
 /// The mean of (preds - target)^2 over every element; with `squared` false
 /// its square root (torchmetrics' squared=False). preds and target have one
 /// shape.
-class MeanSquaredError final : public PredictionMetric {
+class FULGOR_API MeanSquaredError final : public PredictionMetric {
  public:
   explicit MeanSquaredError(bool squared = true);
 
@@ -23,7 +24,7 @@ class MeanSquaredError final : public PredictionMetric {
 
 /// The mean of |preds - target| over every element. preds and target have
 /// one shape.
-class MeanAbsoluteError final : public PredictionMetric {
+class FULGOR_API MeanAbsoluteError final : public PredictionMetric {
  public:
   MeanAbsoluteError();
 

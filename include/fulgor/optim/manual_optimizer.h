@@ -7,7 +7,7 @@ namespace fulgor {
 
 namespace detail {
 // What manual optimization asks of the Trainer fitting the module
-// (src/trainer/manual_optimization.h implements it).
+// (src/loops/manual_optimization.h implements it).
 class ManualSteps {
  public:
   virtual void backward(const torch::Tensor& loss) = 0;

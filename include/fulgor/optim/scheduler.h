@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "fulgor/core/export.h"
+
 namespace fulgor {
 
 /// A learning-rate schedule over an optimizer's parameter groups, with
@@ -26,7 +28,7 @@ namespace fulgor {
 /// and writes the new rates into the optimizer. state_dict()/load_state_dict()
 /// hold everything needed to continue exactly after a resume, the rates
 /// included. A schedule lives no longer than its optimizer.
-class LRScheduler {
+class FULGOR_API LRScheduler {
  public:
   explicit LRScheduler(torch::optim::Optimizer& optimizer);
   LRScheduler(const LRScheduler&) = delete;
@@ -83,7 +85,7 @@ class LRScheduler {
 };
 
 /// Sets each rate to its base times `factor(last_epoch)` (torch.optim.lr_scheduler.LambdaLR).
-class LambdaLR : public LRScheduler {
+class FULGOR_API LambdaLR : public LRScheduler {
  public:
   LambdaLR(torch::optim::Optimizer& optimizer, std::function<double(int64_t)> factor);
 
@@ -96,7 +98,7 @@ class LambdaLR : public LRScheduler {
 
 /// Multiplies the rates by `factor(last_epoch)` at every step after the first
 /// (torch.optim.lr_scheduler.MultiplicativeLR).
-class MultiplicativeLR : public LRScheduler {
+class FULGOR_API MultiplicativeLR : public LRScheduler {
  public:
   MultiplicativeLR(torch::optim::Optimizer& optimizer, std::function<double(int64_t)> factor);
 
@@ -108,7 +110,7 @@ class MultiplicativeLR : public LRScheduler {
 };
 
 /// Multiplies the rates by `gamma` every `step_size` intervals (torch.optim.lr_scheduler.StepLR).
-class StepLR : public LRScheduler {
+class FULGOR_API StepLR : public LRScheduler {
  public:
   StepLR(torch::optim::Optimizer& optimizer, int64_t step_size, double gamma = 0.1);
 
@@ -123,7 +125,7 @@ class StepLR : public LRScheduler {
 
 /// Multiplies the rates by `gamma` at each milestone, by gamma^k at one listed
 /// k times (torch.optim.lr_scheduler.MultiStepLR).
-class MultiStepLR : public LRScheduler {
+class FULGOR_API MultiStepLR : public LRScheduler {
  public:
   MultiStepLR(torch::optim::Optimizer& optimizer, std::vector<int64_t> milestones, double gamma = 0.1);
 
@@ -138,7 +140,7 @@ class MultiStepLR : public LRScheduler {
 
 /// Multiplies the rates by `factor` for the first `total_iters` intervals
 /// (torch.optim.lr_scheduler.ConstantLR). Requires 0 <= factor <= 1.
-class ConstantLR : public LRScheduler {
+class FULGOR_API ConstantLR : public LRScheduler {
  public:
   explicit ConstantLR(torch::optim::Optimizer& optimizer, double factor = 1.0 / 3, int64_t total_iters = 5);
 
@@ -154,7 +156,7 @@ class ConstantLR : public LRScheduler {
 /// Scales the rates linearly from `start_factor` to `end_factor` over
 /// `total_iters` intervals (torch.optim.lr_scheduler.LinearLR, the usual
 /// warmup). Requires 0 < start_factor <= 1 and 0 <= end_factor <= 1.
-class LinearLR : public LRScheduler {
+class FULGOR_API LinearLR : public LRScheduler {
  public:
   explicit LinearLR(torch::optim::Optimizer& optimizer, double start_factor = 1.0 / 3, double end_factor = 1.0,
                     int64_t total_iters = 5);
@@ -170,7 +172,7 @@ class LinearLR : public LRScheduler {
 };
 
 /// Multiplies the rates by `gamma` every interval (torch.optim.lr_scheduler.ExponentialLR).
-class ExponentialLR : public LRScheduler {
+class FULGOR_API ExponentialLR : public LRScheduler {
  public:
   ExponentialLR(torch::optim::Optimizer& optimizer, double gamma);
 
@@ -184,7 +186,7 @@ class ExponentialLR : public LRScheduler {
 
 /// Decays the rates polynomially to zero over `total_iters` intervals
 /// (torch.optim.lr_scheduler.PolynomialLR).
-class PolynomialLR : public LRScheduler {
+class FULGOR_API PolynomialLR : public LRScheduler {
  public:
   explicit PolynomialLR(torch::optim::Optimizer& optimizer, int64_t total_iters = 5, double power = 1.0);
 
@@ -200,7 +202,7 @@ class PolynomialLR : public LRScheduler {
 /// Anneals the rates from their base to `eta_min` along half a cosine over
 /// `T_max` intervals, and back up over the next T_max
 /// (torch.optim.lr_scheduler.CosineAnnealingLR, its recursive form).
-class CosineAnnealingLR : public LRScheduler {
+class FULGOR_API CosineAnnealingLR : public LRScheduler {
  public:
   CosineAnnealingLR(torch::optim::Optimizer& optimizer, int64_t T_max, double eta_min = 0.0);
 
@@ -216,7 +218,7 @@ class CosineAnnealingLR : public LRScheduler {
 /// Cosine annealing restarted every T_i intervals, T_i starting at `T_0` and
 /// multiplied by `T_mult` at each restart
 /// (torch.optim.lr_scheduler.CosineAnnealingWarmRestarts).
-class CosineAnnealingWarmRestarts : public LRScheduler {
+class FULGOR_API CosineAnnealingWarmRestarts : public LRScheduler {
  public:
   CosineAnnealingWarmRestarts(torch::optim::Optimizer& optimizer, int64_t T_0, int64_t T_mult = 1,
                               double eta_min = 0.0);
@@ -238,7 +240,7 @@ class CosineAnnealingWarmRestarts : public LRScheduler {
 
 /// Options of CyclicLR, with torch's defaults. `base_lr` and `max_lr` hold one
 /// value for all parameter groups or one for each.
-struct CyclicOptions {
+struct FULGOR_API CyclicOptions {
   std::vector<double> base_lr;
   std::vector<double> max_lr;
   double step_size_up = 2000;
@@ -255,7 +257,7 @@ struct CyclicOptions {
 
 /// Cycles the rates between base_lr and max_lr (torch.optim.lr_scheduler.CyclicLR),
 /// and the momentum, or beta1 of Adam-like optimizers, the other way.
-class CyclicLR : public LRScheduler {
+class FULGOR_API CyclicLR : public LRScheduler {
  public:
   CyclicLR(torch::optim::Optimizer& optimizer, CyclicOptions options);
   nlohmann::json state_dict() const override;
@@ -294,7 +296,7 @@ struct OneCycleOptions {
 /// max_lr/div_factor to max_lr, then down to far below the start, with the
 /// momentum, or beta1 of Adam-like optimizers, the other way. Stepping beyond
 /// total_steps is a ConfigError, as torch's ValueError.
-class OneCycleLR : public LRScheduler {
+class FULGOR_API OneCycleLR : public LRScheduler {
  public:
   OneCycleLR(torch::optim::Optimizer& optimizer, OneCycleOptions options);
   nlohmann::json state_dict() const override;
@@ -322,7 +324,7 @@ class OneCycleLR : public LRScheduler {
 /// (torch.optim.lr_scheduler.SequentialLR: the next schedule starts from its
 /// step 0, with its closed form where it has one). Make the schedules first,
 /// in order, then this; all on `optimizer`.
-class SequentialLR : public LRScheduler {
+class FULGOR_API SequentialLR : public LRScheduler {
  public:
   SequentialLR(torch::optim::Optimizer& optimizer, std::vector<std::shared_ptr<LRScheduler>> schedulers,
                std::vector<int64_t> milestones);
@@ -341,7 +343,7 @@ class SequentialLR : public LRScheduler {
 
 /// Steps all its schedules at every step, each from the rates the one before
 /// left (torch.optim.lr_scheduler.ChainedScheduler).
-class ChainedScheduler : public LRScheduler {
+class FULGOR_API ChainedScheduler : public LRScheduler {
  public:
   explicit ChainedScheduler(std::vector<std::shared_ptr<LRScheduler>> schedulers);
   void step(std::optional<double> metric = std::nullopt) override;
@@ -372,7 +374,7 @@ struct PlateauOptions {
 /// for `patience` intervals (torch.optim.lr_scheduler.ReduceLROnPlateau).
 /// Requires a SchedulerConfig with `monitor` set. An unknown mode or
 /// threshold_mode, or a factor of 1 or more, is a ConfigError.
-class ReduceLROnPlateau : public LRScheduler {
+class FULGOR_API ReduceLROnPlateau : public LRScheduler {
  public:
   explicit ReduceLROnPlateau(torch::optim::Optimizer& optimizer, PlateauOptions options = {});
   void step(std::optional<double> metric = std::nullopt) override;
@@ -413,7 +415,7 @@ struct SchedulerConfig {
 /// schedulers (each scheduler knows its optimizer). Automatic optimization
 /// steps one optimizer with each training_step's loss, so fit refuses
 /// several with a ConfigError unless the module optimizes manually (Note
-/// [Several optimizers] in src/trainer/manual_optimization.cpp).
+/// [Several optimizers] in src/loops/manual_optimization.cpp).
 struct OptimizerConfig {
   std::vector<std::shared_ptr<torch::optim::Optimizer>> optimizers;
   std::vector<SchedulerConfig> schedulers;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "fulgor/core/accelerator.h"
+#include "fulgor/core/export.h"
 
 namespace fulgor {
 
@@ -18,7 +19,7 @@ namespace fulgor {
 ///   "bf16-mixed" ("bf16")  float32 parameters; forward and loss under autocast in bfloat16
 ///   "16-mixed" ("16")      the same in float16, with dynamic loss scaling (GradScaler)
 ///   "bf16-true", "16-true" the module is converted to bfloat16 / float16, inputs follow
-struct Precision {
+struct FULGOR_API Precision {
   std::string name;  ///< the canonical name, e.g. "bf16-mixed"
   bool mixed = false;
   torch::ScalarType dtype = torch::kFloat;  ///< compute dtype (autocast's, or the module's)
@@ -42,7 +43,7 @@ struct Precision {
 /// Runs the enclosed code under LibTorch's autocast for the accelerator's
 /// autocast device type when `precision` is mixed; does nothing otherwise.
 /// Restores the previous autocast state on exit.
-class AutocastScope {
+class FULGOR_API AutocastScope {
  public:
   // The checks are inline: every training step makes one of these.
   AutocastScope(const Precision& precision, const Accelerator& accelerator) {
@@ -80,7 +81,7 @@ struct GradScalerOptions {
 ///
 /// Usage per optimizer step: scale(loss).backward(); unscale(optimizer);
 /// [clip]; step(optimizer); update().
-class GradScaler {
+class FULGOR_API GradScaler {
  public:
   explicit GradScaler(GradScalerOptions options = {});
 
