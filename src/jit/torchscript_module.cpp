@@ -8,9 +8,29 @@
 
 #include "fulgor/core/error.h"
 
+// LibTorch exports the switch of CPU fusion on every version; Debian's
+// packages leave out the header that declares it.
+#if __has_include(<torch/csrc/jit/codegen/fuser/interface.h>)
+#include <torch/csrc/jit/codegen/fuser/interface.h>
+#else
+namespace torch::jit {
+TORCH_API void overrideCanFuseOnCPU(bool value);
+}
+#endif
+
 namespace fulgor {
 
 namespace {
+
+// Note [TorchScript's CPU fusion]
+// LibTorch's graph executor fuses a script's CPU operators into kernels it
+// compiles (the TensorExpr fuser) from the third run of a method on. Debian's
+// LibTorch 2.6 enables it, and its compiler never returns on the first fused
+// training step (Python's torch.jit.load hangs there alike, and runs once
+// torch._C._jit_override_can_fuse_on_cpu(False)); Debian's 1.13 has it off.
+// A TorchScriptModule therefore turns CPU fusion off for the process, as 1.13
+// has it; GPU fusion is left as LibTorch sets it.
+void keep_cpu_fusion_off() { torch::jit::overrideCanFuseOnCPU(false); }
 
 torch::jit::Module load_script(const std::string& path) {
   try {
@@ -52,6 +72,7 @@ TorchScriptModule::TorchScriptModule(torch::jit::Module script, std::string sour
       script_(std::move(script)),
       source_(std::move(source)),
       options_(std::move(options)) {
+  keep_cpu_fusion_off();
   const auto& known = losses();
   if (std::find(known.begin(), known.end(), options_.loss) == known.end())
     throw ConfigError(fmt::format("TorchScriptModule '{}': unknown loss '{}'; known losses: {}", source_, options_.loss,

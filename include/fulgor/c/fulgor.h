@@ -20,6 +20,13 @@
 
 #include <stdint.h>
 
+/* Exported from libfulgor_c, which is built with hidden visibility. */
+#if defined(__GNUC__) || defined(__clang__)
+#define FULGOR_C_API __attribute__((visibility("default")))
+#else
+#define FULGOR_C_API
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -41,7 +48,7 @@ typedef enum fulgor_dtype { FULGOR_FLOAT32 = 0, FULGOR_FLOAT64 = 1, FULGOR_INT32
 typedef struct fulgor_model fulgor_model;
 
 /* What went wrong in this thread's last failed call ("" before any). */
-const char* fulgor_last_error(void);
+FULGOR_C_API const char* fulgor_last_error(void);
 
 /* Loads the TorchScript file at `torchscript_path` and configures its
  * training from `config_json`, a JSON object with the keys (all optional):
@@ -56,31 +63,31 @@ const char* fulgor_last_error(void);
  *   "seed"          an integer: fulgor's seed_everything before anything is made
  *   "buffers"       "host" (default) or "device": where the train and predict buffers are
  * Sets *model on success. */
-fulgor_status fulgor_model_create(const char* torchscript_path, const char* config_json, fulgor_model** model);
+FULGOR_C_API fulgor_status fulgor_model_create(const char* torchscript_path, const char* config_json, fulgor_model** model);
 
 /* Frees the model; a null pointer is ignored. */
-void fulgor_model_destroy(fulgor_model* model);
+FULGOR_C_API void fulgor_model_destroy(fulgor_model* model);
 
 /* One training step: forward on `input`, the loss against `label`, backward
  * (averaged over the ranks when launched data-parallel), the optimizer's and
  * the scheduler's step. Writes the step's loss to *loss (may be null). */
-fulgor_status fulgor_train(fulgor_model* model, const void* input, fulgor_dtype input_dtype, const int64_t* input_shape,
+FULGOR_C_API fulgor_status fulgor_train(fulgor_model* model, const void* input, fulgor_dtype input_dtype, const int64_t* input_shape,
                            int32_t input_rank, const void* label, fulgor_dtype label_dtype, const int64_t* label_shape,
                            int32_t label_rank, double* loss);
 
 /* Forward without gradients in evaluation mode, written into `output`,
  * whose shape and dtype must be those of the model's output. */
-fulgor_status fulgor_predict(fulgor_model* model, const void* input, fulgor_dtype input_dtype,
+FULGOR_C_API fulgor_status fulgor_predict(fulgor_model* model, const void* input, fulgor_dtype input_dtype,
                              const int64_t* input_shape, int32_t input_rank, void* output, fulgor_dtype output_dtype,
                              const int64_t* output_shape, int32_t output_rank);
 
 /* The model's parameters, optimizer and scheduler states and step count, in
  * fulgor's checkpoint format (written atomically by rank 0), and back. */
-fulgor_status fulgor_save(fulgor_model* model, const char* path);
-fulgor_status fulgor_load(fulgor_model* model, const char* path);
+FULGOR_C_API fulgor_status fulgor_save(fulgor_model* model, const char* path);
+FULGOR_C_API fulgor_status fulgor_load(fulgor_model* model, const char* path);
 
 /* Where this process stands in its job (0 and 1 without a launcher). */
-fulgor_status fulgor_model_rank(const fulgor_model* model, int64_t* rank, int64_t* world_size);
+FULGOR_C_API fulgor_status fulgor_model_rank(const fulgor_model* model, int64_t* rank, int64_t* world_size);
 
 #ifdef __cplusplus
 }

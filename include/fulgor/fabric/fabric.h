@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "fulgor/core/export.h"
 #include "fulgor/core/accelerator.h"
 #include "fulgor/core/batch.h"
 #include "fulgor/core/devices.h"
@@ -61,7 +62,7 @@ struct FabricOptions {
 /// the gradients, skips a step whose gradients are not finite and updates
 /// the loss scale. A handle: it refers to the optimizer and the Fabric, which
 /// must outlive it.
-class FabricOptimizer {
+class FULGOR_API FabricOptimizer {
  public:
   FabricOptimizer(Fabric& fabric, torch::optim::Optimizer& optimizer) : fabric_(&fabric), optimizer_(&optimizer) {}
   /// Steps the optimizer; returns whether it stepped (false only when the
@@ -170,8 +171,8 @@ struct ClipGradients {
 /// Fabric::no_backward_sync).
 class [[nodiscard]] BackwardSyncGuard {
  public:
-  BackwardSyncGuard(GradientSynchronizer* synchronizer, bool enabled);
-  ~BackwardSyncGuard();
+  FULGOR_API BackwardSyncGuard(GradientSynchronizer* synchronizer, bool enabled);
+  FULGOR_API ~BackwardSyncGuard();
   BackwardSyncGuard(const BackwardSyncGuard&) = delete;
   BackwardSyncGuard& operator=(const BackwardSyncGuard&) = delete;
 
@@ -212,7 +213,7 @@ class [[nodiscard]] BackwardSyncGuard {
 ///     all_reduce, all_gather, broadcast, barrier, save, load) are called by
 ///     every rank in the same order.
 ///   - The modules and optimizers given to setup must outlive the Fabric.
-class Fabric {
+class FULGOR_API Fabric {
  public:
   explicit Fabric(FabricOptions options = {});
   ~Fabric();

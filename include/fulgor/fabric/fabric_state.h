@@ -1,5 +1,7 @@
 #pragma once
 
+#include "fulgor/core/export.h"
+
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 #include <torch/optim/optimizer.h>
@@ -69,7 +71,7 @@ inline constexpr bool is_plain_value =
 ///     std::string, vectors and maps of them, nlohmann::json itself).
 ///
 /// Requires: the referenced objects outlive the FabricState.
-class FabricStateItem {
+class FULGOR_API FabricStateItem {
  public:
   enum class Kind { module, optimizer, archive, json_state, tensor, value };
 

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "fulgor/core/export.h"
 #include "fulgor/module.h"
 
 namespace fulgor {
@@ -50,7 +51,7 @@ struct TorchScriptOptions {
 ///   - Errors: a file that is not TorchScript, a forward that does not take
 ///     the given inputs or does not return a tensor, an unknown loss: a
 ///     ConfigError naming the file and what went wrong.
-class TorchScriptModule : public Module {
+class FULGOR_API TorchScriptModule : public Module {
  public:
   explicit TorchScriptModule(const std::string& path, TorchScriptOptions options = {});
   /// A script module loaded already; `source` names it in errors.

@@ -5,6 +5,7 @@
 #include <memory>
 #include <vector>
 
+#include "fulgor/core/export.h"
 #include "fulgor/optim/step_kernels.h"
 
 namespace fulgor {
@@ -25,7 +26,7 @@ class FusedStepCounts;
 /// fulgor's checkpoints and torch.optim interop treat it as one), the same
 /// results up to the rounding of the kernels' order of operations. With
 /// neither foreach nor fused in effect, step() is torch::optim::Adam's.
-class Adam : public torch::optim::Adam {
+class FULGOR_API Adam : public torch::optim::Adam {
  public:
   explicit Adam(const std::vector<torch::optim::OptimizerParamGroup>& param_groups,
                 torch::optim::AdamOptions defaults = {}, StepKernels kernels = {});

@@ -5,6 +5,7 @@
 #include <memory>
 #include <vector>
 
+#include "fulgor/core/export.h"
 #include "fulgor/optim/step_kernels.h"
 
 namespace fulgor {
@@ -25,7 +26,7 @@ class FusedStepCounts;
 /// fulgor's checkpoints and torch.optim interop treat it as one), the same
 /// results up to the rounding of the kernels' order of operations. With
 /// neither foreach nor fused in effect, step() is torch::optim::AdamW's.
-class AdamW : public torch::optim::AdamW {
+class FULGOR_API AdamW : public torch::optim::AdamW {
  public:
   explicit AdamW(const std::vector<torch::optim::OptimizerParamGroup>& param_groups,
                  torch::optim::AdamWOptions defaults = {}, StepKernels kernels = {});

@@ -4,6 +4,7 @@
 
 #include <vector>
 
+#include "fulgor/core/export.h"
 #include "fulgor/optim/step_kernels.h"
 
 namespace fulgor {
@@ -17,7 +18,7 @@ namespace fulgor {
 /// as one), the same results up to the rounding of the kernels' order of
 /// operations. With neither foreach nor fused in effect, step() is
 /// torch::optim::SGD's.
-class SGD : public torch::optim::SGD {
+class FULGOR_API SGD : public torch::optim::SGD {
  public:
   SGD(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, torch::optim::SGDOptions defaults,
       StepKernels kernels = {});

@@ -1,5 +1,7 @@
 #pragma once
 
+#include "fulgor/core/export.h"
+
 #include <optional>
 
 namespace torch::optim {
@@ -30,6 +32,6 @@ struct StepKernels {
 
 /// The kernels of a fulgor::Adam, AdamW or SGD; nullptr for any other
 /// optimizer (LibTorch's own step each parameter alone).
-const StepKernels* step_kernels_of(const torch::optim::Optimizer& optimizer);
+FULGOR_API const StepKernels* step_kernels_of(const torch::optim::Optimizer& optimizer);
 
 }  // namespace fulgor
