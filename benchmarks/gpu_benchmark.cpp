@@ -37,9 +37,9 @@
 #include "fulgor/core/accelerator.h"
 #include "fulgor/core/registry.h"
 #include "fulgor/data/tensor_loader.h"
-#include "fulgor/detail/compat.h"
 #include "fulgor/module.h"
 #include "fulgor/optim/adam.h"
+#include "fulgor/precision/precision.h"
 #include "fulgor/trainer.h"
 
 namespace fulgor::bench {
@@ -131,6 +131,7 @@ double hand_written(const Setup& s, const std::string& precision) {
   net->to(s.device);
   torch::optim::Adam optimizer(net->parameters(), torch::optim::AdamOptions(1e-3));
   const bool bf16 = precision == "bf16-mixed";
+  const Precision mixed = Precision::parse("bf16-mixed", s.accelerator);
   Clock::time_point start;
   for (int64_t step = 0; step < s.run.steps; ++step) {
     if (step == s.run.warmup) {
@@ -143,11 +144,10 @@ double hand_written(const Setup& s, const std::string& precision) {
     optimizer.zero_grad();
     torch::Tensor loss;
     if (bf16) {
-      const auto previous = detail::compat::set_autocast(s.device.type(), true, torch::kBFloat16);
-      detail::compat::autocast_enter();
+      // LibTorch's autocast calls, which differ between 1.13 and 2.x, as the
+      // Trainer makes them.
+      AutocastScope autocast(mixed, s.accelerator);
       loss = torch::nn::functional::cross_entropy(net->forward(x), y);
-      detail::compat::autocast_exit();
-      detail::compat::set_autocast(s.device.type(), previous.first, previous.second);
     } else {
       loss = torch::nn::functional::cross_entropy(net->forward(x), y);
     }

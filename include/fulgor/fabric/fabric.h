@@ -18,10 +18,10 @@
 #include <utility>
 #include <vector>
 
-#include "fulgor/core/export.h"
 #include "fulgor/core/accelerator.h"
 #include "fulgor/core/batch.h"
 #include "fulgor/core/devices.h"
+#include "fulgor/core/export.h"
 #include "fulgor/data/loader_protocol.h"
 #include "fulgor/distributed/environment.h"
 #include "fulgor/distributed/process_group.h"
@@ -91,27 +91,19 @@ class FabricDataLoader {
   FabricDataLoader(Loader loader, const Accelerator* accelerator, torch::Device device)
       : loader_(std::move(loader)), accelerator_(accelerator), device_(device) {}
 
-  class Iterator {
+  class Iterator : public detail::BatchIterator<Iterator, Batch> {
    public:
-    using iterator_category = std::input_iterator_tag;
-    using value_type = Batch;
-    using difference_type = std::ptrdiff_t;
-    using pointer = Batch*;
-    using reference = Batch&;
-
     Iterator(InnerIterator inner, const FabricDataLoader* owner) : inner_(std::move(inner)), owner_(owner) {}
     Batch& operator*() {
       if (!batch_) batch_ = owner_->on_device(*inner_);
       return *batch_;
     }
-    Batch* operator->() { return &**this; }
     Iterator& operator++() {
       batch_.reset();
       ++inner_;
       return *this;
     }
     bool operator==(const Iterator& other) const { return inner_ == other.inner_; }
-    bool operator!=(const Iterator& other) const { return !(*this == other); }
 
    private:
     InnerIterator inner_;
