@@ -41,6 +41,7 @@
 #include "fulgor/optim/adam.h"
 #include "fulgor/precision/precision.h"
 #include "fulgor/trainer.h"
+#include "loops.h"
 
 namespace fulgor::bench {
 namespace {
@@ -95,15 +96,6 @@ struct Setup {
 
 torch::nn::Sequential copied_net(const torch::nn::Sequential& net) {
   return torch::nn::Sequential(std::dynamic_pointer_cast<torch::nn::SequentialImpl>(net->clone()));
-}
-
-StepKernels fused_or_foreach(bool fused) {
-  StepKernels kernels;
-  if (fused)
-    kernels.fused = true;
-  else
-    kernels.foreach = true;
-  return kernels;
 }
 
 bool has_fused_kernel(torch::Device device) {

@@ -30,6 +30,16 @@ struct Variant {
   bool fabric = false;   // the hand-written loop run by fulgor::Fabric instead of the Trainer
 };
 
+/// The fused step where `fused`, else the foreach step.
+inline StepKernels fused_or_foreach(bool fused) {
+  StepKernels kernels;
+  if (fused)
+    kernels.fused = true;
+  else
+    kernels.foreach = true;
+  return kernels;
+}
+
 /// The data of a run: `epochs` passes over data/targets in order, batch kBatch.
 struct Workload {
   torch::Tensor data, targets;

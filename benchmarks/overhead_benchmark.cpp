@@ -49,15 +49,6 @@
 namespace fulgor::bench {
 namespace {
 
-StepKernels foreach_kernels(bool fused) {
-  StepKernels kernels;
-  if (fused)
-    kernels.fused = true;
-  else
-    kernels.foreach = true;
-  return kernels;
-}
-
 const std::vector<Variant>& variants() {
   static const std::vector<Variant> all = [] {
     std::vector<Variant> out{{"barebones", false, 0, false},
@@ -67,12 +58,12 @@ const std::vector<Variant>& variants() {
                              // Its report is printed (to the quieted stdout) after each fit.
                              {"profiler \"simple\"", false, 0, false, "32", "simple"},
                              // Against the hand-written loop's torch::optim::Adam.
-                             {"foreach Adam", false, 0, false, "32", "", "adam", foreach_kernels(false)},
+                             {"foreach Adam", false, 0, false, "32", "", "adam", fused_or_foreach(false)},
                              // The hand-written loop converted to Fabric, against itself.
                              {"Fabric loop", false, 0, false, "32", "", "sgd", {}, true}};
     // LibTorch's CPU fused kernels came with 2.4.
     if (FULGOR_TORCH_AT_LEAST(2, 4))
-      out.push_back({"fused Adam", false, 0, false, "32", "", "adam", foreach_kernels(true)});
+      out.push_back({"fused Adam", false, 0, false, "32", "", "adam", fused_or_foreach(true)});
     return out;
   }();
   return all;
