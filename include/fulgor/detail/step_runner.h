@@ -282,7 +282,7 @@ class GivenLoaderRunner final : private HeldLoader<Batch>, public LoaderRunner<B
 
  public:
   GivenLoaderRunner(BasicModule<Batch>& module, Loader& loader)
-      : HeldLoader<Batch>{held(loader)}, LoaderRunner<Batch>(module, erased(loader)) {}
+      : HeldLoader<Batch>{held(loader)}, LoaderRunner<Batch>(module, erased(loader, *this)) {}
 
  private:
   static AnyLoader<Batch> held(Loader& loader) {
@@ -291,11 +291,12 @@ class GivenLoaderRunner final : private HeldLoader<Batch>, public LoaderRunner<B
     else
       return AnyLoader<Batch>(std::ref(loader));
   }
-  AnyLoader<Batch>& erased(Loader& loader) {
+  // Static: it runs before LoaderRunner is built, when no member may be called.
+  static AnyLoader<Batch>& erased(Loader& loader, HeldLoader<Batch>& own) {
     if constexpr (kErased)
       return loader;
     else
-      return this->HeldLoader<Batch>::loader;
+      return own.loader;
   }
 };
 
