@@ -22,6 +22,7 @@ void checkpoint_benchmark(Report& report, const Settings& settings);
 void interop_benchmark(Report& report, const Settings& settings);
 void instructions_benchmark(Report& report, const Settings& settings);
 void precision_benchmark(Report& report, const Settings& settings);
+void c_api_benchmark(Report& report, const Settings& settings);
 /// The instructions benchmark's child mode, run under callgrind.
 int instructions_child();
 /// The overhead benchmark's child mode: prints one process's pairs of run times.

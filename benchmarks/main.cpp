@@ -58,14 +58,14 @@ int main(int argc, char** argv) {
       only.push_back(argv[++i]);
     } else {
       std::cerr << "usage: fulgor-benchmarks [--quick] "
-                   "[--only overhead|instructions|data|checkpoint|interop|precision|gpu]... [--device NAME]\n";
+                   "[--only overhead|instructions|data|checkpoint|interop|precision|c_api|gpu]... [--device NAME]\n";
       return 2;
     }
   }
   const std::vector<std::pair<std::string, void (*)(Report&, const Settings&)>> benchmarks = {
       {"overhead", overhead_benchmark},     {"instructions", instructions_benchmark}, {"data", data_benchmark},
       {"checkpoint", checkpoint_benchmark}, {"interop", interop_benchmark},           {"precision", precision_benchmark},
-      {"gpu", gpu_benchmark},
+      {"c_api", c_api_benchmark},          {"gpu", gpu_benchmark},
   };
   fulgor::BlasInfo blas = fulgor::blas_info();
   std::cout << fmt::format("fulgor {}, LibTorch {}, BLAS {}, {} LibTorch thread(s)\n", fulgor::version(),

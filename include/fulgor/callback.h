@@ -93,66 +93,20 @@ class FULGOR_API Callback {
   virtual nlohmann::json state_dict() const { return nlohmann::json(); }
   virtual void load_state_dict(const nlohmann::json& /*state*/) {}
 
-  /// `stage` is "fit", "validate", "test" or "predict".
-  virtual void setup(Trainer&, ModuleBase&, const std::string& /*stage*/) {}
-  virtual void teardown(Trainer&, ModuleBase&, const std::string& /*stage*/) {}
-
-  virtual void on_fit_start(Trainer&, ModuleBase&) {}
-  virtual void on_fit_end(Trainer&, ModuleBase&) {}
-  virtual void on_sanity_check_start(Trainer&, ModuleBase&) {}
-  virtual void on_sanity_check_end(Trainer&, ModuleBase&) {}
-  virtual void on_train_start(Trainer&, ModuleBase&) {}
-  virtual void on_train_end(Trainer&, ModuleBase&) {}
-  virtual void on_train_epoch_start(Trainer&, ModuleBase&) {}
-  /// With the epoch's metrics aggregated; before the module's on_train_epoch_end,
-  /// except for the monitoring callbacks (ModelCheckpoint, EarlyStopping).
-  virtual void on_train_epoch_end(Trainer&, ModuleBase&) {}
-  virtual void on_train_batch_start(Trainer&, ModuleBase&, int64_t /*batch_idx*/) {}
-  /// `loss` is what training_step returned, without its autograd graph
-  /// (undefined when it skipped the batch).
-  virtual void on_train_batch_end(Trainer&, ModuleBase&, const torch::Tensor& /*loss*/, int64_t /*batch_idx*/) {}
-  virtual void on_train_batch_end(Trainer& trainer, ModuleBase& module, const BatchEnd& end) {
-    on_train_batch_end(trainer, module, end.outputs, end.batch_idx);
+  // The hooks, one per entry of the catalogue fulgor/callback_hooks.def
+  // (which says what each is given), each with a no-op default.
+#define FULGOR_HOOK(name) \
+  virtual void name(Trainer&, ModuleBase&) {}
+#define FULGOR_HOOK_WITH(name, Type) \
+  virtual void name(Trainer&, ModuleBase&, Type) {}
+#define FULGOR_BATCH_END(name, types, from_end)                                  \
+  virtual void name(Trainer&, ModuleBase&, FULGOR_HOOK_UNPAREN types) {}        \
+  virtual void name(Trainer& trainer, ModuleBase& module, const BatchEnd& end) { \
+    name(trainer, module, FULGOR_HOOK_UNPAREN from_end);                         \
   }
-  virtual void on_before_zero_grad(Trainer&, ModuleBase&, torch::optim::Optimizer&) {}
-  virtual void on_before_backward(Trainer&, ModuleBase&, const torch::Tensor& /*loss*/) {}
-  virtual void on_after_backward(Trainer&, ModuleBase&) {}
-  virtual void on_before_optimizer_step(Trainer&, ModuleBase&, torch::optim::Optimizer&) {}
-
-  virtual void on_validation_start(Trainer&, ModuleBase&) {}
-  /// After the validation metrics are aggregated.
-  virtual void on_validation_end(Trainer&, ModuleBase&) {}
-  virtual void on_validation_epoch_start(Trainer&, ModuleBase&) {}
-  virtual void on_validation_epoch_end(Trainer&, ModuleBase&) {}
-  virtual void on_validation_batch_start(Trainer&, ModuleBase&, int64_t /*batch_idx*/) {}
-  virtual void on_validation_batch_end(Trainer&, ModuleBase&, int64_t /*batch_idx*/) {}
-  virtual void on_validation_batch_end(Trainer& trainer, ModuleBase& module, const BatchEnd& end) {
-    on_validation_batch_end(trainer, module, end.batch_idx);
-  }
-
-  virtual void on_test_start(Trainer&, ModuleBase&) {}
-  virtual void on_test_end(Trainer&, ModuleBase&) {}
-  virtual void on_test_epoch_start(Trainer&, ModuleBase&) {}
-  virtual void on_test_epoch_end(Trainer&, ModuleBase&) {}
-  virtual void on_test_batch_start(Trainer&, ModuleBase&, int64_t /*batch_idx*/) {}
-  virtual void on_test_batch_end(Trainer&, ModuleBase&, int64_t /*batch_idx*/) {}
-  virtual void on_test_batch_end(Trainer& trainer, ModuleBase& module, const BatchEnd& end) {
-    on_test_batch_end(trainer, module, end.batch_idx);
-  }
-
-  virtual void on_predict_start(Trainer&, ModuleBase&) {}
-  virtual void on_predict_end(Trainer&, ModuleBase&) {}
-  virtual void on_predict_epoch_start(Trainer&, ModuleBase&) {}
-  virtual void on_predict_epoch_end(Trainer&, ModuleBase&) {}
-  virtual void on_predict_batch_start(Trainer&, ModuleBase&, int64_t /*batch_idx*/) {}
-  virtual void on_predict_batch_end(Trainer&, ModuleBase&, int64_t /*batch_idx*/) {}
-  virtual void on_predict_batch_end(Trainer& trainer, ModuleBase& module, const BatchEnd& end) {
-    on_predict_batch_end(trainer, module, end.batch_idx);
-  }
-
-  /// Adds to / reads from the checkpoint's callback section (besides state_dict).
-  virtual void on_save_checkpoint(Trainer&, ModuleBase&, nlohmann::json& /*checkpoint*/) {}
-  virtual void on_load_checkpoint(Trainer&, ModuleBase&, const nlohmann::json& /*checkpoint*/) {}
+#define FULGOR_HOOK_UNPAREN(...) __VA_ARGS__
+#include "fulgor/callback_hooks.def"
+#undef FULGOR_HOOK_UNPAREN
 
   // Note [Callback tensors in checkpoints]
   // Some state is tensors, which the JSON of state_dict() cannot carry (the
@@ -172,10 +126,6 @@ class FULGOR_API Callback {
   /// (WeightAveraging: the averaged ones) swaps them in, then back. Must be
   /// its own inverse.
   virtual void swap_checkpoint_weights(ModuleBase&) {}
-
-  /// A loop is ending with an exception (which the Trainer rethrows after
-  /// this hook, and after the loggers are finalized with "failed").
-  virtual void on_exception(Trainer&, ModuleBase&, const std::exception&) {}
 };
 
 }  // namespace fulgor

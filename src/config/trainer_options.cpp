@@ -14,9 +14,9 @@
 #include "fulgor/core/error.h"
 #include "fulgor/profiler.h"
 #include "fulgor/config/seed.h"
-#include "fulgor/distributed/strategy.h"
 #include "config/closest_name.h"
 #include "config/json_input.h"
+#include "config/strategy_names.h"
 
 namespace fulgor {
 namespace {
@@ -411,3 +411,18 @@ void set_option(TrainerOptions& options, const std::string& key, const std::stri
 }
 
 }  // namespace fulgor
+
+namespace fulgor::detail {
+
+const std::vector<std::string>& strategy_names() {
+  static const std::vector<std::string> names = {"auto", "ddp", "single_device"};
+  return names;
+}
+
+void check_strategy(const std::string& strategy) {
+  const auto& names = strategy_names();
+  if (std::find(names.begin(), names.end(), strategy) == names.end())
+    throw ConfigError(fmt::format("unknown strategy '{}'; known strategies: {}", strategy, fmt::join(names, ", ")));
+}
+
+}  // namespace fulgor::detail

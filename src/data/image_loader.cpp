@@ -13,7 +13,7 @@
 
 #include "data/stream_order.h"
 #include "fulgor/data/image_decode.h"
-#include "fulgor/distributed/sampler.h"
+#include "fulgor/data/distributed_sampler.h"
 #include "fulgor/core/error.h"
 
 namespace fulgor {

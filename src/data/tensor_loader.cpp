@@ -7,7 +7,7 @@
 #include <sstream>
 
 #include "fulgor/data/epoch_sampler.h"
-#include "fulgor/distributed/sampler.h"
+#include "fulgor/data/distributed_sampler.h"
 #include "fulgor/core/error.h"
 
 namespace fulgor {

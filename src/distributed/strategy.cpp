@@ -8,19 +8,9 @@
 #include "fulgor/distributed/backend.h"
 #include "fulgor/core/error.h"
 #include "fulgor/distributed/strategy.h"
+#include "config/strategy_names.h"
 
 namespace fulgor::detail {
-
-const std::vector<std::string>& strategy_names() {
-  static const std::vector<std::string> names = {"auto", "ddp", "single_device"};
-  return names;
-}
-
-void check_strategy(const std::string& strategy) {
-  const auto& names = strategy_names();
-  if (std::find(names.begin(), names.end(), strategy) == names.end())
-    throw ConfigError(fmt::format("unknown strategy '{}'; known strategies: {}", strategy, fmt::join(names, ", ")));
-}
 
 bool runs_data_parallel(const std::string& strategy, const DistributedEnvironment& environment) {
   check_strategy(strategy);

@@ -99,8 +99,7 @@ struct AutomaticOptimization {
     if (loss.defined() && FULGOR_UNLIKELY(loss.numel() != 1 || !loss.requires_grad())) throw_bad_loss(loss);
     if (batch_idx % s.accumulate_grad_batches == 0) {
       auto& optimizer = *s.optim.optimizers.front();
-      s.hooks.callbacks("on_before_zero_grad",
-                      [&](Callback& cb) { cb.on_before_zero_grad(s.trainer, *s.module, optimizer); });
+      s.hooks.callbacks().on_before_zero_grad(optimizer);
       s.hooks.module("on_before_zero_grad", [&] { s.module->on_before_zero_grad(optimizer); });
       s.hooks.module("optimizer_zero_grad", [&] { s.module->optimizer_zero_grad(s.fit_loop.current_epoch(), batch_idx, optimizer); });
     }
@@ -110,10 +109,10 @@ struct AutomaticOptimization {
     const torch::Tensor divided =
         FULGOR_UNLIKELY(accumulate > 1) ? loss / static_cast<double>(accumulate) : torch::Tensor();
     const torch::Tensor& scaled = divided.defined() ? divided : loss;
-    s.hooks.callbacks("on_before_backward", [&](Callback& cb) { cb.on_before_backward(s.trainer, *s.module, scaled); });
+    s.hooks.callbacks().on_before_backward(scaled);
     s.hooks.module("on_before_backward", [&] { s.module->on_before_backward(scaled); });
     run_backward(s, scaled);
-    s.hooks.callbacks("on_after_backward", [&](Callback& cb) { cb.on_after_backward(s.trainer, *s.module); });
+    s.hooks.callbacks().on_after_backward();
     s.hooks.module("on_after_backward", [&] { s.module->on_after_backward(); });
     ++window;
     return loss;
@@ -124,8 +123,7 @@ struct AutomaticOptimization {
     if (window == 0) return false;
     auto& optimizer = *s.optim.optimizers.front();
     s.precision.unscale(optimizer);  // clipping and the hooks see true gradients
-    s.hooks.callbacks("on_before_optimizer_step",
-                    [&](Callback& cb) { cb.on_before_optimizer_step(s.trainer, *s.module, optimizer); });
+    s.hooks.callbacks().on_before_optimizer_step(optimizer);
     s.hooks.module("on_before_optimizer_step", [&] { s.module->on_before_optimizer_step(optimizer); });
     s.hooks.module("configure_gradient_clipping", [&] {
       s.module->configure_gradient_clipping(optimizer, s.options.gradient_clip_val, s.options.gradient_clip_algorithm);

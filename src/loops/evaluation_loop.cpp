@@ -71,14 +71,14 @@ void EvaluationLoop::sanity_check() {
   s.metrics.clear();
   const RunningStage previous = s.running;
   s.running = RunningStage::sanity_checking;
-  s.hooks.callbacks("on_sanity_check_start", [&](Callback& cb) { cb.on_sanity_check_start(s.trainer, *s.module); });
+  s.hooks.callbacks().on_sanity_check_start();
   // Lightning's val_loop.run asks for the loader now, after the hook.
   if (setup_data()) {
     std::optional<int64_t> limit = max_batches;
     if (steps > 0) limit = limit ? std::min(*limit, steps) : steps;
     run_limited(limit);
   }
-  s.hooks.callbacks("on_sanity_check_end", [&](Callback& cb) { cb.on_sanity_check_end(s.trainer, *s.module); });
+  s.hooks.callbacks().on_sanity_check_end();
   s.running = previous;
   s.metrics.clear();
   set_cpu_rng_state(cpu_state);

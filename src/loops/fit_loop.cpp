@@ -203,16 +203,13 @@ void FitLoop::on_advance_end() {
   epoch_progress.increment_processed();
   s.metrics.refresh(s.metrics.train_accumulators);
   s.metrics.context = LogContext::train_epoch;
-  s.hooks.callbacks(
-      "on_train_epoch_end", [&](Callback& cb) { cb.on_train_epoch_end(s.trainer, model); },
-      Hooks::Which::not_monitoring);
+  s.hooks.callbacks().on_train_epoch_end(Hooks::Which::not_monitoring);
   s.hooks.module("on_train_epoch_end", [&] { model.on_train_epoch_end(); });
   s.metrics.context = LogContext::none;
   s.metrics.refresh(s.metrics.train_accumulators);
   // Under manual optimization the module steps its schedulers.
   if (epoch_loop.reached_last_batch() && !s.manual) epoch_loop.step_epoch_schedulers(epoch_progress.current.processed);
-  s.hooks.callbacks(
-      "on_train_epoch_end", [&](Callback& cb) { cb.on_train_epoch_end(s.trainer, model); }, Hooks::Which::monitoring);
+  s.hooks.callbacks().on_train_epoch_end(Hooks::Which::monitoring);
   {
     ProfileScope timed(s.hooks.stage("[_LoggerConnector].update_train_epoch_metrics"));
     s.metrics.aggregate(s.metrics.train_accumulators, s.metrics.log_step - 1);  // Note [Logged steps]

@@ -47,7 +47,7 @@ class Hooks {
 
   // Lightning's _call_callback_hooks: `f(callback)` for each callback, in order.
   template <typename F>
-  void callbacks(const char* hook, F&& f, Which which = Which::all) {
+  void each_callback(const char* hook, F&& f, Which which = Which::all) {
     if (FULGOR_UNLIKELY(profiling_ != nullptr || which != Which::all)) {
       for (auto& cb : callbacks_) {
         if (which != Which::all && cb->monitors_metrics() != (which == Which::monitoring)) continue;
@@ -64,9 +64,16 @@ class Hooks {
     ProfileScope timed(FULGOR_UNLIKELY(profiling_ != nullptr) ? &profiling_->module_hook(*module_, hook) : nullptr);
     return f();
   }
+  class CallbackCalls;
+  // The catalogue's hooks of every callback, given the hook's arguments after
+  // the Trainer and the module: hooks.callbacks().on_before_backward(loss).
+  // The module is the running one, or `model` before it is set.
+  CallbackCalls callbacks();
+  CallbackCalls callbacks(ModuleBase& model);
+
   // A hook without arguments of the callbacks, then of the module.
   void both(const char* hook, void (Callback::*callback)(Trainer&, ModuleBase&), void (ModuleBase::*own)()) {
-    callbacks(hook, [&](Callback& cb) { (cb.*callback)(trainer_, *module_); });
+    each_callback(hook, [&](Callback& cb) { (cb.*callback)(trainer_, *module_); });
     module(hook, [&] { ((*module_).*own)(); });
   }
   // The profiler's action of a strategy call ("training_step", "backward"),
@@ -86,5 +93,29 @@ class Hooks {
   const std::unique_ptr<Profiling>& profiling_;
   const std::unique_ptr<DdpStrategy>& ddp_;
 };
+
+// One member per entry of fulgor/callback_hooks.def, named after the hook,
+// calling it on every callback under the hook's name.
+class Hooks::CallbackCalls {
+ public:
+  CallbackCalls(Hooks& hooks, ModuleBase& module) : h_(hooks), m_(module) {}
+
+#define FULGOR_HOOK(name)                                                                     \
+  void name(Which which = Which::all) {                                                       \
+    h_.each_callback(#name, [&](Callback& cb) { cb.name(h_.trainer_, m_); }, which); \
+  }
+#define FULGOR_HOOK_WITH(name, Type) \
+  void name(Type arg) { h_.each_callback(#name, [&](Callback& cb) { cb.name(h_.trainer_, m_, arg); }); }
+#define FULGOR_BATCH_END(name, types, from_end) \
+  void name(const BatchEnd& end) { h_.each_callback(#name, [&](Callback& cb) { cb.name(h_.trainer_, m_, end); }); }
+#include "fulgor/callback_hooks.def"
+
+ private:
+  Hooks& h_;
+  ModuleBase& m_;
+};
+
+inline Hooks::CallbackCalls Hooks::callbacks(ModuleBase& model) { return CallbackCalls(*this, model); }
+inline Hooks::CallbackCalls Hooks::callbacks() { return callbacks(*module_); }
 
 }  // namespace fulgor::detail

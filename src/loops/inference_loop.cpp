@@ -98,33 +98,32 @@ void InferenceLoop::hook(Point point) {
 
 void InferenceLoop::batch_hook(bool start, int64_t i, const torch::Tensor& out) {
   ModuleBase& m = *s.module;
-  Trainer& t = s.trainer;
   const BatchEnd end = batch_end(*runner_, out, i);
   switch (stage_) {
     case Stage::validate:
       if (start) {
-        s.hooks.callbacks("on_validation_batch_start", [&](Callback& cb) { cb.on_validation_batch_start(t, m, i); });
+        s.hooks.callbacks().on_validation_batch_start(i);
         s.hooks.module("on_validation_batch_start", [&] { m.on_validation_batch_start(i); });
       } else {
-        s.hooks.callbacks("on_validation_batch_end", [&](Callback& cb) { cb.on_validation_batch_end(t, m, end); });
+        s.hooks.callbacks().on_validation_batch_end(end);
         s.hooks.module("on_validation_batch_end", [&] { m.on_validation_batch_end(i); });
       }
       break;
     case Stage::test:
       if (start) {
-        s.hooks.callbacks("on_test_batch_start", [&](Callback& cb) { cb.on_test_batch_start(t, m, i); });
+        s.hooks.callbacks().on_test_batch_start(i);
         s.hooks.module("on_test_batch_start", [&] { m.on_test_batch_start(i); });
       } else {
-        s.hooks.callbacks("on_test_batch_end", [&](Callback& cb) { cb.on_test_batch_end(t, m, end); });
+        s.hooks.callbacks().on_test_batch_end(end);
         s.hooks.module("on_test_batch_end", [&] { m.on_test_batch_end(i); });
       }
       break;
     case Stage::predict:
       if (start) {
-        s.hooks.callbacks("on_predict_batch_start", [&](Callback& cb) { cb.on_predict_batch_start(t, m, i); });
+        s.hooks.callbacks().on_predict_batch_start(i);
         s.hooks.module("on_predict_batch_start", [&] { m.on_predict_batch_start(i); });
       } else {
-        s.hooks.callbacks("on_predict_batch_end", [&](Callback& cb) { cb.on_predict_batch_end(t, m, end); });
+        s.hooks.callbacks().on_predict_batch_end(end);
         s.hooks.module("on_predict_batch_end", [&] { m.on_predict_batch_end(out, i); });
       }
       break;

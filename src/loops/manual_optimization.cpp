@@ -51,14 +51,14 @@ void ManualOptimization::backward(const torch::Tensor& loss) {
   if (!loss.defined() || !loss.requires_grad())
     throw ConfigError(fmt::format("{}.manual_backward: the loss {}", s.module->name(),
                                   loss.defined() ? "does not require grad" : "is undefined"));
-  s.hooks.callbacks("on_before_backward", [&](Callback& cb) { cb.on_before_backward(s.trainer, *s.module, loss); });
+  s.hooks.callbacks().on_before_backward(loss);
   s.hooks.module("on_before_backward", [&] { s.module->on_before_backward(loss); });
   {
     ProfileScope timed(s.hooks.strategy("backward"));
     s.precision.backward(loss, *s.module);
     if (s.ddp != nullptr) s.ddp->after_backward();
   }
-  s.hooks.callbacks("on_after_backward", [&](Callback& cb) { cb.on_after_backward(s.trainer, *s.module); });
+  s.hooks.callbacks().on_after_backward();
   s.hooks.module("on_after_backward", [&] { s.module->on_after_backward(); });
 }
 
@@ -66,8 +66,7 @@ void ManualOptimization::backward(const torch::Tensor& loss) {
 // optimization leaves to the module.
 void ManualOptimization::before_optimizer_step(torch::optim::Optimizer& optimizer) {
   s.precision.unscale(optimizer);
-  s.hooks.callbacks("on_before_optimizer_step",
-                  [&](Callback& cb) { cb.on_before_optimizer_step(s.trainer, *s.module, optimizer); });
+  s.hooks.callbacks().on_before_optimizer_step(optimizer);
   s.hooks.module("on_before_optimizer_step", [&] { s.module->on_before_optimizer_step(optimizer); });
 }
 

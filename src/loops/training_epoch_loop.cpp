@@ -154,8 +154,7 @@ bool TrainingEpochLoop::advance() {
   const bool steps_optimizer = (batch_idx + 1) % s.accumulate_grad_batches == 0 || reached_last_batch();
   s.metrics.step_log_due =
       steps_optimizer && ((logging_step() + 1) % s.options.log_every_n_steps == 0 || s.should_stop);
-  s.hooks.callbacks("on_train_batch_start",
-                    [&](Callback& cb) { cb.on_train_batch_start(s.trainer, model, batch_idx); });
+  s.hooks.callbacks().on_train_batch_start(batch_idx);
   if (FULGOR_UNLIKELY(s.hooks.module("on_train_batch_start", [&] { return model.on_train_batch_start(batch_idx); }) ==
                       -1)) {
     s.metrics.context = LogContext::none;
@@ -177,7 +176,7 @@ bool TrainingEpochLoop::advance() {
   else
     hook_loss_.reset();
   const BatchEnd end = batch_end(*train_, hook_loss_, batch_idx);
-  s.hooks.callbacks("on_train_batch_end", [&](Callback& cb) { cb.on_train_batch_end(s.trainer, model, end); });
+  s.hooks.callbacks().on_train_batch_end(end);
   s.hooks.module("on_train_batch_end", [&] { model.on_train_batch_end(hook_loss_, batch_idx); });
   train_->drop_batch();
   {

@@ -272,13 +272,13 @@ void TrainerState::setup_hooks(ModuleBase& model) {
   if (prepares(model.prepare_data_per_node())) hooks.module("prepare_data", [&] { model.prepare_data(); });
   if (ddp) ddp->barrier();
   if (datamodule) datamodule->setup(stage);
-  hooks.callbacks("setup", [&](Callback& cb) { cb.setup(trainer, model, stage); });
+  hooks.callbacks(model).setup(stage);
   hooks.module("setup", [&] { model.setup(stage); });
 }
 
 void TrainerState::finish(ModuleBase& model, const std::string& status) {
   if (datamodule) datamodule->teardown(stage);
-  hooks.callbacks("teardown", [&](Callback& cb) { cb.teardown(trainer, model, stage); });
+  hooks.callbacks(model).teardown(stage);
   hooks.module("teardown", [&] { model.teardown(stage); });
   for (auto& logger : loggers) logger->finalize(status);
   describe_profile();
@@ -287,7 +287,7 @@ void TrainerState::finish(ModuleBase& model, const std::string& status) {
 // Lightning's _interrupt: the callbacks hear of the exception, and the
 // loggers are finalized as failed.
 void TrainerState::on_exception(ModuleBase& model, const std::exception& e) {
-  hooks.callbacks("on_exception", [&](Callback& cb) { cb.on_exception(trainer, model, e); });
+  hooks.callbacks(model).on_exception(e);
   for (auto& logger : loggers) logger->finalize("failed");
 }
 

@@ -1,4 +1,4 @@
-#include "fulgor/distributed/sampler.h"
+#include "fulgor/data/distributed_sampler.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>

@@ -45,43 +45,13 @@ class BatchEndFunction {
 /// The functions a LambdaCallback calls: one per Callback hook, with the
 /// hook's arguments. Those left empty do nothing.
 struct FULGOR_API LambdaHooks {
-  std::function<void(Trainer&, ModuleBase&, const std::string&)> setup;
-  std::function<void(Trainer&, ModuleBase&, const std::string&)> teardown;
-  std::function<void(Trainer&, ModuleBase&)> on_fit_start;
-  std::function<void(Trainer&, ModuleBase&)> on_fit_end;
-  std::function<void(Trainer&, ModuleBase&)> on_sanity_check_start;
-  std::function<void(Trainer&, ModuleBase&)> on_sanity_check_end;
-  std::function<void(Trainer&, ModuleBase&)> on_train_start;
-  std::function<void(Trainer&, ModuleBase&)> on_train_end;
-  std::function<void(Trainer&, ModuleBase&)> on_train_epoch_start;
-  std::function<void(Trainer&, ModuleBase&)> on_train_epoch_end;
-  std::function<void(Trainer&, ModuleBase&, int64_t)> on_train_batch_start;
-  BatchEndFunction<void(Trainer&, ModuleBase&, const torch::Tensor&, int64_t)> on_train_batch_end;
-  std::function<void(Trainer&, ModuleBase&, torch::optim::Optimizer&)> on_before_zero_grad;
-  std::function<void(Trainer&, ModuleBase&, const torch::Tensor&)> on_before_backward;
-  std::function<void(Trainer&, ModuleBase&)> on_after_backward;
-  std::function<void(Trainer&, ModuleBase&, torch::optim::Optimizer&)> on_before_optimizer_step;
-  std::function<void(Trainer&, ModuleBase&)> on_validation_start;
-  std::function<void(Trainer&, ModuleBase&)> on_validation_end;
-  std::function<void(Trainer&, ModuleBase&)> on_validation_epoch_start;
-  std::function<void(Trainer&, ModuleBase&)> on_validation_epoch_end;
-  std::function<void(Trainer&, ModuleBase&, int64_t)> on_validation_batch_start;
-  BatchEndFunction<void(Trainer&, ModuleBase&, int64_t)> on_validation_batch_end;
-  std::function<void(Trainer&, ModuleBase&)> on_test_start;
-  std::function<void(Trainer&, ModuleBase&)> on_test_end;
-  std::function<void(Trainer&, ModuleBase&)> on_test_epoch_start;
-  std::function<void(Trainer&, ModuleBase&)> on_test_epoch_end;
-  std::function<void(Trainer&, ModuleBase&, int64_t)> on_test_batch_start;
-  BatchEndFunction<void(Trainer&, ModuleBase&, int64_t)> on_test_batch_end;
-  std::function<void(Trainer&, ModuleBase&)> on_predict_start;
-  std::function<void(Trainer&, ModuleBase&)> on_predict_end;
-  std::function<void(Trainer&, ModuleBase&)> on_predict_epoch_start;
-  std::function<void(Trainer&, ModuleBase&)> on_predict_epoch_end;
-  std::function<void(Trainer&, ModuleBase&, int64_t)> on_predict_batch_start;
-  BatchEndFunction<void(Trainer&, ModuleBase&, int64_t)> on_predict_batch_end;
-  std::function<void(Trainer&, ModuleBase&, nlohmann::json&)> on_save_checkpoint;
-  std::function<void(Trainer&, ModuleBase&, const nlohmann::json&)> on_load_checkpoint;
-  std::function<void(Trainer&, ModuleBase&, const std::exception&)> on_exception;
+#define FULGOR_HOOK(name) std::function<void(Trainer&, ModuleBase&)> name;
+#define FULGOR_HOOK_WITH(name, Type) std::function<void(Trainer&, ModuleBase&, Type)> name;
+#define FULGOR_BATCH_END(name, types, from_end) \
+  BatchEndFunction<void(Trainer&, ModuleBase&, FULGOR_HOOK_UNPAREN types)> name;
+#define FULGOR_HOOK_UNPAREN(...) __VA_ARGS__
+#include "fulgor/callback_hooks.def"
+#undef FULGOR_HOOK_UNPAREN
 };
 
 /// A callback made of functions (Lightning's LambdaCallback): any hook as a
@@ -94,43 +64,11 @@ class FULGOR_API LambdaCallback : public Callback {
  public:
   explicit LambdaCallback(LambdaHooks hooks) : hooks_(std::move(hooks)) {}
 
-  void setup(Trainer& trainer, ModuleBase& module, const std::string& stage) override;
-  void teardown(Trainer& trainer, ModuleBase& module, const std::string& stage) override;
-  void on_fit_start(Trainer& trainer, ModuleBase& module) override;
-  void on_fit_end(Trainer& trainer, ModuleBase& module) override;
-  void on_sanity_check_start(Trainer& trainer, ModuleBase& module) override;
-  void on_sanity_check_end(Trainer& trainer, ModuleBase& module) override;
-  void on_train_start(Trainer& trainer, ModuleBase& module) override;
-  void on_train_end(Trainer& trainer, ModuleBase& module) override;
-  void on_train_epoch_start(Trainer& trainer, ModuleBase& module) override;
-  void on_train_epoch_end(Trainer& trainer, ModuleBase& module) override;
-  void on_train_batch_start(Trainer& trainer, ModuleBase& module, int64_t batch_idx) override;
-  void on_train_batch_end(Trainer& trainer, ModuleBase& module, const BatchEnd& end) override;
-  void on_before_zero_grad(Trainer& trainer, ModuleBase& module, torch::optim::Optimizer& optimizer) override;
-  void on_before_backward(Trainer& trainer, ModuleBase& module, const torch::Tensor& loss) override;
-  void on_after_backward(Trainer& trainer, ModuleBase& module) override;
-  void on_before_optimizer_step(Trainer& trainer, ModuleBase& module, torch::optim::Optimizer& optimizer) override;
-  void on_validation_start(Trainer& trainer, ModuleBase& module) override;
-  void on_validation_end(Trainer& trainer, ModuleBase& module) override;
-  void on_validation_epoch_start(Trainer& trainer, ModuleBase& module) override;
-  void on_validation_epoch_end(Trainer& trainer, ModuleBase& module) override;
-  void on_validation_batch_start(Trainer& trainer, ModuleBase& module, int64_t batch_idx) override;
-  void on_validation_batch_end(Trainer& trainer, ModuleBase& module, const BatchEnd& end) override;
-  void on_test_start(Trainer& trainer, ModuleBase& module) override;
-  void on_test_end(Trainer& trainer, ModuleBase& module) override;
-  void on_test_epoch_start(Trainer& trainer, ModuleBase& module) override;
-  void on_test_epoch_end(Trainer& trainer, ModuleBase& module) override;
-  void on_test_batch_start(Trainer& trainer, ModuleBase& module, int64_t batch_idx) override;
-  void on_test_batch_end(Trainer& trainer, ModuleBase& module, const BatchEnd& end) override;
-  void on_predict_start(Trainer& trainer, ModuleBase& module) override;
-  void on_predict_end(Trainer& trainer, ModuleBase& module) override;
-  void on_predict_epoch_start(Trainer& trainer, ModuleBase& module) override;
-  void on_predict_epoch_end(Trainer& trainer, ModuleBase& module) override;
-  void on_predict_batch_start(Trainer& trainer, ModuleBase& module, int64_t batch_idx) override;
-  void on_predict_batch_end(Trainer& trainer, ModuleBase& module, const BatchEnd& end) override;
-  void on_save_checkpoint(Trainer& trainer, ModuleBase& module, nlohmann::json& checkpoint) override;
-  void on_load_checkpoint(Trainer& trainer, ModuleBase& module, const nlohmann::json& checkpoint) override;
-  void on_exception(Trainer& trainer, ModuleBase& module, const std::exception& exception) override;
+#define FULGOR_HOOK(name) void name(Trainer& trainer, ModuleBase& module) override;
+#define FULGOR_HOOK_WITH(name, Type) void name(Trainer& trainer, ModuleBase& module, Type arg) override;
+#define FULGOR_BATCH_END(name, types, from_end) \
+  void name(Trainer& trainer, ModuleBase& module, const BatchEnd& end) override;
+#include "fulgor/callback_hooks.def"
 
  private:
   LambdaHooks hooks_;

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "fulgor/data/loader_protocol.h"
-#include "fulgor/distributed/sampler.h"
+#include "fulgor/data/distributed_sampler.h"
 #include "fulgor/core/error.h"
 #include "fulgor/config/seed.h"
 

@@ -42,12 +42,6 @@ FULGOR_API DeviceSetup device_setup(const Accelerator& accelerator, const Device
 
 namespace fulgor::detail {
 
-/// The strategy names TrainerOptions::strategy accepts.
-const std::vector<std::string>& strategy_names();
-
-/// Throws ConfigError listing the known names when `strategy` is not one.
-void check_strategy(const std::string& strategy);
-
 /// Whether `strategy` ("auto", "single_device" or "ddp") runs data-parallel in
 /// the job `environment` describes: "ddp" when the job has more than one
 /// process, and "auto" likewise.

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "fulgor/distributed/sampler.h"
+#include "fulgor/data/distributed_sampler.h"
 #include "fulgor/fulgor.h"
 #include "scenarios.h"
 
