@@ -178,7 +178,7 @@ struct SyncBatchNormConversion {
 
   struct Replacement {
     torch::nn::Module* parent;
-    std::string name, path;
+    std::string name;
     ModulePtr old_module, new_module;
   };
 
@@ -246,7 +246,7 @@ struct SyncBatchNormConversion {
                     : "it is held outside the module tree as well, e.g. by a typed member of its parent's class"));
       sync->group_ = group;
       sync->replaced_ = child;
-      replacements.push_back({&parent, item.key(), path, child, sync});
+      replacements.push_back({&parent, item.key(), child, sync});
     }
   }
 
