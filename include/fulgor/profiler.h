@@ -61,8 +61,8 @@ class FULGOR_API SimpleProfiler {
   Action& action(std::string_view name);
   /// Writes summary(stage): appended to the file that dirpath and filename
   /// name (dirpath "" is `log_dir`), with "-<rank>" after the filename when
-  /// `rank` is given, as Lightning does for each process of a distributed
-  /// job; else printed to stdout when `print` is true.
+  /// `rank` is given (one file per process of a distributed job); else
+  /// printed to stdout when `print` is true.
   void describe(const std::string& stage, const std::string& log_dir, std::optional<int64_t> rank, bool print) const;
 
  private:

@@ -230,6 +230,7 @@ const std::vector<Field>& fields() {
     f.push_back(field("benchmark", "a boolean or null", &TrainerOptions::benchmark));
     f.push_back(field("inference_mode", "a boolean", &TrainerOptions::inference_mode));
     f.push_back(field("barebones", "a boolean", &TrainerOptions::barebones));
+    f.push_back(field("sync_batchnorm", "a boolean", &TrainerOptions::sync_batchnorm));
     f.push_back(field("profiler", "a string", &TrainerOptions::profiler));
     f.push_back(field("profiler_dirpath", "a string", &TrainerOptions::profiler_dirpath));
     f.push_back(field("profiler_filename", "a string", &TrainerOptions::profiler_filename));

@@ -42,16 +42,23 @@ namespace {
 // still leaving the first one could reach. It lives until the process exits
 // (never destroyed, so no collective library is torn down during static
 // destruction), like PyTorch's default process group.
+std::mutex shared_group_mutex;
+ProcessGroup* shared_group_instance = nullptr;
+
 ProcessGroup shared_group(const DistributedEnvironment& environment, const Accelerator& accelerator,
                           torch::Device device, const ProcessGroupOptions& options) {
-  static std::mutex mutex;
-  static ProcessGroup* group = nullptr;
-  std::lock_guard<std::mutex> lock(mutex);
-  if (!group) group = new ProcessGroup(environment, accelerator, device, options);
-  return *group;
+  std::lock_guard<std::mutex> lock(shared_group_mutex);
+  if (!shared_group_instance) shared_group_instance = new ProcessGroup(environment, accelerator, device, options);
+  return *shared_group_instance;
 }
 
 }  // namespace
+
+std::optional<ProcessGroup> default_process_group() {
+  std::lock_guard<std::mutex> lock(shared_group_mutex);
+  if (!shared_group_instance) return std::nullopt;
+  return *shared_group_instance;
+}
 
 DdpStrategy::DdpStrategy(const DistributedEnvironment& environment, const Accelerator& accelerator,
                          torch::Device device, ProcessGroupOptions options)

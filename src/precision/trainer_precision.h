@@ -22,7 +22,7 @@ class TrainerPrecision {
  public:
   /// Parses `value` for `accelerator` (see Precision::parse). The GradScaler is
   /// made on the first setup for "16-mixed" and kept across later loops of the
-  /// same Trainer, as Lightning keeps its scaler.
+  /// same Trainer.
   void setup(const std::string& value, const Accelerator& accelerator);
 
   const Precision& precision() const { return precision_; }

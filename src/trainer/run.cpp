@@ -9,6 +9,7 @@
 #include "distributed/launcher.h"
 #include "fulgor/core/error.h"
 #include "fulgor/distributed/strategy.h"
+#include "fulgor/distributed/sync_batchnorm.h"
 #include "trainer/signals.h"
 #include "state.h"
 
@@ -71,6 +72,9 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
                            const FitOptions& fit_options, DataModuleBase* datamodule) {
   auto& s = *state_;
   run_stage(s, "fit", model, datamodule, fit_options.ckpt_path, [&](detail::LoadedCheckpoint* ckpt) {
+    // Lightning's DDPStrategy.setup: the layer sync (sync_batchnorm) changes a
+    // fit's module before the optimizers take its parameters; end() reverts it.
+    if (s.ddp && s.options.sync_batchnorm) convert_sync_batchnorm(model);
     s.configure_optimizers(model);
     s.manual_optimization.attach(model, true);
     s.fit_loop.reset_for_fit(train, val);

@@ -13,6 +13,7 @@
 #include "fulgor/core/registry.h"
 #include "fulgor/config/seed.h"
 #include "fulgor/distributed/strategy.h"
+#include "fulgor/distributed/sync_batchnorm.h"
 #include "module_access.h"
 #include "state.h"
 
@@ -233,6 +234,7 @@ void TrainerState::end() {
     manual_optimization.attach(*module, false);
   }
   if (ddp) ddp->detach();
+  if (module && options.sync_batchnorm) revert_sync_batchnorm(*module);
   running = RunningStage::none;
   metrics.context = LogContext::none;
   if (accelerator) accelerator->teardown();

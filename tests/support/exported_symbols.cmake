@@ -31,7 +31,9 @@ foreach(expected
     "fulgor::read_checkpoint_file("
     "fulgor::torch_load("
     "fulgor::metrics::Accuracy::"
-    "fulgor::StepLR::")
+    "fulgor::StepLR::"
+    "vtable for fulgor::SyncBatchNormImpl"
+    "fulgor::convert_sync_batchnorm(")
   string(FIND "${symbols}" "${expected}" at)
   if(at EQUAL -1)
     message(FATAL_ERROR "${LIBRARY} does not export ${expected}")

@@ -1,5 +1,6 @@
 // Lightning's Trainer options inference_mode, reload_dataloaders_every_n_epochs,
-// num_nodes, benchmark, barebones and the check_val_every_n_epoch accessor.
+// num_nodes, benchmark, barebones, sync_batchnorm (its ddp behaviour: the
+// distributed tests) and the check_val_every_n_epoch accessor.
 
 #include <ATen/Context.h>
 #include <c10/core/InferenceMode.h>
@@ -21,6 +22,7 @@ TEST(LightningOptions, DefaultsAreLightningsAndTravelThroughJsonAndTheCommandLin
   EXPECT_EQ(defaults.num_nodes, 1);
   EXPECT_FALSE(defaults.benchmark.has_value());
   EXPECT_FALSE(defaults.barebones);
+  EXPECT_FALSE(defaults.sync_batchnorm);
   EXPECT_TRUE(json(defaults)["benchmark"].is_null());
 
   const char* argv[] = {"prog",
@@ -29,14 +31,16 @@ TEST(LightningOptions, DefaultsAreLightningsAndTravelThroughJsonAndTheCommandLin
                         "--trainer.reload_dataloaders_every_n_epochs=2",
                         "--trainer.num_nodes=4",
                         "--trainer.benchmark=true",
-                        "--trainer.barebones=true"};
-  const TrainerOptions parsed = parse_command_line(7, argv, {}).trainer;
+                        "--trainer.barebones=true",
+                        "--trainer.sync_batchnorm=true"};
+  const TrainerOptions parsed = parse_command_line(8, argv, {}).trainer;
   EXPECT_TRUE(parsed.async_checkpointing);
   EXPECT_FALSE(parsed.inference_mode);
   EXPECT_EQ(parsed.reload_dataloaders_every_n_epochs, 2);
   EXPECT_EQ(parsed.num_nodes, 4);
   EXPECT_EQ(parsed.benchmark, std::optional<bool>(true));
   EXPECT_TRUE(parsed.barebones);
+  EXPECT_TRUE(parsed.sync_batchnorm);
   EXPECT_EQ(json(json(parsed).get<TrainerOptions>()), json(parsed));
 
   const char* unset[] = {"prog", "--trainer.benchmark=null"};

@@ -47,6 +47,7 @@ TrainerOptions unusual() {
   o.benchmark = false;
   o.inference_mode = false;
   o.barebones = true;
+  o.sync_batchnorm = true;
   return o;
 }
 

@@ -159,7 +159,14 @@ struct FULGOR_API TrainerOptions {
   /// summary and the sanity check; a ConfigError when a loop starts for what
   /// must then be off (fast_dev_run, detect_anomaly, profiler, loggers, a
   /// checkpointing or progress-bar callback).
-  bool barebones = false;  /// "" (off) or "simple": Lightning's SimpleProfiler records the time spent
+  bool barebones = false;
+  /// Under ddp, fit replaces the module's BatchNorm layers by SyncBatchNorm
+  /// (convert_sync_batchnorm), whose batch statistics are those of all ranks'
+  /// batches together, and puts them back when the fit ends; a BatchNorm held
+  /// by a typed member of a module is a ConfigError (declare it as
+  /// fulgor::SyncBatchNorm instead). Without ddp it does nothing.
+  bool sync_batchnorm = false;
+  /// "" (off) or "simple": Lightning's SimpleProfiler records the time spent
   /// in each hook and loop stage, and its report is printed (or written, see
   /// profiler_filename) when each loop ends; Trainer::profiler() reads it.
   /// Off costs nothing (docs/training.md, Profiler).

@@ -41,8 +41,8 @@ template <typename Data, typename Target>
 struct BatchConvert<torch::data::Example<Data, Target>> {
   static torch::data::Example<Data, Target> convert(torch::data::Example<Data, Target> e, const Precision& p) {
     e.data = convert_batch(std::move(e.data), p);
-    // Targets are converted too, as Lightning does, so that a regression
-    // loss sees matching dtypes; integer class labels are left as they are.
+    // Targets are converted too, so that a regression loss sees matching
+    // dtypes; integer class labels are left as they are.
     e.target = convert_batch(std::move(e.target), p);
     return e;
   }

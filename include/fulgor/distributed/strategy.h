@@ -47,6 +47,11 @@ namespace fulgor::detail {
 /// process, and "auto" likewise.
 bool runs_data_parallel(const std::string& strategy, const DistributedEnvironment& environment);
 
+/// The process group the ddp strategy made in this process (Note [One
+/// process group per process]), nullopt before any: the group a SyncBatchNorm
+/// without one of its own synchronizes over, as PyTorch's default group.
+std::optional<ProcessGroup> default_process_group();
+
 using impl::device_setup;
 using impl::launches_ranks;
 

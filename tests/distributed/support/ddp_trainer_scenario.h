@@ -43,7 +43,8 @@ struct RegressionNet : fulgor::Module {
   /// would be 3/2.
   fulgor::metrics::MeanMetric rank_metric;
 
-  explicit RegressionNet(uint64_t seed) { net = register_module("net", make_model(seed)); }
+  explicit RegressionNet(uint64_t seed) : RegressionNet(make_model(seed)) {}
+  explicit RegressionNet(torch::nn::Sequential model) { net = register_module("net", std::move(model)); }
 
   torch::Tensor training_step(torch::data::Example<> batch, int64_t batch_idx) override {
     if (die_signal != 0 && trainer().global_rank() == 1 && batch_idx == 2) std::raise(die_signal);
@@ -90,6 +91,13 @@ struct RegressionNet : fulgor::Module {
     return std::make_shared<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(kLearningRate));
   }
 };
+
+/// make_model with a BatchNorm1d after its first layer (sync_batchnorm).
+inline torch::nn::Sequential make_batchnorm_model(uint64_t seed) {
+  torch::manual_seed(seed);
+  return torch::nn::Sequential(torch::nn::Linear(kFeatures, 8), torch::nn::BatchNorm1d(8), torch::nn::Tanh(),
+                               torch::nn::Linear(8, 1));
+}
 
 /// kStepsPerEpoch global batches of kGlobalBatch samples, reshuffled every
 /// epoch; rank `rank` of `world_size` reads its shard through a

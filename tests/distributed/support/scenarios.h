@@ -64,4 +64,38 @@ inline MetricData make_metric_data() {
   return d;
 }
 
+/// The sync_batchnorm scenario: kSyncBnRows samples that rank 0 (the first
+/// kSyncBnShard0) and rank 1 (the rest) normalize together, in two layers: a
+/// BatchNorm1d over (N, 3, 5) in float64 with momentum 0.3, and a BatchNorm2d
+/// over (N, 2, 3, 3) in float32 with a cumulative average (no momentum). Each
+/// starts from a state of its own (not BatchNorm's initial one).
+constexpr int64_t kSyncBnRows = 8, kSyncBnShard0 = 5;
+struct SyncBnCase {
+  torch::nn::Sequential layer;
+  torch::Tensor x;         // all kSyncBnRows samples
+  torch::Tensor upstream;  // the loss is (layer(x) * upstream).sum()
+};
+inline SyncBnCase make_sync_bn_case(bool spatial) {
+  torch::Generator g = at::detail::createCPUGenerator(spatial ? 23 : 19);
+  const auto type = spatial ? torch::kFloat32 : torch::kFloat64;
+  const int64_t channels = spatial ? 2 : 3;
+  SyncBnCase c;
+  if (spatial) {
+    c.layer = torch::nn::Sequential(torch::nn::BatchNorm2d(torch::nn::BatchNormOptions(2).momentum(c10::nullopt)));
+    c.x = torch::randn({kSyncBnRows, 2, 3, 3}, g).to(type) * 3 + 1;
+  } else {
+    c.layer = torch::nn::Sequential(torch::nn::BatchNorm1d(torch::nn::BatchNormOptions(3).momentum(0.3)));
+    c.x = torch::randn({kSyncBnRows, 3, 5}, g).to(type) * 2 - 1;
+  }
+  c.upstream = torch::randn(c.x.sizes(), g).to(type);
+  c.layer->to(type);
+  torch::NoGradGuard no_grad;
+  for (auto& p : c.layer->parameters()) p.copy_(torch::randn({channels}, g));
+  auto buffers = c.layer->named_buffers();
+  buffers["0.running_mean"].copy_(torch::randn({channels}, g));
+  buffers["0.running_var"].copy_(torch::rand({channels}, g) + 0.5);
+  buffers["0.num_batches_tracked"].fill_(4);
+  return c;
+}
+
 }  // namespace fulgor::test

@@ -7,6 +7,7 @@
 //   fulgor_ddp_trainer_worker die OUTDIR kill|stop
 //   fulgor_ddp_trainer_worker disagree OUTDIR
 //   fulgor_ddp_trainer_worker shard OUTDIR on|off
+//   fulgor_ddp_trainer_worker syncbn OUTDIR on|off
 //
 // "fit" trains the shared model with strategy "ddp" for EPOCHS epochs;
 // "manual" the same with the model optimizing manually.
@@ -21,7 +22,11 @@
 // use_distributed_sampler on or off, then validates once more, and writes the
 // samples each rank trained on per epoch and its metrics to
 // OUTDIR/shard_rankR.txt; it then predicts on the validation samples with a
-// TorchSavePredictionWriter writing into OUTDIR/predictions. Otherwise each rank works in OUTDIR/rankR and writes its
+// TorchSavePredictionWriter writing into OUTDIR/predictions. "syncbn" fits
+// the shared model with a BatchNorm1d (make_batchnorm_model) 2 epochs with
+// sync_batchnorm on or off, and also writes the layer's buffers, and whether
+// the fit put the same BatchNorm back, to OUTDIR/syncbn_rankR.pt.
+// Otherwise each rank works in OUTDIR/rankR and writes its
 // final parameters, the gradients it held after each backward pass and its
 // metrics to OUTDIR. Exits 0 on success, 3 with the message on a
 // fulgor::Error, 4 on any other exception.
@@ -155,11 +160,12 @@ int main(int argc, char** argv) {
     rank = env.rank;
     const std::string mode = argc > 1 ? argv[1] : "";
     if (!((mode == "fit" || mode == "manual" || mode == "resume") && argc == 5) && !(mode == "die" && argc == 4) &&
-        !(mode == "disagree" && argc == 3) && !(mode == "shard" && argc == 4)) {
+        !(mode == "disagree" && argc == 3) && !((mode == "shard" || mode == "syncbn") && argc == 4)) {
       std::cerr << "usage: fulgor_ddp_trainer_worker fit|manual|resume OUTDIR EPOCHS ACCUMULATE\n"
                    "       fulgor_ddp_trainer_worker die OUTDIR kill|stop\n"
                    "       fulgor_ddp_trainer_worker disagree OUTDIR\n"
-                   "       fulgor_ddp_trainer_worker shard OUTDIR on|off\n";
+                   "       fulgor_ddp_trainer_worker shard OUTDIR on|off\n"
+                   "       fulgor_ddp_trainer_worker syncbn OUTDIR on|off\n";
       return 2;
     }
     const std::string out = argv[2];
@@ -169,6 +175,25 @@ int main(int argc, char** argv) {
       return 0;
     }
     auto loader = make_loader(env.world_size, env.rank);
+    if (mode == "syncbn") {
+      RegressionNet model(make_batchnorm_model(init_seed(env.rank)));
+      // Not a shared_ptr: a BatchNorm held outside the module tree is refused.
+      const torch::nn::Module* layer = model.net->ptr(1).get();
+      auto options = ddp_options(root, 2, 1);
+      options.sync_batchnorm = std::string(argv[3]) == "on";
+      fulgor::Trainer trainer(options);
+      trainer.fit(model, loader);
+      write_results(out, rank, trainer, model);
+      auto& bn = *std::dynamic_pointer_cast<torch::nn::BatchNorm1dImpl>(model.net->ptr(1));
+      torch::serialize::OutputArchive archive;
+      archive.write("running_mean", bn.running_mean);
+      archive.write("running_var", bn.running_var);
+      archive.write("num_batches_tracked", bn.num_batches_tracked);
+      const bool same_layer = model.net->ptr(1).get() == layer && model.net->named_children()["1"].get() == layer;
+      archive.write("same_layer", torch::tensor(same_layer));
+      archive.save_to(out + "/syncbn_rank" + std::to_string(rank) + ".pt");
+      return 0;
+    }
     if (mode == "die") {
       RegressionNet model(init_seed(env.rank));
       model.die_signal = std::string(argv[3]) == "kill" ? SIGKILL : SIGSTOP;

@@ -21,6 +21,7 @@
 #include "fulgor/distributed/environment.h"
 #include "fulgor/distributed/gradient_sync.h"
 #include "fulgor/distributed/process_group.h"
+#include "fulgor/distributed/sync_batchnorm.h"
 #include "fulgor/core/error.h"
 #include "fulgor/metrics.h"
 #include "fulgor/core/registry.h"
@@ -212,6 +213,36 @@ void scenario_die(const Context& c, const std::string& mode, int64_t timeout_ms)
   }
 }
 
+// Each rank converts the sync_batchnorm scenario's layers and runs a training
+// step on its shard, then evaluates it (make_sync_bn_case).
+void scenario_syncbn(const Context& c) {
+  fulgor::ProcessGroup group = make_group(c);
+  std::vector<std::pair<std::string, torch::Tensor>> results;
+  for (const bool spatial : {false, true}) {
+    const std::string tag = spatial ? "2d_" : "1d_";
+    fulgor::test::SyncBnCase sc = fulgor::test::make_sync_bn_case(spatial);
+    const size_t converted = fulgor::convert_sync_batchnorm(*sc.layer, group);
+    const int64_t begin = c.env.rank == 0 ? 0 : fulgor::test::kSyncBnShard0;
+    const int64_t end = c.env.rank == 0 ? fulgor::test::kSyncBnShard0 : fulgor::test::kSyncBnRows;
+    torch::Tensor x = sc.x.slice(0, begin, end).clone().requires_grad_(true);
+    torch::Tensor y = sc.layer->forward(x);
+    (y * sc.upstream.slice(0, begin, end)).sum().backward();
+    auto& bn = *sc.layer->ptr<fulgor::SyncBatchNormImpl>(0);
+    sc.layer->eval();
+    torch::Tensor evaluated = sc.layer->forward(x.detach());
+    results.insert(results.end(), {{tag + "converted", torch::tensor(static_cast<int64_t>(converted))},
+                                   {tag + "y", y.detach()},
+                                   {tag + "x_grad", x.grad()},
+                                   {tag + "weight_grad", bn.weight.grad()},
+                                   {tag + "bias_grad", bn.bias.grad()},
+                                   {tag + "running_mean", bn.running_mean},
+                                   {tag + "running_var", bn.running_var},
+                                   {tag + "num_batches_tracked", bn.num_batches_tracked},
+                                   {tag + "eval", evaluated}});
+  }
+  save(c.file("syncbn"), results);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -237,9 +268,11 @@ int main(int argc, char** argv) {
       scenario_nosync(c);
     } else if (scenario == "die" && argc == 5) {
       scenario_die(c, argv[3], std::stoll(argv[4]));
+    } else if (scenario == "syncbn" && argc == 3) {
+      scenario_syncbn(c);
     } else {
-      std::cerr
-          << "usage: fulgor_distributed_worker env|fail|sleep|collectives|metrics|train|nosync|die OUTDIR [ARGS...]\n";
+      std::cerr << "usage: fulgor_distributed_worker env|fail|sleep|collectives|metrics|train|nosync|die|syncbn OUTDIR "
+                   "[ARGS...]\n";
       return 2;
     }
   } catch (const fulgor::Error& e) {
