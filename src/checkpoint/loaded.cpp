@@ -33,8 +33,8 @@ LoadedCheckpoint load_checkpoint(const std::string& path) {
         archive->read("optimizer_" + std::to_string(i), state);
         optimizers[i]->load(state);
       } catch (const c10::Error& e) {
-        throw CheckpointError(fmt::format("checkpoint '{}': optimizer {} state does not fit: {}", path, i,
-                                          e.what_without_backtrace()));
+        throw CheckpointError(
+            fmt::format("checkpoint '{}': optimizer {} state does not fit: {}", path, i, e.what_without_backtrace()));
       }
       move_archive_tensors(state, accelerator, device, fmt::format("optimizer {} state", i));
     }
