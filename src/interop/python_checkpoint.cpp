@@ -132,8 +132,8 @@ LoadedCheckpoint load_python_checkpoint(const std::string& path) {
       throw InteropError(fmt::format("{}: {}", source, e.what()));
     }
   };
-  // torch.optim's states, imported where they lie: on the parameters'
-  // devices.
+  // torch.optim's states, copied onto the parameters' devices as they are
+  // imported: no move after.
   ckpt.restore_optimizers = [checkpoint, source](const LoadedCheckpoint::Optimizers& optimizers, const Accelerator&,
                                                  torch::Device) {
     const std::vector<c10::IValue> states = optimizer_states_in(checkpoint);
