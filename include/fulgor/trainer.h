@@ -43,7 +43,7 @@ struct FitOptions {
   /// a {"model": ..., "optimizer": ...} checkpoint, whose weights,
   /// torch.optim states (SGD, Adam, AdamW), torch schedulers' states and
   /// Lightning loop counters the fit continues from (Note [Resuming a Python
-  /// run] in src/trainer/python_checkpoint.cpp).
+  /// run] in src/interop/python_checkpoint.cpp).
   std::string ckpt_path;
 };
 

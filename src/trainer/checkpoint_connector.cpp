@@ -14,12 +14,10 @@
 #include "checkpoint/meta.h"
 #include "fulgor/callbacks/model_checkpoint.h"
 #include "fulgor/checkpoint/checkpoint.h"
-#include "fulgor/interop/torch_load.h"
 #include "fulgor/distributed/strategy.h"
 #include "fulgor/core/version.h"
-#include "python_checkpoint.h"
+#include "interop/python_checkpoint.h"
 #include "state.h"
-#include "detail/tensor_moves.h"
 
 namespace fulgor::detail {
 
@@ -98,42 +96,36 @@ std::string CheckpointConnector::resolve(const std::string& path) const {
   return newest->string();
 }
 
+// The one place a checkpoint's format is told: each reader gives the same
+// loaded form (Note [The loaded checkpoint]).
 LoadedCheckpoint CheckpointConnector::read(const std::string& requested) const {
-  LoadedCheckpoint ckpt;
-  ckpt.path = resolve(requested);
-  if (is_python_checkpoint(ckpt.path)) {
-    ckpt.python = torch_load(ckpt.path);
-    ckpt.meta = {{"loop", python_loop_state(ckpt.python, ckpt.path)}};
-    return ckpt;
-  }
-  ckpt.archive = read_checkpoint_file(ckpt.path);
-  ckpt.meta = parse_checkpoint_meta(ckpt.archive, ckpt.path);
-  return ckpt;
+  const std::string path = resolve(requested);
+  return is_python_checkpoint(path) ? load_python_checkpoint(path) : load_checkpoint(path);
 }
 
 // Lightning's _restore_modules_and_callbacks, after the setup hooks: the
 // module's on_load_checkpoint, its weights, then every callback's
-// on_load_checkpoint and every callback's load_state_dict.
+// on_load_checkpoint and every callback's load_state_dict. A checkpoint
+// without the module's or the callbacks' states (Python's) calls none of
+// their hooks.
 void CheckpointConnector::restore_module_and_callbacks(LoadedCheckpoint& ckpt) {
-  if (ckpt.from_python()) return restore_python_weights(*s.module, ckpt.python, ckpt.path);
   const auto& meta = ckpt.meta;
-  restoring(ckpt, "the module's state", [&] { s.module->on_load_checkpoint(meta.at("module")); });
-  torch::serialize::InputArchive model_archive;
-  if (!ckpt.archive.try_read("model", model_archive))
-    throw CheckpointError(fmt::format("checkpoint '{}' has no model state", ckpt.path));
-  load_module_state(*s.module, model_archive, ckpt.path);
+  if (const auto module = meta.find("module"); module != meta.end())
+    restoring(ckpt, "the module's state", [&] { s.module->on_load_checkpoint(*module); });
+  ckpt.restore_weights(*s.module);
   // Lightning's restore_datamodule: the state saved under its name, if any.
   if (const auto dm = meta.find("datamodule");
       s.datamodule && dm != meta.end() && dm->at("name") == s.datamodule->name())
     restoring(ckpt, fmt::format("the state of {}", s.datamodule->name()),
               [&] { s.datamodule->load_state_dict(dm->at("state")); });
+  const auto states = meta.find("callbacks");
+  if (states == meta.end()) return;
   for (auto& cb : s.callbacks)
     restoring(ckpt, fmt::format("what {} reads of it", cb->state_key()),
               [&] { cb->on_load_checkpoint(s.trainer, *s.module, meta); });
   restore_callback_tensors(ckpt);
-  const auto& states = meta.at("callbacks");
   for (auto& cb : s.callbacks)
-    if (auto it = states.find(cb->state_key()); it != states.end())
+    if (auto it = states->find(cb->state_key()); it != states->end())
       restoring(ckpt, fmt::format("the state of {}", cb->state_key()), [&] { cb->load_state_dict(*it); });
 }
 
@@ -145,7 +137,7 @@ void CheckpointConnector::restore_callback_tensors(LoadedCheckpoint& ckpt) {
     const auto entry = entries->find(cb->state_key());
     if (entry == entries->end()) continue;
     torch::serialize::InputArchive archive;
-    if (!entry->is_string() || !ckpt.archive.try_read(entry->get<std::string>(), archive))
+    if (!entry->is_string() || !ckpt.archive->try_read(entry->get<std::string>(), archive))
       throw CheckpointError(fmt::format("checkpoint '{}' names no archive of tensors for {} that it holds: {}",
                                         ckpt.path, cb->state_key(), entry->dump()));
     restoring(ckpt, fmt::format("the tensors of {}", cb->state_key()),
@@ -157,30 +149,10 @@ void CheckpointConnector::restore_callback_tensors(LoadedCheckpoint& ckpt) {
 // state, the loops' progress, the optimizers and schedulers. The
 // generators are set by restore_rng when the first epoch begins.
 void CheckpointConnector::restore_training_state(LoadedCheckpoint& ckpt) {
-  const auto& meta = ckpt.meta;
-  if (ckpt.from_python()) {
-    s.fit_loop.load_state_dict(ckpt);
-    restore_python_optimizers(s.optim, ckpt.python, ckpt.path);
-    return;
-  }
-  s.precision.load(ckpt.archive, ckpt.path);
+  s.precision.load(*ckpt.archive, ckpt.path);
   s.fit_loop.load_state_dict(ckpt);
-  const auto n_optimizers = meta.at("optimizers").get<size_t>();  // checked by parse_checkpoint_meta
-  if (n_optimizers != s.optim.optimizers.size())
-    throw CheckpointError(fmt::format("checkpoint '{}' holds {} optimizer states; configure_optimizers returned {}",
-                                      ckpt.path, n_optimizers, s.optim.optimizers.size()));
-  for (size_t i = 0; i < n_optimizers; ++i) {
-    torch::serialize::InputArchive archive;
-    try {
-      ckpt.archive.read("optimizer_" + std::to_string(i), archive);
-      s.optim.optimizers[i]->load(archive);
-    } catch (const c10::Error& e) {
-      throw CheckpointError(fmt::format("checkpoint '{}': optimizer {} state does not fit: {}", ckpt.path, i,
-                                        e.what_without_backtrace()));
-    }
-    move_archive_tensors(archive, *s.accelerator, s.device_setup->device, fmt::format("optimizer {} state", i));
-  }
-  const auto& schedulers = meta.at("schedulers");
+  ckpt.restore_optimizers(s.optim.optimizers, *s.accelerator, s.device_setup->device);
+  const auto& schedulers = ckpt.meta.at("schedulers");
   if (schedulers.size() != s.optim.schedulers.size())
     throw CheckpointError(fmt::format("checkpoint '{}' holds {} scheduler states; configure_optimizers returned {}",
                                       ckpt.path, schedulers.size(), s.optim.schedulers.size()));
@@ -198,16 +170,20 @@ void CheckpointConnector::restore_training_state(LoadedCheckpoint& ckpt) {
 // loops' state, the resume says which states are missing and goes on; with
 // `deterministic`, which promises a repeatable run, it refuses instead.
 void CheckpointConnector::check_rng_states(LoadedCheckpoint& ckpt) const {
+  // A checkpoint that names no accelerator of fulgor's (Python's) holds none
+  // of its generators to miss (Note [The loaded checkpoint]).
+  const auto saved_on = ckpt.meta.find("accelerator");
+  if (saved_on == ckpt.meta.end()) return;
   std::vector<std::string> missing;
   torch::Tensor state;
-  if (!ckpt.archive.try_read("rng_cpu", state)) missing.emplace_back("'rng_cpu' (the CPU generator's)");
+  if (!ckpt.archive->try_read("rng_cpu", state)) missing.emplace_back("'rng_cpu' (the CPU generator's)");
   const auto& loop = ckpt.meta.at("loop");
   const bool mid_epoch = !loop.at("epoch_finished").get<bool>() && loop.at("batches_in_epoch").get<int64_t>() > 0;
-  if (mid_epoch && !ckpt.archive.try_read("rng_epoch_start", state))
+  if (mid_epoch && !ckpt.archive->try_read("rng_epoch_start", state))
     missing.emplace_back("'rng_epoch_start' (the CPU generator's at the epoch's start, which shuffled its batches)");
-  const bool same_accelerator = ckpt.meta.value("accelerator", std::string()) == s.accelerator->name();
+  const bool same_accelerator = *saved_on == s.accelerator->name();
   if (same_accelerator && s.accelerator->get_rng_state(s.device_setup->device).defined() &&
-      !ckpt.archive.try_read("rng_device", state))
+      !ckpt.archive->try_read("rng_device", state))
     missing.emplace_back(fmt::format("'rng_device' (the {} generator's)", s.accelerator->name()));
   if (missing.empty()) return;
   const std::string what =
@@ -220,15 +196,14 @@ void CheckpointConnector::check_rng_states(LoadedCheckpoint& ckpt) const {
 }
 
 void CheckpointConnector::restore_rng(LoadedCheckpoint& ckpt, const char* cpu_key) {
-  if (ckpt.from_python()) return;  // Python's generators are not fulgor's
   torch::Tensor state;
-  if (ckpt.archive.try_read(cpu_key, state)) set_cpu_rng_state(state);
+  if (ckpt.archive->try_read(cpu_key, state)) set_cpu_rng_state(state);
   torch::Tensor device_state;
   // A device generator's state fits only the generator of the accelerator
   // that saved it: resuming elsewhere (saved on the CPU, resumed on an xpu)
   // leaves the device's generator as it is.
   const bool same_accelerator = ckpt.meta.value("accelerator", std::string()) == s.accelerator->name();
-  if (std::string(cpu_key) == "rng_cpu" && same_accelerator && ckpt.archive.try_read("rng_device", device_state))
+  if (std::string(cpu_key) == "rng_cpu" && same_accelerator && ckpt.archive->try_read("rng_device", device_state))
     s.accelerator->set_rng_state(s.device_setup->device, device_state);
 }
 

@@ -1,7 +1,6 @@
 #pragma once
 
-#include <ATen/core/ivalue.h>
-#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
 #include <torch/types.h>
 #include <nlohmann/json.hpp>
 
@@ -11,30 +10,11 @@
 #include <vector>
 
 #include "checkpoint/background_writer.h"
+#include "checkpoint/loaded.h"
 
 namespace fulgor::detail {
 
 struct TrainerState;
-
-// A checkpoint read for a loop: its file, archive and checked metadata; or,
-// for a file Python wrote, what torch_load read of it and the loops' state
-// it resumes at (Note [Resuming a Python run] in python_checkpoint.cpp).
-// Move-only, as its archive. The copy is deleted with a const parameter:
-// the implicit one would take a non-const reference, as the archive's does,
-// which std::optional's defaulted copy rejects under clang.
-struct LoadedCheckpoint {
-  LoadedCheckpoint() = default;
-  LoadedCheckpoint(const LoadedCheckpoint&) = delete;
-  LoadedCheckpoint& operator=(const LoadedCheckpoint&) = delete;
-  LoadedCheckpoint(LoadedCheckpoint&&) = default;
-  LoadedCheckpoint& operator=(LoadedCheckpoint&&) = default;
-
-  std::string path;
-  torch::serialize::InputArchive archive;
-  nlohmann::json meta;
-  c10::IValue python;
-  bool from_python() const { return !python.isNone(); }
-};
 
 torch::Tensor cpu_rng_state();
 void set_cpu_rng_state(const torch::Tensor& state);
@@ -50,6 +30,9 @@ struct CheckpointConnector {
   // A path as given, or "last" (the checkpoint folder's last.ckpt, else its
   // newest checkpoint) or "best" (the ModelCheckpoint's best_model_path).
   std::string resolve(const std::string& path) const;
+  // The checkpoint at the resolved path, fulgor's or one Python wrote, in
+  // the one loaded form the restores below take (Note [The loaded
+  // checkpoint] in src/checkpoint/loaded.h).
   LoadedCheckpoint read(const std::string& requested) const;
   // Saves synchronously: returns once the file is on disk, after the
   // asynchronous write in flight, if any.

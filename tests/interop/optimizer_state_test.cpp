@@ -45,7 +45,8 @@ struct ResumeNet : Module {
 StateDict tensors_of(const std::string& file) { return state_dict_from(torch_load(reference_dir() / file), file); }
 
 // Fits `model` from `ckpt_path` to Python's step count plus M, on Python's batches.
-void continue_fit(ResumeNet& model, const std::string& ckpt_path, int64_t start, const std::string& root) {
+void continue_fit(ResumeNet& model, const std::string& ckpt_path, int64_t start, const std::string& root,
+                  bool deterministic = false) {
   StateDict data = tensors_of("resume_data.pt");
   TensorLoader loader(data["x"], data["y"], {.batch_size = resume_report()["batch_size"].get<int64_t>()});
   Trainer trainer({.accelerator = "cpu",
@@ -55,6 +56,7 @@ void continue_fit(ResumeNet& model, const std::string& ckpt_path, int64_t start,
                    .enable_checkpointing = false,
                    .enable_progress_bar = false,
                    .enable_model_summary = false,
+                   .deterministic = deterministic,
                    .default_root_dir = root});
   FitResult result = trainer.fit(model, loader, FitOptions{ckpt_path});
   EXPECT_EQ(result.reason, StopReason::max_steps) << result.message;
@@ -82,6 +84,28 @@ TEST_P(PythonRunContinued, TakesTheStepsPythonTakes) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Interop, PythonRunContinued, ::testing::Values("sgd", "sgd_nesterov", "adam", "adamw"));
+
+// Python's file holds no module state of fulgor's nor any of its generators:
+// the module's on_load_checkpoint is not called, and deterministic=true, which
+// refuses a fulgor checkpoint without its generator states, continues it
+// without a word, to Python's weights.
+TEST(PythonRunContinued, ReadsNoStateOnlyFulgorWrites) {
+  struct CountingNet : ResumeNet {
+    using ResumeNet::ResumeNet;
+    void on_load_checkpoint(const nlohmann::json&) override { ++loads; }
+    int loads = 0;
+  };
+  const auto& report = resume_report()["cases"]["adam"];
+  ScratchDir dir("resume_no_fulgor_state");
+  CountingNet model("adam");
+  ::testing::internal::CaptureStderr();
+  continue_fit(model, (reference_dir() / report["file"].get<std::string>()).string(), report["start"].get<int64_t>(),
+               dir.path().string(), /*deterministic=*/true);
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(said.find("generator state"), std::string::npos) << said;
+  EXPECT_EQ(model.loads, 0);
+  expect_weights(model, "resume_adam_after.pt", true);
+}
 
 TEST(PythonRunContinuedWithoutState, DiffersFromPython) {
   // The weights alone, the optimizer's moments afresh: the test above would see it.

@@ -1,4 +1,4 @@
-#include "python_checkpoint.h"
+#include "interop/python_checkpoint.h"
 
 #include <fmt/format.h>
 
@@ -7,6 +7,7 @@
 #include "fulgor/core/error.h"
 #include "fulgor/interop/optimizer_state.h"
 #include "fulgor/interop/state_dict.h"
+#include "fulgor/interop/torch_load.h"
 
 // Note [Resuming a Python run]
 // Trainer::fit(..., ckpt_path) takes a file Python wrote (a Lightning .ckpt,
@@ -20,15 +21,16 @@
 // checkpoint without loops starts the fit's counters at zero while the
 // optimizers carry on from their states. What Python's generators, data
 // module and callbacks held is not read: such a file has none of fulgor's.
+// The file is translated once, as it is read (load_python_checkpoint), into
+// the loaded form of fulgor's own (Note [The loaded checkpoint]), which the
+// Trainer's checkpoint connector restores as it restores those.
 
 namespace fulgor::detail {
 namespace {
 
-using Dict = c10::impl::GenericDict;
-
 const c10::IValue* find(const c10::IValue& dict, const char* key) {
   if (!dict.isGenericDict()) return nullptr;
-  const Dict& d = dict.toGenericDict();
+  const c10::impl::GenericDict& d = dict.toGenericDict();
   auto it = d.find(std::string(key));
   return it == d.end() ? nullptr : &it->value();
 }
@@ -73,15 +75,10 @@ nlohmann::json scheduler_json(const c10::IValue& state, const std::string& where
   return out;
 }
 
-}  // namespace
-
-bool is_python_checkpoint(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  char head[4] = {};
-  return in.read(head, 4) && std::string(head, 4) == "PK\x03\x04";
-}
-
-nlohmann::json python_loop_state(const c10::IValue& checkpoint, const std::string& path) {
+// The loops' state (FitLoop::state_dict's keys) the checkpoint resumes at:
+// Lightning's fit loop progress, or the start of a fit for a checkpoint
+// without one.
+nlohmann::json loop_state(const c10::IValue& checkpoint, const std::string& path) {
   const c10::IValue none;
   const c10::IValue* loops = find(checkpoint, "loops");
   const c10::IValue& fit = loops && find(*loops, "fit_loop") ? *find(*loops, "fit_loop") : none;
@@ -100,39 +97,53 @@ nlohmann::json python_loop_state(const c10::IValue& checkpoint, const std::strin
           {"batches_that_stepped", counter(fit, {"epoch_loop.state_dict", "_batches_that_stepped"}, path)}};
 }
 
-void restore_python_weights(ModuleBase& module, const c10::IValue& checkpoint, const std::string& path) {
-  const std::string source = "checkpoint '" + path + "'";
-  StateDict state = state_dict_from(checkpoint, source);
-  try {
-    load_state_dict(module, state);
-  } catch (const InteropError& e) {
-    throw InteropError(fmt::format("{}: {}", source, e.what()));
-  }
+// The torch schedulers' states, in order, as fulgor's metadata keeps its
+// schedules' ("schedulers"): none for a checkpoint without "lr_schedulers".
+nlohmann::json scheduler_states(const c10::IValue& checkpoint, const std::string& source) {
+  nlohmann::json states = nlohmann::json::array();
+  const c10::IValue* schedulers = find(checkpoint, "lr_schedulers");
+  if (schedulers == nullptr || !schedulers->isList()) return states;
+  const auto& list = schedulers->toListRef();
+  for (size_t i = 0; i < list.size(); ++i)
+    states.push_back(scheduler_json(list[i], fmt::format("{}: lr_schedulers[{}]", source, i)));
+  return states;
 }
 
-void restore_python_optimizers(OptimizerConfig& optim, const c10::IValue& checkpoint, const std::string& path) {
+}  // namespace
+
+bool is_python_checkpoint(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  char head[4] = {};
+  return in.read(head, 4) && std::string(head, 4) == "PK\x03\x04";
+}
+
+LoadedCheckpoint load_python_checkpoint(const std::string& path) {
   const std::string source = "checkpoint '" + path + "'";
-  const std::vector<c10::IValue> states = optimizer_states_in(checkpoint);
-  if (states.size() != optim.optimizers.size())
-    throw CheckpointError(fmt::format("{} holds {} torch.optim states; configure_optimizers returned {}", source,
-                                      states.size(), optim.optimizers.size()));
-  for (size_t i = 0; i < states.size(); ++i)
-    import_optimizer_state(*optim.optimizers[i], states[i], fmt::format("{}, optimizer {}", source, i));
-  const c10::IValue* schedulers = find(checkpoint, "lr_schedulers");
-  const size_t n_schedulers = schedulers && schedulers->isList() ? schedulers->toListRef().size() : 0;
-  if (n_schedulers != optim.schedulers.size())
-    throw CheckpointError(fmt::format("{} holds {} scheduler states; configure_optimizers returned {}", source,
-                                      n_schedulers, optim.schedulers.size()));
-  for (size_t i = 0; i < n_schedulers; ++i) {
-    const std::string where = fmt::format("{}: lr_schedulers[{}]", source, i);
+  const c10::IValue checkpoint = torch_load(path);
+  LoadedCheckpoint ckpt;
+  ckpt.path = path;
+  ckpt.meta = {{"loop", loop_state(checkpoint, path)}, {"schedulers", scheduler_states(checkpoint, source)}};
+  // The weights ("state_dict" or "model") into the module, by name, strictly.
+  ckpt.restore_weights = [checkpoint, source](torch::nn::Module& module) {
+    StateDict state = state_dict_from(checkpoint, source);
     try {
-      optim.schedulers[i].scheduler->load_state_dict(scheduler_json(schedulers->toListRef()[i], where));
-    } catch (const nlohmann::json::exception& e) {
-      throw CheckpointError(fmt::format("{} does not map to the scheduler configured: {}", where, e.what()));
-    } catch (const ConfigError& e) {
-      throw CheckpointError(fmt::format("{} does not map to the scheduler configured: {}", where, e.what()));
+      load_state_dict(module, state);
+    } catch (const InteropError& e) {
+      throw InteropError(fmt::format("{}: {}", source, e.what()));
     }
-  }
+  };
+  // torch.optim's states, copied onto the parameters' devices as they are
+  // imported: no move after.
+  ckpt.restore_optimizers = [checkpoint, source](const LoadedCheckpoint::Optimizers& optimizers, const Accelerator&,
+                                                 torch::Device) {
+    const std::vector<c10::IValue> states = optimizer_states_in(checkpoint);
+    if (states.size() != optimizers.size())
+      throw CheckpointError(fmt::format("{} holds {} torch.optim states; configure_optimizers returned {}", source,
+                                        states.size(), optimizers.size()));
+    for (size_t i = 0; i < states.size(); ++i)
+      import_optimizer_state(*optimizers[i], states[i], fmt::format("{}, optimizer {}", source, i));
+  };
+  return ckpt;
 }
 
 }  // namespace fulgor::detail
