@@ -105,7 +105,7 @@ suite_result() { grep -E 'tests passed' "$1" | tail -n 1; }
 # The sanitizer stage (Note [Sanitizers] in CMakeLists.txt), on the host's
 # LibTorch: the core and Trainer tests and the fuzz corpora's replay (the
 # registry, devices, plugins, options and config files, the loops,
-# checkpoints, callbacks, loggers) under ASan, LeakSanitizer and UBSan, built
+# checkpoints, callbacks, loggers, image decoders and tar shards) under ASan, LeakSanitizer and UBSan, built
 # at -O1 in a folder of its own. Each test executable runs as one process,
 # which loads LibTorch under ASan once. The SIGKILL test is left out: it
 # restarts a writer up to 30 times, each starting LibTorch, slow under ASan,
@@ -127,7 +127,9 @@ sanitized_tests() {
     $b/tests/fulgor_trainer_tests --gtest_filter=-Checkpoint.AWriterKilledAtRandomMomentsLeavesLoadableCheckpoints &&
     $b/tests/fuzz/fulgor_fuzz_replay devices tests/fuzz/corpus/devices &&
     $b/tests/fuzz/fulgor_fuzz_replay options tests/fuzz/corpus/options &&
-    $b/tests/fuzz/fulgor_fuzz_replay checkpoint tests/fuzz/corpus/checkpoint
+    $b/tests/fuzz/fulgor_fuzz_replay checkpoint tests/fuzz/corpus/checkpoint &&
+    $b/tests/fuzz/fulgor_fuzz_replay image tests/fuzz/corpus/image &&
+    $b/tests/fuzz/fulgor_fuzz_replay tar_shard tests/fuzz/corpus/tar_shard
 }
 sanitized_result() {
   echo "$(grep -cE '^\[       OK \]' "$1") core and Trainer tests passed, fuzz corpora replayed"

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <memory>
 #include <utility>
 
 #include "fulgor/checkpoint/checkpoint.h"
@@ -26,16 +27,20 @@ void BackgroundWriter::start(std::string path, torch::serialize::OutputArchive a
     return;
   }
   ended_.store(false, std::memory_order_relaxed);
-  thread_ = std::thread([this, archive = std::move(archive), owned = std::move(owned)]() mutable {
+  // Held by a pointer: LibTorch's OutputArchive copies only from a non-const
+  // reference, which clang refuses in the copy constructor std::thread's
+  // tuple declares for a lambda holding it.
+  auto held = std::make_unique<torch::serialize::OutputArchive>(std::move(archive));
+  thread_ = std::thread([this, archive = std::move(held), owned = std::move(owned)]() mutable {
     try {
-      write_checkpoint_file(path_, archive);
+      write_checkpoint_file(path_, *archive);
     } catch (const CheckpointError& e) {
       error_ = e.what();
     } catch (const std::exception& e) {
       error_ = fmt::format("cannot write checkpoint '{}': {}", path_, e.what());
     }
     // The archive's copies are freed here, on this thread, before the write counts as ended.
-    archive = torch::serialize::OutputArchive();
+    archive.reset();
     owned.clear();
     ended_.store(true, std::memory_order_release);
   });

@@ -96,6 +96,10 @@ JpegHeader jpeg_header(tjhandle decompressor, const uint8_t* data, size_t size, 
   if (tjDecompressHeader3(decompressor, data, static_cast<unsigned long>(size), &width, &height, &subsampling,
                           &colorspace) != 0)
     throw DataError(fmt::format("{}: not a valid JPEG image ({})", name, tjGetErrorStr2(decompressor)));
+  // A JPEG cut before its frame header, or holding only tables, passes
+  // tjDecompressHeader3 (with a warning) without a size.
+  if (width < 1 || height < 1)
+    throw DataError(fmt::format("{}: not a valid JPEG image (it ends before its frame header and size)", name));
   return {width, height, subsampling};
 }
 

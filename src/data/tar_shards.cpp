@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <sstream>
 
 #include "fulgor/data/image_decode.h"
 #include "detail/read_at.h"
@@ -33,17 +34,41 @@ int open_shard(const std::string& path) {
   return fd;
 }
 
-// A header's numeric field: octal text, or base-256 (GNU, for large sizes).
-uint64_t tar_number(const char* field, size_t width) {
-  if (static_cast<unsigned char>(field[0]) & 0x80) {
+// Note [Tar numbers]
+// A header's numeric field: octal digits, between spaces and up to a NUL, as
+// tar and Python's tarfile write and read them, or base-256 (GNU's, for sizes
+// of 8 GiB and more; a first byte of 0x80). Anything else is no number:
+// neither a digit skipped (a field "-1" read as 1) nor a base-256 value of
+// 2^64 or more wrapped round to a small one, which would read a member at
+// another size than every other tar reader.
+std::optional<uint64_t> tar_number(const char* field, size_t width) {
+  const auto* bytes = reinterpret_cast<const unsigned char*>(field);
+  if (bytes[0] & 0x80) {
+    if (bytes[0] != 0x80) return std::nullopt;  // 0xff: a negative number
     uint64_t v = 0;
-    for (size_t i = 1; i < width; ++i) v = (v << 8) | static_cast<unsigned char>(field[i]);
+    for (size_t i = 1; i < width; ++i) {
+      if (v >> 56) return std::nullopt;
+      v = (v << 8) | bytes[i];
+    }
     return v;
   }
-  uint64_t v = 0;
-  for (size_t i = 0; i < width && field[i]; ++i)
-    if (field[i] >= '0' && field[i] <= '7') v = v * 8 + static_cast<uint64_t>(field[i] - '0');
+  const size_t end = strnlen(field, width);
+  size_t i = 0;
+  while (i < end && field[i] == ' ') ++i;
+  uint64_t v = 0;  // at most 12 digits: below 2^36
+  for (; i < end && field[i] >= '0' && field[i] <= '7'; ++i) v = v * 8 + static_cast<uint64_t>(field[i] - '0');
+  while (i < end && field[i] == ' ') ++i;
+  if (i != end) return std::nullopt;
   return v;
+}
+
+// A member's size, from its header at `offset`.
+uint64_t member_size(const char* header, const std::string& path, const std::string& name, uint64_t offset) {
+  if (const std::optional<uint64_t> size = tar_number(header + 124, 12)) return *size;
+  const auto* field = reinterpret_cast<const unsigned char*>(header + 124);
+  throw DataError(fmt::format("tar shard '{}': member '{}' (header at byte {}) has the size field {:02x}, not a tar "
+                              "number (octal digits, or base-256 below 2^64)",
+                              path, name, offset, fmt::join(field, field + 12, " ")));
 }
 
 std::string tar_text(const char* field, size_t width) { return std::string(field, strnlen(field, width)); }
@@ -71,6 +96,29 @@ uint64_t size_of(int fd, const std::string& path) {
 }
 
 constexpr const char* kIndexMagic = "fulgor-tar-index";
+
+// A shard's index file, nullopt where there is none. Opened as a shard is
+// (a FIFO would block the open, a link to /dev/zero never end), and no
+// larger than its shard plus its first line: each sample's line is shorter
+// than the sample's headers and member names in the shard.
+std::optional<std::string> read_index(const std::string& path, uint64_t shard_size) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0 && (errno == ENOENT || errno == ENOTDIR)) return std::nullopt;
+  if (fd < 0) throw DataError(fmt::format("index '{}' cannot be opened ({})", path, std::strerror(errno)));
+  struct stat info {};
+  std::string text;
+  const bool regular = ::fstat(fd, &info) == 0 && S_ISREG(info.st_mode);
+  const bool fits = regular && static_cast<uint64_t>(info.st_size) <= shard_size + 4096;
+  if (fits) text.resize(static_cast<size_t>(info.st_size));
+  const bool read = fits && detail::read_at(fd, 0, text.data(), text.size());
+  ::close(fd);
+  if (!regular) throw DataError(fmt::format("index '{}' is not a regular file", path));
+  if (!fits)
+    throw DataError(fmt::format("index '{}' has {} bytes, more than its shard's {} bytes: it is no index of it", path,
+                                info.st_size, shard_size));
+  if (!read) throw DataError(fmt::format("index '{}' cannot be read", path));
+  return text;
+}
 
 // Note [Shards from elsewhere]
 // A shard's headers declare sizes up to 2^64 - 1 and a .cls member any
@@ -184,14 +232,14 @@ void TarShards::scan(size_t shard) {
   const int fd = files_->fds[shard];
   const uint64_t file_size = size_of(fd, path);
   std::optional<std::string> long_name;
-  std::string key;
+  std::optional<std::string> key;  // the sample's, once one has begun (an empty key is one, as WebDataset's)
   std::optional<Sample> image;
   std::optional<int64_t> target;
   auto finish = [&] {
-    if (key.empty()) return;
+    if (!key) return;
     if (!image)
-      throw DataError(fmt::format("tar shard '{}': sample '{}' has no .jpg, .jpeg or .png member", path, key));
-    if (!target) throw DataError(fmt::format("tar shard '{}': sample '{}' has no .cls member", path, key));
+      throw DataError(fmt::format("tar shard '{}': sample '{}' has no .jpg, .jpeg or .png member", path, *key));
+    if (!target) throw DataError(fmt::format("tar shard '{}': sample '{}' has no .cls member", path, *key));
     image->target = *target;
     samples_.push_back(std::move(*image));
     image.reset();
@@ -207,10 +255,10 @@ void TarShards::scan(size_t shard) {
     if (std::all_of(header, header + 512, [](char c) { return c == 0; })) break;  // the archive's end
     if (std::memcmp(header + 257, "ustar", 5) != 0)
       throw DataError(fmt::format("tar shard '{}': not a tar archive (no ustar header at byte {})", path, offset));
-    const uint64_t size = tar_number(header + 124, 12), data = offset + 512;
     std::string name = tar_text(header + 345, 155);
     name = (name.empty() ? "" : name + "/") + tar_text(header, 100);
     if (long_name) name = *std::exchange(long_name, std::nullopt);
+    const uint64_t size = member_size(header, path, name, offset), data = offset + 512;
     if (size > file_size || data + (size + 511) / 512 * 512 > file_size)
       throw DataError(fmt::format("tar shard '{}': member '{}' is truncated ({} of its {} bytes)", path, name,
                                   file_size - std::min(file_size, data), size));
@@ -230,7 +278,7 @@ void TarShards::scan(size_t shard) {
     if (type == 'L') long_name = tar_text(content.data(), content.size());
     if (type == 'x') long_name = pax_path(content);
     if (regular) {
-      if (member_key != key) {
+      if (!key || member_key != *key) {
         finish();
         key = member_key;
       }
@@ -251,9 +299,10 @@ void TarShards::scan(size_t shard) {
 // rest of its line, since it may hold spaces.
 bool TarShards::load_index(size_t shard) {
   const std::string path = shards_[shard] + ".idx";
-  std::ifstream in(path);
-  if (!in) return false;
   const uint64_t file_size = size_of(files_->fds[shard], shards_[shard]);
+  const std::optional<std::string> text = read_index(path, file_size);
+  if (!text) return false;
+  std::istringstream in(*text);
   std::string magic;
   int version = 0;
   uint64_t bytes = 0;

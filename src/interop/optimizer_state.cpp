@@ -106,9 +106,12 @@ std::unique_ptr<torch::optim::OptimizerOptions> group_options(Kind kind, const t
   }
   if (kind == Kind::adam && flag(group, "decoupled_weight_decay", where))
     throw InteropError(fmt::format("{} has decoupled_weight_decay=True: AdamW's step; use torch::optim::AdamW", where));
-  auto [beta1, beta2] = betas(group, where);
+  // A pair rather than a structured binding: C++17 lambdas cannot capture those (clang refuses them).
+  const std::pair<double, double> beta = betas(group, where);
   auto set = [&](auto& options) {
-    options.lr(number(group, "lr", where)).betas(std::make_tuple(beta1, beta2)).eps(number(group, "eps", where));
+    options.lr(number(group, "lr", where))
+        .betas(std::make_tuple(beta.first, beta.second))
+        .eps(number(group, "eps", where));
     options.weight_decay(number(group, "weight_decay", where)).amsgrad(flag(group, "amsgrad", where));
   };
   if (kind == Kind::adamw) {

@@ -300,10 +300,12 @@ void PickleReader::memo_put(uint64_t index) {
     memo_[index] = top();
 }
 
-// Note [Pickles from elsewhere]: keys LibTorch's dicts can hash.
+// Note [Pickles from elsewhere]: keys LibTorch's dicts can hash (c10's
+// DictKeyHash), which None is not: its hash throws inside the dict's insert,
+// where the exception ends the process.
 void PickleReader::check_key(const c10::IValue& key) {
-  if (!(key.isString() || key.isInt() || key.isDouble() || key.isBool() || key.isNone() || key.isTensor()))
-    fail(fmt::format("a dict key of type {}; fulgor reads dicts keyed by strings, numbers, bools, None or tensors",
+  if (!(key.isString() || key.isInt() || key.isDouble() || key.isBool() || key.isTensor()))
+    fail(fmt::format("a dict key of type {}; fulgor reads dicts keyed by strings, numbers, bools or tensors",
                      key.tagKind()));
 }
 

@@ -25,7 +25,7 @@
 //    changed again, so no value contains itself and depths stay exact;
 //  - the memo is dense: an index is one already written or the next, as
 //    every pickler writes it, so the memo never outgrows the pickle;
-//  - dict keys are strings, numbers, bools, None or tensors, which LibTorch
+//  - dict keys are strings, numbers, bools or tensors, which LibTorch
 //    can hash;
 //  - integers beyond int64 take time linear in their length to print.
 // With these, time and memory are linear in the pickle's size.

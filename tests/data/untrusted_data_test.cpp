@@ -8,6 +8,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -75,6 +76,8 @@ TEST(UntrustedImageFolder, SymbolicLinkLoopsAreFoundNotWalked) {
 }
 
 // A PNG whose header declares `width` x `height` (its CRC fixed).
+constexpr uint8_t kFrameHeader[] = {0xFF, 0xC0};  // SOF0, a baseline JPEG's
+
 std::vector<uint8_t> png_declaring(uint32_t width, uint32_t height) {
   std::vector<uint8_t> png = encode_png(test_picture(4, 4, 3), 4, 4, 3);
   for (int i = 0; i < 4; ++i) {
@@ -101,6 +104,20 @@ TEST(UntrustedImage, APixelBombIsRefusedFromItsHeader) {
   const auto small = png_declaring(4, 4);
   EXPECT_EQ(ImageDecoder(16).header(small.data(), small.size(), "ok.png").width, 4);
   EXPECT_THROW(ImageDecoder(15).header(small.data(), small.size(), "big.png"), DataError);
+}
+
+TEST(UntrustedImage, AJpegEndingBeforeItsFrameHeaderHasNoSize) {
+  const auto jpeg = encode_jpeg(test_picture(16, 16, 3), 16, 16, 3);
+  const auto frame = std::search(jpeg.begin(), jpeg.end(), kFrameHeader, kFrameHeader + 2);
+  ASSERT_NE(frame, jpeg.end());
+  std::vector<uint8_t> cut(jpeg.begin(), frame), tables_only = cut;
+  tables_only.insert(tables_only.end(), {0xFF, 0xD9});
+  ImageDecoder decoder;
+  for (const auto& bytes : {cut, tables_only, std::vector<uint8_t>{0xFF, 0xD8, 0xFF}}) {
+    const std::string error = data_error([&] { decoder.header(bytes.data(), bytes.size(), "cut.jpg"); });
+    EXPECT_NE(error.find("cut.jpg: not a valid JPEG image (it ends before its frame header and size)"), std::string::npos)
+        << error;
+  }
 }
 
 // A ustar header (TarShards reads the name, size, type and magic).
@@ -158,6 +175,58 @@ TEST(UntrustedTarShards, DeclaredSizesAreCheckedBeforeAnythingIsRead) {
   EXPECT_NE(shard_error(big_cls).find("fulgor reads names and class indices of up to 1048576 bytes"),
             std::string::npos)
       << shard_error(big_cls);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+}
+
+// Note [Tar numbers]: what is not one is not read as another size.
+TEST(UntrustedTarShards, SizeFieldsThatAreNoTarNumberAreRefused) {
+  Scratch dir("size_fields");
+  const std::string png = "png bytes, not decoded while indexing", cls = member("s.cls", "3\n");
+  auto with_size_field = [&](const std::string& field) {
+    std::string image = member("s.png", png);
+    image.replace(124, 12, field);
+    return write_tar(dir.root / "s.tar", image + cls);
+  };
+  const std::string wraps = std::string("\x80\x01", 2) + std::string(8, '\0') + '\0' + static_cast<char>(png.size());
+  for (const std::string& field :
+       {std::string("-0000000001\0", 12), std::string("0000000009x\0", 12), wraps, std::string(12, '\xff')}) {
+    const std::string error = shard_error(with_size_field(field));
+    EXPECT_NE(error.find("member 's.png' (header at byte 0) has the size field"), std::string::npos) << error;
+    EXPECT_NE(error.find("not a tar number"), std::string::npos) << error;
+  }
+  // Spaces around the digits, and base-256 below 2^64, are numbers.
+  const std::string octal = fmt::format("  {:o} ", png.size());
+  const std::string base256 = std::string(1, '\x80') + std::string(10, '\0') + static_cast<char>(png.size());
+  for (const std::string& field : {octal + std::string(12 - octal.size(), '\0'), base256}) {
+    TarShards shards({with_size_field(field).string()}, false);
+    std::vector<uint8_t> bytes;
+    shards.read(0, bytes);
+    EXPECT_EQ(std::string(bytes.begin(), bytes.end()), png);
+  }
+}
+
+// A member named ".png" has the key "" (WebDataset's): it is no part of the
+// sample that follows.
+TEST(UntrustedTarShards, AnEmptyKeyIsASampleOfItsOwn) {
+  Scratch dir("empty_key");
+  const std::string error = shard_error(write_tar(dir.root / "s.tar", member(".png", "x") + member("t.cls", "2\n")));
+  EXPECT_NE(error.find("sample '' has no .cls member"), std::string::npos) << error;
+}
+
+TEST(UntrustedTarShards, AnIndexThatIsNoRegularFileOrTooLargeIsRefused) {
+  Scratch dir("index_files");
+  const fs::path tar = write_tar(dir.root / "s.tar", member("s.png", "x") + member("s.cls", "3\n"));
+  const fs::path index = tar.string() + ".idx";
+  auto index_error = [&] { return data_error([&] { TarShards shards({tar.string()}); }); };
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_EQ(::mkfifo(index.c_str(), 0600), 0);
+  EXPECT_NE(index_error().find("s.tar.idx' is not a regular file"), std::string::npos) << index_error();
+  fs::remove(index);
+  fs::create_symlink("/dev/zero", index);
+  EXPECT_NE(index_error().find("s.tar.idx' is not a regular file"), std::string::npos) << index_error();
+  fs::remove(index);
+  std::ofstream(index) << std::string(fs::file_size(tar) + 5000, ' ');
+  EXPECT_NE(index_error().find("more than its shard's"), std::string::npos) << index_error();
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
 }
 

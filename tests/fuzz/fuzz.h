@@ -31,9 +31,19 @@ void torch_file(const uint8_t* data, size_t size);
 /// The input as a .safetensors file, read and written back.
 void safetensors(const uint8_t* data, size_t size);
 
+/// The input as a JPEG or PNG image, decoded whole and as a scaled region
+/// (see image_fuzz.cpp).
+void image(const uint8_t* data, size_t size);
+/// The input as a tar shard, and its index where it holds one (see
+/// tar_shard_fuzz.cpp).
+void tar_shard(const uint8_t* data, size_t size);
+
 /// Writes the valid checkpoint the checkpoint target's seeds start from: a
 /// one-parameter module after one epoch, with the callbacks' states.
 void write_checkpoint_seed(const std::string& path);
+/// Writes the valid images of the image target's seeds into `folder`: JPEGs
+/// of each chroma subsampling and progressive, PNGs of each colour type.
+void write_image_seeds(const std::string& folder);
 
 /// Ends the process, naming the promise, when it does not hold.
 inline void require(bool condition, const char* what) {

@@ -1,10 +1,12 @@
 // Runs every file of a corpus folder through a fuzz target, in name order,
 // naming each before it runs, so that a failing one is known:
 //
-//   fulgor_fuzz_replay devices|options|checkpoint|torch_file|safetensors CORPUS_FOLDER
+//   fulgor_fuzz_replay devices|options|checkpoint|torch_file|safetensors|image|tar_shard CORPUS_FOLDER
 //
 // `fulgor_fuzz_replay --write-checkpoint-seed FILE` writes the valid
-// checkpoint of the checkpoint target's corpus.
+// checkpoint of the checkpoint target's corpus, and
+// `fulgor_fuzz_replay --write-image-seeds FOLDER` the valid images of the
+// image target's.
 
 #include <algorithm>
 #include <cstdio>
@@ -21,18 +23,22 @@ int main(int argc, char** argv) {
   namespace fs = std::filesystem;
   using Target = void (*)(const uint8_t*, size_t);
   const std::map<std::string, Target> targets = {
-      {"devices", fulgor::fuzz::devices},
-      {"options", fulgor::fuzz::options},
-      {"checkpoint", fulgor::fuzz::checkpoint},
-      {"torch_file", fulgor::fuzz::torch_file},
-      {"safetensors", fulgor::fuzz::safetensors}};
+      {"devices", fulgor::fuzz::devices},         {"options", fulgor::fuzz::options},
+      {"checkpoint", fulgor::fuzz::checkpoint},   {"torch_file", fulgor::fuzz::torch_file},
+      {"safetensors", fulgor::fuzz::safetensors}, {"image", fulgor::fuzz::image},
+      {"tar_shard", fulgor::fuzz::tar_shard}};
   if (argc == 3 && std::string(argv[1]) == "--write-checkpoint-seed") {
     fulgor::fuzz::write_checkpoint_seed(argv[2]);
     return 0;
   }
+  if (argc == 3 && std::string(argv[1]) == "--write-image-seeds") {
+    fulgor::fuzz::write_image_seeds(argv[2]);
+    return 0;
+  }
   const auto target = argc == 3 ? targets.find(argv[1]) : targets.end();
   if (target == targets.end() || !fs::is_directory(argv[2])) {
-    std::fprintf(stderr, "usage: %s devices|options|checkpoint|torch_file|safetensors CORPUS_FOLDER\n", argv[0]);
+    std::fprintf(stderr, "usage: %s devices|options|checkpoint|torch_file|safetensors|image|tar_shard CORPUS_FOLDER\n",
+                 argv[0]);
     return 2;
   }
   std::vector<fs::path> files;
