@@ -37,14 +37,6 @@ std::vector<std::unique_ptr<Child>> start_ranks(std::vector<std::string> args, c
   return start_two_ranks(args, dir.str());
 }
 
-torch::Tensor read_tensor(const std::string& path, const char* name) {
-  torch::serialize::InputArchive archive;
-  archive.load_from(path);
-  torch::Tensor t;
-  archive.read(name, t);
-  return t;
-}
-
 std::map<std::string, double> metrics(const std::string& path) {
   std::map<std::string, double> result;
   std::ifstream in(path);

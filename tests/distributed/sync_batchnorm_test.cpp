@@ -247,14 +247,6 @@ TEST(SyncBatchNorm, TwoRanksNormalizeAsOneProcessOnBothBatches) {
 
 // ---- the Trainer -------------------------------------------------------------
 
-torch::Tensor syncbn_tensor(const std::string& path, const char* name) {
-  torch::serialize::InputArchive archive;
-  archive.load_from(path);
-  torch::Tensor t;
-  archive.read(name, t);
-  return t;
-}
-
 struct SyncBnFit {
   torch::Tensor params, running_mean, running_var;
 };
@@ -263,13 +255,9 @@ SyncBnFit fit_in_one_process() {
   TempDir dir;
   RegressionNet model(make_batchnorm_model(init_seed(0)));
   auto loader = make_loader(1, 0);
-  auto options = ddp_options(dir.str(), 2, 1);
+  auto options = quiet(ddp_options(dir.str(), 2, 1));
   options.strategy = "single_device";
   options.sync_batchnorm = true;  // nothing to do in one process
-  options.logger = false;
-  options.enable_checkpointing = false;
-  options.enable_progress_bar = false;
-  options.enable_model_summary = false;
   fulgor::Trainer trainer(options);
   trainer.fit(model, loader);
   auto& bn = *std::dynamic_pointer_cast<torch::nn::BatchNorm1dImpl>(model.net->ptr(1));
@@ -284,17 +272,17 @@ TEST(SyncBatchNorm, TrainerSyncBatchnormTrainsTwoRanksAsOneProcess) {
     auto [status, log] = run_two_ranks(FULGOR_DDP_TRAINER_WORKER, {"syncbn", dir.str(), on ? "on" : "off"}, dir / "log",
                                        std::chrono::seconds(180));
     ASSERT_TRUE(exited_with(status, 0)) << log;
-    const torch::Tensor rank0 = syncbn_tensor(dir / "params_rank0.pt", "final");
-    const torch::Tensor rank1 = syncbn_tensor(dir / "params_rank1.pt", "final");
+    const torch::Tensor rank0 = read_tensor(dir / "params_rank0.pt", "final");
+    const torch::Tensor rank1 = read_tensor(dir / "params_rank1.pt", "final");
     EXPECT_TRUE(torch::equal(rank0, rank1)) << "the ranks' parameters differ";
     if (on) {
       expect_close(rank0, expected.params, 1e-5, "parameters");
       for (const std::string rank : {"0", "1"}) {
         const std::string file = dir / ("syncbn_rank" + rank + ".pt");
-        expect_close(syncbn_tensor(file, "running_mean"), expected.running_mean, 1e-5, "running_mean");
-        expect_close(syncbn_tensor(file, "running_var"), expected.running_var, 1e-5, "running_var");
-        EXPECT_EQ(syncbn_tensor(file, "num_batches_tracked").item<int64_t>(), 2 * kStepsPerEpoch);
-        EXPECT_TRUE(syncbn_tensor(file, "same_layer").item<bool>()) << "the fit did not put the BatchNorm back";
+        expect_close(read_tensor(file, "running_mean"), expected.running_mean, 1e-5, "running_mean");
+        expect_close(read_tensor(file, "running_var"), expected.running_var, 1e-5, "running_var");
+        EXPECT_EQ(read_tensor(file, "num_batches_tracked").item<int64_t>(), 2 * kStepsPerEpoch);
+        EXPECT_TRUE(read_tensor(file, "same_layer").item<bool>()) << "the fit did not put the BatchNorm back";
       }
     } else {
       // Each rank normalizing by its own batch trains another model.

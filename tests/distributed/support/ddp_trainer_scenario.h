@@ -19,6 +19,15 @@ namespace fulgor::test {
 
 constexpr int64_t kStepsPerEpoch = 4;
 
+/// The tensor `name` of the archive at `path`, as the workers write them.
+inline torch::Tensor read_tensor(const std::string& path, const char* name) {
+  torch::serialize::InputArchive archive;
+  archive.load_from(path);
+  torch::Tensor t;
+  archive.read(name, t);
+  return t;
+}
+
 inline torch::Tensor flat_parameters(torch::nn::Module& module) {
   std::vector<torch::Tensor> flat;
   for (const auto& p : module.parameters()) flat.push_back(p.detach().reshape({-1}));
@@ -125,6 +134,15 @@ inline fulgor::TrainerOptions ddp_options(const std::string& root, int64_t epoch
   o.accumulate_grad_batches = accumulate;
   o.num_sanity_val_steps = 0;
   o.default_root_dir = root;
+  return o;
+}
+
+/// `o` without logger, checkpoints, progress bar and model summary.
+inline fulgor::TrainerOptions quiet(fulgor::TrainerOptions o) {
+  o.logger = false;
+  o.enable_checkpointing = false;
+  o.enable_progress_bar = false;
+  o.enable_model_summary = false;
   return o;
 }
 

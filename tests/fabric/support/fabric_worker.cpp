@@ -72,11 +72,7 @@ void run_fabric(const std::string& out, int64_t epochs, int64_t accumulate) {
 void run_trainer(const std::string& out, int64_t epochs, int64_t accumulate) {
   RegressionNet model(init_seed(fulgor::detect_distributed_environment().rank));
   auto loader = make_loader(2, fulgor::detect_distributed_environment().rank);
-  fulgor::TrainerOptions options = ddp_options(out, epochs, accumulate);
-  options.logger = false;
-  options.enable_checkpointing = false;
-  options.enable_progress_bar = false;
-  options.enable_model_summary = false;
+  fulgor::TrainerOptions options = quiet(ddp_options(out, epochs, accumulate));
   fulgor::Trainer trainer(options);
   trainer.fit(model, loader);
   write_parameters(out + "/trainer_rank" + std::to_string(trainer.global_rank()) + ".pt", model);
