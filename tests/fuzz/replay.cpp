@@ -7,8 +7,16 @@
 // checkpoint of the checkpoint target's corpus, and
 // `fulgor_fuzz_replay --write-image-seeds FOLDER` the valid images of the
 // image target's.
+//
+// Each input must end within 60 seconds, or the replay fails naming it; the
+// tests run it with its address space limited to 8 GiB (CMakeLists.txt), so
+// that a reader allocating from a declared size fails them too: the bounds a
+// file from elsewhere is read within (docs/fuzzing.md).
+
+#include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -18,6 +26,18 @@
 #include <vector>
 
 #include "fuzz.h"
+
+namespace {
+
+constexpr unsigned kSecondsEach = 60;
+
+void input_took_too_long(int) {
+  static const char message[] = "fuzz: the input named last ran past 60 seconds\n";
+  (void)!::write(STDERR_FILENO, message, sizeof message - 1);
+  ::_exit(3);
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   namespace fs = std::filesystem;
@@ -45,12 +65,15 @@ int main(int argc, char** argv) {
   for (const auto& entry : fs::directory_iterator(argv[2]))
     if (entry.is_regular_file()) files.push_back(entry.path());
   std::sort(files.begin(), files.end());
+  std::signal(SIGALRM, input_took_too_long);
   for (const auto& file : files) {
     std::printf("%s\n", file.filename().c_str());
     std::fflush(stdout);
     std::ifstream in(file, std::ios::binary);
     const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    ::alarm(kSecondsEach);
     target->second(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+    ::alarm(0);
   }
   std::printf("%zu inputs of %s ran\n", files.size(), target->first.c_str());
   return files.empty() ? 1 : 0;
