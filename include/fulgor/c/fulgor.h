@@ -52,7 +52,7 @@ FULGOR_C_API const char* fulgor_last_error(void);
 
 /* Loads the TorchScript file at `torchscript_path` and configures its
  * training from `config_json`, a JSON object with the keys (all optional):
- *   "accelerator"   "auto" (default), "cpu", "cuda", ... (fulgor's registry)
+ *   "accelerator"   "auto" (default) or the name of a registered accelerator (fulgor-info lists them)
  *   "precision"     "32-true" (default), "bf16-mixed", "16-mixed", ...
  *   "loss"          "mse" (default), "l1", "smooth_l1", "huber", "cross_entropy", "nll", "bce_with_logits"
  *   "optimizer"     {"type": "sgd" | "adam" | "adamw", "lr": number, "momentum": number,
