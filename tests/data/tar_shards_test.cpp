@@ -19,6 +19,7 @@
 
 #include "fulgor/data/image_loader.h"
 #include "fulgor/data/tar_shards.h"
+#include "../support/thrown.h"
 #include "image_encode.h"
 
 namespace fulgor::testing {
@@ -155,14 +156,7 @@ TEST(TarShards, AnIndexFileGivesRandomAccessAndAStaleOneIsNamed) {
     EXPECT_EQ(indexed.target(i), data.folder->target(i));
   }
   EXPECT_NE(indexed.name(6).find("shard-1.tar:sample0006.png"), std::string::npos) << indexed.name(6);
-  auto error_of = [&] {
-    try {
-      TarShards read({pattern});
-    } catch (const DataError& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
+  auto error_of = [&] { return test::thrown_message<DataError>([&] { TarShards read({pattern}); }); };
   // A shard rewritten after its index was.
   std::ofstream((data.root / "shard-1.tar").string(), std::ios::app | std::ios::binary) << std::string(512, '\0');
   EXPECT_NE(error_of().find("shard-1.tar.idx' was written for a shard of"), std::string::npos) << error_of();

@@ -18,6 +18,7 @@
 
 #include "fulgor/data/image_folder.h"
 #include "fulgor/data/tar_shards.h"
+#include "../support/thrown.h"
 #include "image_encode.h"
 
 namespace fulgor::testing {
@@ -35,15 +36,6 @@ struct Scratch {
   fs::path root;
 };
 
-std::string data_error(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const DataError& e) {
-    return e.what();
-  }
-  return "no error";
-}
-
 TEST(UntrustedImageFolder, AFifoOrADeviceNamedLikeAnImageIsNoImage) {
   Scratch dir("fifo");
   fs::create_directories(dir.root / "c");
@@ -56,7 +48,7 @@ TEST(UntrustedImageFolder, AFifoOrADeviceNamedLikeAnImageIsNoImage) {
   // Read directly, neither blocks nor reads forever.
   std::vector<uint8_t> bytes;
   for (const char* name : {"x.jpg", "zero.jpg"}) {
-    const std::string error = data_error([&] { read_file((dir.root / "c" / name).string(), bytes); });
+    const std::string error = test::thrown_message<DataError>([&] { read_file((dir.root / "c" / name).string(), bytes); });
     EXPECT_NE(error.find("not a regular file"), std::string::npos) << error;
   }
 }
@@ -69,7 +61,7 @@ TEST(UntrustedImageFolder, SymbolicLinkLoopsAreFoundNotWalked) {
   fs::create_symlink("other.jpg", dir.root / "c" / "other.jpg");
   EXPECT_EQ(ImageFolder(dir.root.string()).size(), 1);
   fs::create_symlink("..", dir.root / "c" / "sub" / "up");
-  const std::string error = data_error([&] { ImageFolder folder(dir.root.string()); });
+  const std::string error = test::thrown_message<DataError>([&] { ImageFolder folder(dir.root.string()); });
   EXPECT_NE(error.find("'" + (dir.root / "c" / "sub" / "up").string() + "' leads back to a folder above it"),
             std::string::npos)
       << error;
@@ -93,7 +85,7 @@ TEST(UntrustedImage, APixelBombIsRefusedFromItsHeader) {
   ImageDecoder decoder;
   for (auto [w, h] : {std::pair<uint32_t, uint32_t>{65535, 21845}, {60000, 60000}}) {
     const auto png = png_declaring(w, h);
-    const std::string error = data_error([&] { decoder.header(png.data(), png.size(), "bomb.png"); });
+    const std::string error = test::thrown_message<DataError>([&] { decoder.header(png.data(), png.size(), "bomb.png"); });
     EXPECT_NE(error.find(fmt::format("bomb.png: declares {} x {}", w, h)), std::string::npos) << error;
     EXPECT_NE(error.find("the limit of 178956970"), std::string::npos) << error;
     DecodedImage image;
@@ -114,7 +106,7 @@ TEST(UntrustedImage, AJpegEndingBeforeItsFrameHeaderHasNoSize) {
   tables_only.insert(tables_only.end(), {0xFF, 0xD9});
   ImageDecoder decoder;
   for (const auto& bytes : {cut, tables_only, std::vector<uint8_t>{0xFF, 0xD8, 0xFF}}) {
-    const std::string error = data_error([&] { decoder.header(bytes.data(), bytes.size(), "cut.jpg"); });
+    const std::string error = test::thrown_message<DataError>([&] { decoder.header(bytes.data(), bytes.size(), "cut.jpg"); });
     EXPECT_NE(error.find("cut.jpg: not a valid JPEG image (it ends before its frame header and size)"), std::string::npos)
         << error;
   }
@@ -148,7 +140,7 @@ fs::path write_tar(const fs::path& path, const std::string& members) {
 }
 
 std::string shard_error(const fs::path& tar) {
-  return data_error([&] { TarShards shards({tar.string()}, false); });
+  return test::thrown_message<DataError>([&] { TarShards shards({tar.string()}, false); });
 }
 
 TEST(UntrustedTarShards, ClassIndicesOutOfRangeAreRefused) {
@@ -217,7 +209,7 @@ TEST(UntrustedTarShards, AnIndexThatIsNoRegularFileOrTooLargeIsRefused) {
   Scratch dir("index_files");
   const fs::path tar = write_tar(dir.root / "s.tar", member("s.png", "x") + member("s.cls", "3\n"));
   const fs::path index = tar.string() + ".idx";
-  auto index_error = [&] { return data_error([&] { TarShards shards({tar.string()}); }); };
+  auto index_error = [&] { return test::thrown_message<DataError>([&] { TarShards shards({tar.string()}); }); };
   const auto start = std::chrono::steady_clock::now();
   ASSERT_EQ(::mkfifo(index.c_str(), 0600), 0);
   EXPECT_NE(index_error().find("s.tar.idx' is not a regular file"), std::string::npos) << index_error();
@@ -249,7 +241,7 @@ TEST(UntrustedTarShards, AnIndexOutOfRangeIsRefused) {
   const uint64_t size = fs::file_size(tar);
   for (const std::string line : {"512 1 999999999999 s.png", "18446744073709551615 2 3 s.png", "512 18446744073709551615 3 s.png"}) {
     std::ofstream(tar.string() + ".idx") << fmt::format("fulgor-tar-index 1 {} 1\n{}\n", size, line);
-    const std::string error = data_error([&] { TarShards shards({tar.string()}); });
+    const std::string error = test::thrown_message<DataError>([&] { TarShards shards({tar.string()}); });
     EXPECT_NE(error.find("not 'OFFSET SIZE CLASS MEMBER'"), std::string::npos) << line << ": " << error;
   }
 }

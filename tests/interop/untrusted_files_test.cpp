@@ -11,6 +11,7 @@
 #include <fulgor/interop/torch_save.h>
 #include <fulgor/interop/weights_file.h>
 
+#include "../support/thrown.h"
 #include "interop_support.h"
 
 namespace fulgor::interop_test {
@@ -40,12 +41,7 @@ fs::path planted(const ScratchDir& dir, const std::string& kind, const fs::path&
 }
 
 std::string checkpoint_error(const fs::path& path) {
-  try {
-    read_checkpoint_file(path.string());
-  } catch (const CheckpointError& e) {
-    return e.what();
-  }
-  return "no error";
+  return test::thrown_message<CheckpointError>([&] { read_checkpoint_file(path.string()); });
 }
 
 TEST(UntrustedCheckpoint, ASmallCheckpointStillLoads) {

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <set>
 
+#include "../support/thrown.h"
 #include "tiny.h"
 
 namespace fulgor::testing {
@@ -22,15 +23,6 @@ std::unique_ptr<TinyNet> faults_model() { return adam_step_lr_net(5, 0.2); }
 std::string faults_bytes(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), {}};
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const CheckpointError& e) {
-    return e.what();
-  }
-  return "no CheckpointError";
 }
 
 // A float64 checkpoint resumed into a float32 module was cast silently, and
@@ -47,11 +39,11 @@ TEST(CheckpointFaults, ADtypeMismatchIsRefusedNamingTheParameterAndBothDtypes) {
 
   auto single = faults_model();
   Trainer resumed(quiet(dir, 2));
-  std::string m = error_of([&] { resumed.fit(*single, train, {.ckpt_path = path}); });
+  std::string m = test::thrown_message<CheckpointError>([&] { resumed.fit(*single, train, {.ckpt_path = path}); });
   EXPECT_NE(m.find(path), std::string::npos) << m;
   EXPECT_NE(m.find("'l1.weight' is Double, the module's is Float"), std::string::npos) << m;
   EXPECT_EQ(single->training_steps, 0);
-  m = error_of([&] { load_module_weights(*single, path); });
+  m = test::thrown_message<CheckpointError>([&] { load_module_weights(*single, path); });
   EXPECT_NE(m.find("'l1.weight' is Double, the module's is Float"), std::string::npos) << m;
   // The module converted to the checkpoint's dtype loads it.
   auto twin = faults_model();
@@ -102,7 +94,7 @@ TEST(CheckpointFaults, AMissingGeneratorStateIsNamedAndRefusedUnderDeterministic
   auto options = quiet(dir, 2);
   options.deterministic = true;
   Trainer strict(options);
-  const std::string m = error_of([&] { strict.fit(*refused, train, {.ckpt_path = bare}); });
+  const std::string m = test::thrown_message<CheckpointError>([&] { strict.fit(*refused, train, {.ckpt_path = bare}); });
   EXPECT_NE(m.find("'rng_cpu'"), std::string::npos) << m;
   EXPECT_NE(m.find("deterministic=true"), std::string::npos) << m;
   EXPECT_EQ(refused->training_steps, 0);
@@ -122,7 +114,7 @@ std::string save_under_size_limits(Trainer& trainer, const fs::path& path) {
   for (const rlim_t limit : limits) {
     const rlimit limited{limit, RLIM_INFINITY};
     if (::setrlimit(RLIMIT_FSIZE, &limited) != 0) return "setrlimit failed";
-    const std::string m = error_of([&] { trainer.save_checkpoint(path.string()); });
+    const std::string m = test::thrown_message<CheckpointError>([&] { trainer.save_checkpoint(path.string()); });
     const rlimit unlimited{RLIM_INFINITY, RLIM_INFINITY};
     ::setrlimit(RLIMIT_FSIZE, &unlimited);
     if (m.find(path.string()) == std::string::npos || m.find(reason) == std::string::npos)

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "../support/child_process.h"
+#include "../support/thrown.h"
 #include "support/writer_model.h"
 #include "tiny.h"
 
@@ -238,18 +239,6 @@ TEST(Checkpoint, BrokenFilesFailCleanlyAndChangeNothing) {
   EXPECT_EQ(listing(dir.path), before);
 }
 
-// The message of the E that `f` throws; a test failure when it throws none.
-template <typename E, typename F>
-std::string thrown_message(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "no exception thrown";
-  return {};
-}
-
 // One parser reads a checkpoint's metadata, for resuming and for
 // read_checkpoint_meta alike, and names the entry it cannot use.
 TEST(Checkpoint, MalformedMetadataIsNamedByEveryReader) {
@@ -280,8 +269,8 @@ TEST(Checkpoint, MalformedMetadataIsNamedByEveryReader) {
     auto fresh = stateful_model();
     Trainer resumed(resumable(dir, 2));
     for (const std::string& message :
-         {thrown_message<CheckpointError>([&] { resumed.fit(*fresh, train, {.ckpt_path = path}); }),
-          thrown_message<CheckpointError>([&] { read_checkpoint_meta(path); })}) {
+         {test::thrown_message<CheckpointError>([&] { resumed.fit(*fresh, train, {.ckpt_path = path}); }),
+          test::thrown_message<CheckpointError>([&] { read_checkpoint_meta(path); })}) {
       EXPECT_NE(message.find(path), std::string::npos) << message;
       EXPECT_NE(message.find(what), std::string::npos) << message;
     }
