@@ -2,14 +2,14 @@
 
 #include <torch/types.h>
 
+#include <c10/core/GradMode.h>
 #include <c10/core/InferenceMode.h>
-#include <torch/csrc/autograd/grad_mode.h>
 
 #include <cstdint>
 #include <optional>
 #include <vector>
 
-#include "fulgor/detail/step_runner.h"
+#include "fulgor/loops/step_runner.h"
 #include "progress.h"
 
 namespace fulgor::detail {
@@ -24,16 +24,24 @@ void stop_shuffling(TrainerState& s, StepRunner& runner, const char* prefix);
 // torch::InferenceMode, or NoGradGuard where inference tensors would not do.
 class NoGradContext {
  public:
-  explicit NoGradContext(bool inference) {
+  explicit NoGradContext(bool inference) : grad_enabled_before_(c10::GradMode::is_enabled()) {
     if (inference)
       inference_.emplace();
     else
-      no_grad_.emplace();
+      c10::GradMode::set_enabled(false);
   }
+  ~NoGradContext() {
+    inference_.reset();
+    c10::GradMode::set_enabled(grad_enabled_before_);
+  }
+  NoGradContext(const NoGradContext&) = delete;
+  NoGradContext& operator=(const NoGradContext&) = delete;
 
  private:
+  // NoGradGuard's work written out: g++ 12 takes an optional NoGradGuard's
+  // saved mode for uninitialized (-Wmaybe-uninitialized).
+  bool grad_enabled_before_;
   std::optional<c10::InferenceMode> inference_;
-  std::optional<torch::NoGradGuard> no_grad_;
 };
 
 // What Lightning's _EvaluationLoop and _PredictionLoop share: a loader set up
