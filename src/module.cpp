@@ -9,7 +9,6 @@
 #include <cmath>
 
 #include "fulgor/core/error.h"
-#include "fulgor/trainer.h"
 
 namespace fulgor {
 
@@ -81,7 +80,7 @@ std::vector<ManualOptimizer>& ModuleBase::optimizers() {
 
 std::vector<std::shared_ptr<LRScheduler>> ModuleBase::lr_schedulers() const {
   std::vector<std::shared_ptr<LRScheduler>> schedulers;
-  for (const auto& config : trainer().lr_schedulers()) schedulers.push_back(config.scheduler);
+  for (const auto& config : optim_config().schedulers) schedulers.push_back(config.scheduler);
   return schedulers;
 }
 
@@ -102,7 +101,7 @@ void ModuleBase::toggle_optimizer(torch::optim::Optimizer& optimizer) {
   auto recorded = [&](const torch::Tensor& p) {
     return std::find_if(toggled_.begin(), toggled_.end(), [&](const auto& entry) { return entry.first.is_same(p); });
   };
-  for (const auto& opt : trainer().optimizers())
+  for (const auto& opt : optim_config().optimizers)
     for (const auto& group : opt->param_groups())
       for (const auto& p : group.params()) {
         if (recorded(p) != toggled_.end()) continue;
@@ -120,7 +119,7 @@ void ModuleBase::toggle_optimizer(torch::optim::Optimizer& optimizer) {
 }
 
 void ModuleBase::untoggle_optimizer(torch::optim::Optimizer& optimizer) {
-  for (const auto& opt : trainer().optimizers()) {
+  for (const auto& opt : optim_config().optimizers) {
     if (opt.get() == &optimizer) continue;
     for (const auto& group : opt->param_groups())
       for (auto p : group.params())
@@ -136,6 +135,11 @@ ToggledOptimizer::ToggledOptimizer(ModuleBase& module, torch::optim::Optimizer& 
 }
 
 ToggledOptimizer::~ToggledOptimizer() { module_.untoggle_optimizer(optimizer_); }
+
+const OptimizerConfig& ModuleBase::optim_config() const {
+  trainer();  // throws, naming the module, where no Trainer is attached (which sets both)
+  return *optim_;
+}
 
 Trainer& ModuleBase::trainer() const {
   if (trainer_ == nullptr) throw Error(fmt::format("{} is not attached to a Trainer", torch::nn::Module::name()));

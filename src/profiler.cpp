@@ -68,15 +68,6 @@ std::string report_filename(const std::string& stage, const std::string& filenam
 
 }  // namespace
 
-namespace detail {
-
-bool names_simple_profiler(std::string name) {
-  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
-  return name == "simple";
-}
-
-}  // namespace detail
-
 SimpleProfiler::SimpleProfiler(std::string dirpath, std::string filename)
     : dirpath_(std::move(dirpath)), filename_(std::move(filename)), start_(Clock::now()) {}
 

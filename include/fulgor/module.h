@@ -275,6 +275,9 @@ class FULGOR_API ModuleBase : public torch::nn::Module {
   /// The Trainer running this module; throws Error when none is.
   Trainer& trainer() const;
 
+ private:
+  const OptimizerConfig& optim_config() const;
+
  protected:
   /// Whether the module was training when the running evaluation loop began
   /// (the default on_validation_model_train puts that mode back).
@@ -284,6 +287,8 @@ class FULGOR_API ModuleBase : public torch::nn::Module {
   friend struct detail::ModuleAccess;
   detail::MetricSink* sink_ = nullptr;
   Trainer* trainer_ = nullptr;
+  // The attached Trainer's optimizers and schedulers (its configure_optimizers).
+  const OptimizerConfig* optim_ = nullptr;
   bool automatic_optimization_ = true;
   bool training_before_evaluation_ = true;
   // Set while a fit runs it: the ManualOptimizers handed out, and what they step with.

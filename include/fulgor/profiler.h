@@ -72,12 +72,4 @@ class FULGOR_API SimpleProfiler {
   std::map<std::string, Action*, std::less<>> by_name_;
 };
 
-namespace detail {
-
-/// Whether a TrainerOptions::profiler value names SimpleProfiler ("simple",
-/// in any case, as Lightning reads it).
-bool names_simple_profiler(std::string name);
-
-}  // namespace detail
-
 }  // namespace fulgor

@@ -17,7 +17,7 @@
 #include "fulgor/core/export.h"
 #include "fulgor/data/data_loader.h"
 #include "fulgor/data_module.h"
-#include "fulgor/detail/step_runner.h"
+#include "fulgor/loops/step_runner.h"
 #include "fulgor/loggers/logger.h"
 #include "fulgor/module.h"
 #include "fulgor/profiler.h"

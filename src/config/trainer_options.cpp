@@ -12,11 +12,10 @@
 #include <nlohmann/json.hpp>
 
 #include "fulgor/core/error.h"
-#include "fulgor/profiler.h"
 #include "fulgor/config/seed.h"
 #include "config/closest_name.h"
 #include "config/json_input.h"
-#include "config/strategy_names.h"
+#include "config/option_names.h"
 
 namespace fulgor {
 namespace {
@@ -424,6 +423,11 @@ void check_strategy(const std::string& strategy) {
   const auto& names = strategy_names();
   if (std::find(names.begin(), names.end(), strategy) == names.end())
     throw ConfigError(fmt::format("unknown strategy '{}'; known strategies: {}", strategy, fmt::join(names, ", ")));
+}
+
+bool names_simple_profiler(std::string name) {
+  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
+  return name == "simple";
 }
 
 }  // namespace fulgor::detail

@@ -8,7 +8,7 @@
 #include "fulgor/distributed/backend.h"
 #include "fulgor/core/error.h"
 #include "fulgor/distributed/strategy.h"
-#include "config/strategy_names.h"
+#include "config/option_names.h"
 
 namespace fulgor::detail {
 

@@ -8,7 +8,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "config/strategy_names.h"
+#include "config/option_names.h"
 #include "distributed/launcher.h"
 #include "fulgor/config/seed.h"
 #include "fulgor/core/error.h"

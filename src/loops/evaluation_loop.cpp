@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "trainer/module_access.h"
+#include "loops/module_access.h"
 #include "trainer/state.h"
 
 namespace fulgor::detail {

@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "fulgor/callback.h"
-#include "fulgor/detail/step_runner.h"
+#include "fulgor/loops/step_runner.h"
 #include "fulgor/module.h"
-#include "trainer/profiling.h"
+#include "loops/profiling.h"
 
 // Branches the per-step path rarely takes (Note [The per-step path] in
 // training_epoch_loop.cpp).
@@ -25,7 +25,7 @@ namespace fulgor::detail {
 class DdpStrategy;
 
 // The batch-end hooks' view of the step `runner` just ran (Note [The hooks'
-// batch] in fulgor/detail/step_runner.h).
+// batch] in fulgor/loops/step_runner.h).
 inline BatchEnd batch_end(const StepRunner& runner, const torch::Tensor& outputs, int64_t batch_idx) {
   return BatchEnd{outputs, batch_idx, 0, runner.held_batch(), &runner.batch_type(), runner.batch_indices()};
 }

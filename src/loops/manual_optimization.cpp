@@ -4,7 +4,7 @@
 #include <torch/torch.h>
 
 #include "fulgor/distributed/strategy.h"
-#include "trainer/module_access.h"
+#include "loops/module_access.h"
 #include "trainer/state.h"
 
 namespace fulgor::detail {

@@ -2,7 +2,7 @@
 
 #include <torch/torch.h>
 
-#include "trainer/module_access.h"
+#include "loops/module_access.h"
 #include "trainer/state.h"
 
 namespace fulgor::detail {

@@ -8,7 +8,7 @@
 
 #include "automatic_optimization.h"
 #include "fit_loop.h"
-#include "trainer/signals.h"
+#include "loops/signals.h"
 #include "trainer/state.h"
 
 // Note [The per-step path]

@@ -10,7 +10,7 @@
 #include "fulgor/core/error.h"
 #include "fulgor/distributed/strategy.h"
 #include "fulgor/distributed/sync_batchnorm.h"
-#include "trainer/signals.h"
+#include "loops/signals.h"
 #include "state.h"
 
 namespace fulgor {

@@ -8,13 +8,14 @@
 #include <iostream>
 #include <typeinfo>
 
+#include "config/option_names.h"
 #include "detail/demangle.h"
 #include "distributed/launcher.h"
 #include "fulgor/core/registry.h"
 #include "fulgor/config/seed.h"
 #include "fulgor/distributed/strategy.h"
 #include "fulgor/distributed/sync_batchnorm.h"
-#include "module_access.h"
+#include "loops/module_access.h"
 #include "state.h"
 
 namespace fulgor::detail {
@@ -198,7 +199,7 @@ void TrainerState::launch(ModuleBase& model) {
   accelerator->setup_device(*device_setup);
   if (options.seed) seed_accelerator(*accelerator, *options.seed);
   place_module(model);
-  ModuleAccess::attach(model, &metrics, &trainer);
+  ModuleAccess::attach(model, &metrics, &trainer, &optim);
   attach_model_callbacks(model);
   setup_hooks(model);
   configure_model(model);
@@ -230,7 +231,7 @@ void TrainerState::place_module(ModuleBase& model) {
 
 void TrainerState::end() {
   if (module) {
-    ModuleAccess::attach(*module, nullptr, &trainer);
+    ModuleAccess::attach(*module, nullptr, &trainer, &optim);
     manual_optimization.attach(*module, false);
   }
   if (ddp) ddp->detach();

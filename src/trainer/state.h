@@ -9,7 +9,6 @@
 //                             order around the loops of src/loops/
 //   metric_store.cpp          log(), epoch aggregation, the loggers
 //   checkpoint_connector.cpp  saving and restoring, "last" and "best", RNG
-//   profiling.cpp             profiler = "simple": the actions' names
 //   trainer.cpp               the Trainer's own members
 
 #include <torch/types.h>
@@ -31,7 +30,7 @@
 #include "loops/prediction_loop.h"
 #include "metric_store.h"
 #include "precision/trainer_precision.h"
-#include "profiling.h"
+#include "loops/profiling.h"
 
 namespace fulgor {
 struct DistributedEnvironment;

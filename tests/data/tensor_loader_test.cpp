@@ -12,7 +12,7 @@
 #include "fulgor/data/epoch_sampler.h"
 #include "fulgor/data/prefetcher.h"
 #include "fulgor/data/tensor_loader.h"
-#include "fulgor/detail/step_runner.h"
+#include "fulgor/loops/step_runner.h"
 
 namespace fulgor {
 namespace {

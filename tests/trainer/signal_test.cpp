@@ -1,5 +1,5 @@
 // A second SIGINT or SIGTERM during fit ends the process at once (Note
-// [Stopping on a signal] in src/trainer/signals.h); the first is tested with the
+// [Stopping on a signal] in src/loops/signals.h); the first is tested with the
 // checkpoints it saves, in checkpoint_test.cpp.
 
 #include <sys/wait.h>

@@ -1,4 +1,4 @@
-#include "profiling.h"
+#include "loops/profiling.h"
 
 #include <fmt/format.h>
 

@@ -16,11 +16,11 @@
 
 #include "fulgor/core/accelerator.h"
 #include "fulgor/core/batch_size.h"
+#include "fulgor/core/error.h"
 #include "fulgor/data/any_loader.h"
 #include "fulgor/data/loader_protocol.h"
 #include "fulgor/data_module.h"
-#include "fulgor/detail/convert_batch.h"
-#include "fulgor/core/error.h"
+#include "fulgor/loops/convert_batch.h"
 #include "fulgor/module.h"
 #include "fulgor/precision/precision.h"
 

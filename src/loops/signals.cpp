@@ -1,4 +1,4 @@
-#include "trainer/signals.h"
+#include "loops/signals.h"
 
 #include "distributed/launcher.h"
 

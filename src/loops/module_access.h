@@ -15,9 +15,10 @@ struct DataModuleAccess {
 };
 
 struct ModuleAccess {
-  static void attach(ModuleBase& module, MetricSink* sink, Trainer* trainer) {
+  static void attach(ModuleBase& module, MetricSink* sink, Trainer* trainer, const OptimizerConfig* optim) {
     module.sink_ = sink;
     module.trainer_ = trainer;
+    module.optim_ = optim;
   }
   static void set_manual(ModuleBase& module, ManualSteps* steps, std::vector<ManualOptimizer> optimizers) {
     module.manual_steps_ = steps;
