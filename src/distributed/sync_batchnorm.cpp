@@ -155,7 +155,17 @@ torch::Tensor SyncBatchNormImpl::forward(const torch::Tensor& input) {
     running_var.mul_(1 - factor).add_(unbiased.to(running_var.scalar_type()), factor);
   }
   const torch::Tensor invstd = (stats.var + options.eps()).rsqrt();
+  // g++ 14 finds an out-of-bounds copy in the std::vector<bool> that
+  // LibTorch's Function::apply reserves for the inputs: a false positive.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Warray-bounds"
+#pragma GCC diagnostic ignored "-Wstringop-overflow"
+#endif
   return SyncBatchNormFunction::apply(x, weight, bias, stats.mean, invstd, stats.count, *group);
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 }
 
 void SyncBatchNormImpl::pretty_print(std::ostream& stream) const {
