@@ -22,15 +22,23 @@
 namespace fulgor {
 namespace {
 
-int open_shard(const std::string& path) {
-  // Non-blocking, so that a FIFO is refused rather than waited on.
+// Opens `path` (a shard or an index, `what`) for reading, non-blocking so
+// that a FIFO is refused rather than waited on: -1 with errno where it cannot
+// be opened; a DataError where it is no regular file.
+int open_regular(const std::string& path, const char* what) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) throw DataError(fmt::format("tar shard '{}' cannot be opened ({})", path, std::strerror(errno)));
+  if (fd < 0) return fd;
   struct stat info {};
   if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
     ::close(fd);
-    throw DataError(fmt::format("tar shard '{}' is not a regular file", path));
+    throw DataError(fmt::format("{} '{}' is not a regular file", what, path));
   }
+  return fd;
+}
+
+int open_shard(const std::string& path) {
+  const int fd = open_regular(path, "tar shard");
+  if (fd < 0) throw DataError(fmt::format("tar shard '{}' cannot be opened ({})", path, std::strerror(errno)));
   return fd;
 }
 
@@ -102,18 +110,17 @@ constexpr const char* kIndexMagic = "fulgor-tar-index";
 // larger than its shard plus its first line: each sample's line is shorter
 // than the sample's headers and member names in the shard.
 std::optional<std::string> read_index(const std::string& path, uint64_t shard_size) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  const int fd = open_regular(path, "index");
   if (fd < 0 && (errno == ENOENT || errno == ENOTDIR)) return std::nullopt;
   if (fd < 0) throw DataError(fmt::format("index '{}' cannot be opened ({})", path, std::strerror(errno)));
   struct stat info {};
   std::string text;
-  const bool regular = ::fstat(fd, &info) == 0 && S_ISREG(info.st_mode);
-  const bool fits = regular && static_cast<uint64_t>(info.st_size) <= shard_size + 4096;
+  const bool sized = ::fstat(fd, &info) == 0;
+  const bool fits = sized && static_cast<uint64_t>(info.st_size) <= shard_size + 4096;
   if (fits) text.resize(static_cast<size_t>(info.st_size));
   const bool read = fits && detail::read_at(fd, 0, text.data(), text.size());
   ::close(fd);
-  if (!regular) throw DataError(fmt::format("index '{}' is not a regular file", path));
-  if (!fits)
+  if (sized && !fits)
     throw DataError(fmt::format("index '{}' has {} bytes, more than its shard's {} bytes: it is no index of it", path,
                                 info.st_size, shard_size));
   if (!read) throw DataError(fmt::format("index '{}' cannot be read", path));
