@@ -15,6 +15,7 @@
 #include <fstream>
 #include <optional>
 #include <sstream>
+#include <utility>
 
 #include "fulgor/data/image_decode.h"
 #include "detail/read_at.h"
