@@ -20,7 +20,7 @@ namespace {
 // memory is read directly instead; any other host tensor (integral, with a
 // lazy negation) through item(). Neither records anything for autograd, so no
 // detach() is needed. Tensors on a device are read later, many at once (Note
-// [Deferred reads] in src/trainer/metric_store.h).
+// [Deferred reads] in src/loops/metric_store.h).
 double value_of(const torch::Tensor& t) {
   if (t.device().is_cpu() && t.layout() == torch::kStrided && !t.is_neg() && !t._is_zerotensor()) {
     switch (t.scalar_type()) {

@@ -57,10 +57,10 @@ class MetricSink {
   virtual ~MetricSink() = default;
   virtual void log(std::string_view name, double value, const LogOptions& options) = 0;
   // A one-element tensor on a device, read when its value is needed rather
-  // than now (Note [Deferred reads] in src/trainer/metric_store.h).
+  // than now (Note [Deferred reads] in src/loops/metric_store.h).
   virtual void log_on_device(std::string_view name, const torch::Tensor& value, const LogOptions& options) = 0;
   // A metrics::Metric, computed when the epoch ends (Note [Logged metric
-  // objects] in src/trainer/metric_store.h).
+  // objects] in src/loops/metric_store.h).
   virtual void log_metric(std::string_view name, metrics::Metric& metric, const LogOptions& options) = 0;
 };
 struct ModuleAccess;

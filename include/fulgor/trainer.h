@@ -17,6 +17,7 @@
 #include "fulgor/core/export.h"
 #include "fulgor/data/data_loader.h"
 #include "fulgor/data_module.h"
+#include "fulgor/loops/fit_result.h"
 #include "fulgor/loops/step_runner.h"
 #include "fulgor/loggers/logger.h"
 #include "fulgor/module.h"
@@ -25,15 +26,6 @@
 namespace fulgor {
 
 class ModelCheckpoint;
-
-/// Why fit returned.
-enum class StopReason {
-  max_epochs,  ///< max_epochs (or fast_dev_run's one epoch) completed
-  max_steps,   ///< max_steps optimizer steps taken
-  requested,   ///< a hook called request_stop (EarlyStopping, Timer, ...)
-  signal,      ///< SIGINT or SIGTERM: a checkpoint was saved first
-};
-FULGOR_API std::string to_string(StopReason reason);
 
 struct FitOptions {
   /// A checkpoint to resume from: a path, "last" (the checkpoint folder's
@@ -50,15 +42,6 @@ struct FitOptions {
 struct EvalOptions {
   /// A checkpoint whose weights to evaluate (a path, "last" or "best").
   std::string ckpt_path;
-};
-
-struct FitResult {
-  StopReason reason = StopReason::max_epochs;
-  std::string message;  ///< the reason in words
-  int64_t epochs_completed = 0;
-  int64_t global_step = 0;
-  /// The checkpoint saved because of a signal; empty otherwise.
-  std::string checkpoint_path;
 };
 
 namespace detail {

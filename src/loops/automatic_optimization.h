@@ -15,14 +15,15 @@
 #include <vector>
 
 #include "fulgor/distributed/strategy.h"
-#include "trainer/state.h"
+#include "loops/context.h"
+#include "loops/fit_loop.h"
 
 namespace fulgor::detail {
 
 // Lightning's precision and strategy backward: the loss scaled under
 // "16-mixed", the module's backward hook, and under ddp the wait for the
 // gradients' averaging.
-inline void run_backward(TrainerState& s, const torch::Tensor& loss) {
+inline void run_backward(LoopContext& s, const torch::Tensor& loss) {
   ProfileScope timed(s.hooks.strategy("backward"));
   s.precision.backward(loss, *s.module);
   if (FULGOR_UNLIKELY(s.ddp != nullptr)) s.ddp->after_backward();
@@ -38,7 +39,7 @@ inline void run_backward(TrainerState& s, const torch::Tensor& loss) {
 // training_step returning an undefined loss adds none, and a window without
 // any is not stepped.
 struct AutomaticOptimization {
-  explicit AutomaticOptimization(TrainerState& state) : s(state) {}
+  explicit AutomaticOptimization(LoopContext& state) : s(state) {}
 
   double monitored(const SchedulerConfig& config, bool& found) const {
     s.metrics.read_deferred();
@@ -101,7 +102,7 @@ struct AutomaticOptimization {
       auto& optimizer = *s.optim.optimizers.front();
       s.hooks.callbacks().on_before_zero_grad(optimizer);
       s.hooks.module("on_before_zero_grad", [&] { s.module->on_before_zero_grad(optimizer); });
-      s.hooks.module("optimizer_zero_grad", [&] { s.module->optimizer_zero_grad(s.fit_loop.current_epoch(), batch_idx, optimizer); });
+      s.hooks.module("optimizer_zero_grad", [&] { s.module->optimizer_zero_grad(s.fit().current_epoch(), batch_idx, optimizer); });
     }
     if (!loss.defined()) return loss;
     const int64_t accumulate = s.accumulate_grad_batches;
@@ -159,9 +160,9 @@ struct AutomaticOptimization {
   torch::Tensor optimizer_step(StepRunner* train, int64_t batch_idx) {
     StepClosure closure(*this, train, batch_idx);
     s.hooks.module("optimizer_step",
-                  [&] { s.module->optimizer_step(s.fit_loop.current_epoch(), batch_idx, *s.optim.optimizers.front(), closure); });
+                  [&] { s.module->optimizer_step(s.fit().current_epoch(), batch_idx, *s.optim.optimizers.front(), closure); });
     if (closure.stepped || !closure.called) {
-      ++s.fit_loop.epoch_loop.global_step;
+      ++s.fit().epoch_loop.global_step;
       step_schedulers(Interval::step, batch_idx + 1);  // Note [Scheduler frequency]
     }
     return std::move(closure.loss);
@@ -178,11 +179,11 @@ struct AutomaticOptimization {
       ProfileScope timed(s.hooks.strategy("training_step"));
       return train.step(Stage::train, batch_idx);
     }();
-    ++s.fit_loop.epoch_loop.batches_that_stepped;
+    ++s.fit().epoch_loop.batches_that_stepped;
     return loss;
   }
 
-  TrainerState& s;
+  LoopContext& s;
   int64_t window = 0;
 };
 

@@ -4,8 +4,9 @@
 
 #include <algorithm>
 
+#include "checkpoint/rng.h"
+#include "loops/context.h"
 #include "loops/module_access.h"
-#include "trainer/state.h"
 
 namespace fulgor::detail {
 

@@ -14,7 +14,7 @@ namespace fulgor::detail {
 // module's train hook).
 class EvaluationLoop : public InferenceLoop {
  public:
-  EvaluationLoop(TrainerState& state, Stage stage) : InferenceLoop(state, stage) {}
+  EvaluationLoop(LoopContext& state, Stage stage) : InferenceLoop(state, stage) {}
 
   // One run; returns the epoch's values.
   std::map<std::string, double> run();

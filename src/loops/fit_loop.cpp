@@ -7,9 +7,27 @@
 #include <csignal>
 #include <filesystem>
 
-#include "trainer/state.h"
+#include "checkpoint/loaded.h"
+#include "checkpoint/rng.h"
+#include "loops/context.h"
 
-namespace fulgor::detail {
+namespace fulgor {
+
+std::string to_string(StopReason reason) {
+  switch (reason) {
+    case StopReason::max_epochs:
+      return "max_epochs";
+    case StopReason::max_steps:
+      return "max_steps";
+    case StopReason::requested:
+      return "requested";
+    case StopReason::signal:
+      return "signal";
+  }
+  return "unknown";
+}
+
+namespace detail {
 
 void FitLoop::reset_for_fit(StepRunner& train, StepRunner* val) {
   train_ = &train;
@@ -21,6 +39,7 @@ void FitLoop::reset_for_fit(StepRunner& train, StepRunner* val) {
   message_.clear();
   signal_checkpoint_.clear();
   signaled_ = false;
+  rng_epoch_start = torch::Tensor();
 }
 
 // Note [The loops' state in a checkpoint]
@@ -100,12 +119,12 @@ void FitLoop::setup_data() {
   s.warn_if_empty(*train_, Stage::train);
   const auto& l = s.limits;
   if (l.overfit) {
-    num_training_batches = TrainerState::resolve_limit(l.limit_train_batches, *train_, "overfit_batches");
+    num_training_batches = LoopContext::resolve_limit(l.limit_train_batches, *train_, "overfit_batches");
     stop_shuffling(s, *train_, "train");
     // Note [Overfitting a loader that shuffles] in inference_loop.cpp
     train_->cache_first(*num_training_batches);
   } else {
-    num_training_batches = TrainerState::resolve_limit(l.limit_train_batches, *train_, "limit_train_batches");
+    num_training_batches = LoopContext::resolve_limit(l.limit_train_batches, *train_, "limit_train_batches");
   }
   epoch_loop.setup(num_training_batches);
   if (!s.loggers.empty() && num_training_batches && *num_training_batches < s.options.log_every_n_steps)
@@ -181,14 +200,14 @@ void FitLoop::on_advance_start() {
     s.hooks.both("on_train_epoch_start", &Callback::on_train_epoch_start, &ModuleBase::on_train_epoch_start);
     epoch_progress.increment_started();
   }
-  if (resume_) s.checkpoints.restore_rng(*resume_, resuming ? "rng_epoch_start" : "rng_cpu");
-  s.checkpoints.rng_epoch_start = cpu_rng_state();
+  if (resume_) restore_rng(*resume_, resuming ? "rng_epoch_start" : "rng_cpu", *s.accelerator, s.device_setup->device);
+  rng_epoch_start = cpu_rng_state();
   train_->set_epoch(current_epoch());  // Note [Loader epochs] in step_runner.h
   // A loader that can begin mid-epoch skips the batches trained on unmade.
   const bool begun_there = resuming && train_->start_at(epoch_loop.batch_progress.current.processed);
   train_->start_epoch();
   epoch_loop.reset(resuming, begun_there);
-  if (resume_ && resuming) s.checkpoints.restore_rng(*resume_, "rng_cpu");
+  if (resume_ && resuming) restore_rng(*resume_, "rng_cpu", *s.accelerator, s.device_setup->device);
   resume_ = nullptr;
 }
 
@@ -228,9 +247,9 @@ void FitLoop::stop_for_signal(int signal) {
   signaled_ = true;
   reason_ = StopReason::signal;
   message_ = fmt::format("stopped by signal {} ({})", signal, signal == SIGINT ? "SIGINT" : "SIGTERM");
-  signal_checkpoint_ = (std::filesystem::path(s.trainer.checkpoint_dir()) / "last.ckpt").string();
+  signal_checkpoint_ = (std::filesystem::path(s.checkpoint_dir()) / "last.ckpt").string();
   ProfileScope timed(s.hooks.stage("save_checkpoint"));
-  s.checkpoints.save(signal_checkpoint_);
+  s.save_checkpoint(signal_checkpoint_);
 }
 
 FitResult FitLoop::result() const {
@@ -243,4 +262,5 @@ FitResult FitLoop::result() const {
   return result;
 }
 
-}  // namespace fulgor::detail
+}  // namespace detail
+}  // namespace fulgor

@@ -7,13 +7,13 @@
 #include <optional>
 #include <string>
 
-#include "fulgor/trainer.h"
+#include "fulgor/loops/fit_result.h"
 #include "progress.h"
 #include "training_epoch_loop.h"
 
 namespace fulgor::detail {
 
-struct TrainerState;
+struct LoopContext;
 struct LoadedCheckpoint;
 
 // Lightning's _FitLoop: the epochs of a fit. run() is setup_data, then (unless
@@ -22,7 +22,7 @@ struct LoadedCheckpoint;
 // epochs' progress: Trainer::current_epoch() is the epochs completed.
 class FitLoop {
  public:
-  explicit FitLoop(TrainerState& state) : epoch_loop(state, *this), s(state) {}
+  explicit FitLoop(LoopContext& state) : epoch_loop(state, *this), s(state) {}
 
   // A new fit over `train`, validating on `val` (nullptr: none).
   void reset_for_fit(StepRunner& train, StepRunner* val);
@@ -59,6 +59,10 @@ class FitLoop {
   std::optional<int64_t> num_training_batches;
   Progress epoch_progress;
   TrainingEpochLoop epoch_loop;
+  // The CPU generator's state when the current epoch began, which shuffled
+  // its batches: a checkpoint saved mid-epoch keeps it (Note [Resuming
+  // mid-epoch] in fit_loop.cpp).
+  torch::Tensor rng_epoch_start;
 
  private:
   bool done();
@@ -68,7 +72,7 @@ class FitLoop {
   void on_run_end();
   void stop(StopReason reason, std::string message);
 
-  TrainerState& s;
+  LoopContext& s;
   StepRunner* train_ = nullptr;
   int64_t train_reloaded_in_epoch_ = 0;  // the epoch setup_data last ran in
   // The checkpoint the fit resumes from, until its first epoch has begun.

@@ -4,7 +4,8 @@
 #include <torch/torch.h>
 
 #include "fulgor/distributed/strategy.h"
-#include "trainer/state.h"
+#include "loops/context.h"
+#include "loops/fit_loop.h"
 
 namespace fulgor::detail {
 
@@ -31,7 +32,7 @@ const char* limit_name(Stage stage) {
 // told; any other keeps its order, and the first epoch's first batches are
 // kept and replayed in every later epoch, so that it still trains on the
 // same batches throughout.
-void stop_shuffling(TrainerState& s, StepRunner& runner, const char* prefix) {
+void stop_shuffling(LoopContext& s, StepRunner& runner, const char* prefix) {
   if (runner.disable_shuffle())
     s.warn(
         fmt::format("You requested to overfit but enabled {0} dataloader shuffling. We are turning off the {0} "
@@ -50,7 +51,7 @@ bool InferenceLoop::reload_due() const {
   const int64_t every = s.options.reload_dataloaders_every_n_epochs;
   // A loader given to fit is the same object again: only a made one reloads.
   return every > 0 && stage_ == Stage::validate && s.stage == "fit" && opened_ && !runner_->source_name().empty() &&
-         s.fit_loop.current_epoch() - reloaded_in_epoch_ >= every;
+         s.fit().current_epoch() - reloaded_in_epoch_ >= every;
 }
 
 bool InferenceLoop::inference_mode() const {
@@ -60,7 +61,7 @@ bool InferenceLoop::inference_mode() const {
 bool InferenceLoop::setup_data() {
   if (set_up_ && !reload_due()) return opened_;
   set_up_ = true;
-  if (s.stage == "fit") reloaded_in_epoch_ = s.fit_loop.current_epoch();
+  if (s.stage == "fit") reloaded_in_epoch_ = s.fit().current_epoch();
   if (runner_ == nullptr || !runner_->open()) return false;
   opened_ = true;
   runner_->bind(*s.accelerator, s.device_setup->device, s.precision.precision());
@@ -72,7 +73,7 @@ bool InferenceLoop::setup_data() {
   const Limit& limit = stage_ == Stage::validate ? l.limit_val_batches
                        : stage_ == Stage::test   ? l.limit_test_batches
                                                  : l.limit_predict_batches;
-  max_batches = TrainerState::resolve_limit(limit, *runner_, limit_name(stage_));
+  max_batches = LoopContext::resolve_limit(limit, *runner_, limit_name(stage_));
   return true;
 }
 

@@ -14,11 +14,11 @@
 
 namespace fulgor::detail {
 
-struct TrainerState;
+struct LoopContext;
 
 // Turns off a loader's shuffling for overfit_batches, with Lightning's
 // warning naming the loader by `prefix` ("train", "val").
-void stop_shuffling(TrainerState& s, StepRunner& runner, const char* prefix);
+void stop_shuffling(LoopContext& s, StepRunner& runner, const char* prefix);
 
 // Lightning's _no_grad_context around an evaluation or prediction run:
 // torch::InferenceMode, or NoGradGuard where inference tensors would not do.
@@ -49,7 +49,7 @@ class NoGradContext {
 // stage's batch hooks around each step.
 class InferenceLoop {
  public:
-  InferenceLoop(TrainerState& state, Stage stage) : s(state), stage_(stage) {}
+  InferenceLoop(LoopContext& state, Stage stage) : s(state), stage_(stage) {}
 
   // The loader of the loops to come (nullptr: none); its data is set up anew.
   void use(StepRunner* runner);
@@ -81,7 +81,7 @@ class InferenceLoop {
   enum Point { kStart, kEpochStart, kEpochEnd, kEnd };
   void hook(Point point);
 
-  TrainerState& s;
+  LoopContext& s;
 
  private:
   void batch_hook(bool start, int64_t i, const torch::Tensor& out);

@@ -5,7 +5,8 @@
 
 #include "fulgor/distributed/strategy.h"
 #include "loops/module_access.h"
-#include "trainer/state.h"
+#include "loops/context.h"
+#include "loops/fit_loop.h"
 
 namespace fulgor::detail {
 
@@ -99,7 +100,7 @@ torch::Tensor ManualOptimization::step(torch::optim::Optimizer& optimizer,
       optimizer.step();
     }
   }
-  ++s.fit_loop.epoch_loop.global_step;
+  ++s.fit().epoch_loop.global_step;
   return result;
 }
 

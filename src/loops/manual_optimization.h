@@ -12,11 +12,11 @@
 
 namespace fulgor::detail {
 
-struct TrainerState;
+struct LoopContext;
 
 class ManualOptimization final : public ManualSteps {
  public:
-  explicit ManualOptimization(TrainerState& state) : s(state) {}
+  explicit ManualOptimization(LoopContext& state) : s(state) {}
 
   // Hands the module its ManualOptimizers for the fit beginning (and takes
   // them back with `attach = false`).
@@ -31,7 +31,7 @@ class ManualOptimization final : public ManualSteps {
  private:
   void before_optimizer_step(torch::optim::Optimizer& optimizer);
 
-  TrainerState& s;
+  LoopContext& s;
 };
 
 }  // namespace fulgor::detail

@@ -3,7 +3,7 @@
 #include <torch/torch.h>
 
 #include "loops/module_access.h"
-#include "trainer/state.h"
+#include "loops/context.h"
 
 namespace fulgor::detail {
 

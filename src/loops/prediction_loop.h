@@ -12,7 +12,7 @@ namespace fulgor::detail {
 // run() returns in order. Nothing is logged in it.
 class PredictionLoop : public InferenceLoop {
  public:
-  explicit PredictionLoop(TrainerState& state) : InferenceLoop(state, Stage::predict) {}
+  explicit PredictionLoop(LoopContext& state) : InferenceLoop(state, Stage::predict) {}
 
   std::vector<torch::Tensor> run();
 };

@@ -9,7 +9,7 @@
 #include "automatic_optimization.h"
 #include "fit_loop.h"
 #include "loops/signals.h"
-#include "trainer/state.h"
+#include "loops/context.h"
 
 // Note [The per-step path]
 // On a small model LibTorch's own training step runs through some 3,800
@@ -65,7 +65,7 @@ ValidationSchedule::ValidationSchedule(const LoopLimits& l, bool validating, std
   }
 }
 
-TrainingEpochLoop::TrainingEpochLoop(TrainerState& state, FitLoop& fit)
+TrainingEpochLoop::TrainingEpochLoop(LoopContext& state, FitLoop& fit)
     : val_loop(state, Stage::validate),
       s(state),
       fit_(fit),
@@ -198,7 +198,7 @@ void TrainingEpochLoop::on_advance_end() {
                       schedule_->due(epoch, batch_progress.current.processed, batch_progress.total.processed, false)))
     validate();
   s.metrics.log_step = logging_step();
-  s.checkpoints.poll();  // Note [Asynchronous checkpoints]
+  s.poll_checkpoint_write();  // Note [Asynchronous checkpoints]
   if (int sig = s.agree_on_stop(SignalTrap::pending()); FULGOR_UNLIKELY(sig != 0)) fit_.stop_for_signal(sig);
 }
 

@@ -11,7 +11,7 @@
 
 namespace fulgor::detail {
 
-struct TrainerState;
+struct LoopContext;
 struct LoopLimits;
 class FitLoop;
 struct AutomaticOptimization;
@@ -55,7 +55,7 @@ class ValidationSchedule {
 // (global_step) and, under manual optimization, the batches run.
 class TrainingEpochLoop {
  public:
-  TrainingEpochLoop(TrainerState& state, FitLoop& fit);
+  TrainingEpochLoop(LoopContext& state, FitLoop& fit);
   ~TrainingEpochLoop();
 
   // A new fit over `train`, validating on `val` (nullptr: no validation).
@@ -94,7 +94,7 @@ class TrainingEpochLoop {
   void on_run_end();
   void validate();
 
-  TrainerState& s;
+  LoopContext& s;
   FitLoop& fit_;
   StepRunner* train_ = nullptr;
   std::optional<int64_t> num_training_batches_;

@@ -1,21 +1,20 @@
 #include "checkpoint_connector.h"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/torch.h>
 #include <torch/version.h>
 
 #include <filesystem>
-#include <mutex>
 #include <optional>
 #include <vector>
 
 #include "checkpoint/meta.h"
+#include "checkpoint/rng.h"
 #include "fulgor/callbacks/model_checkpoint.h"
 #include "fulgor/checkpoint/checkpoint.h"
-#include "fulgor/distributed/strategy.h"
 #include "fulgor/core/version.h"
+#include "fulgor/distributed/strategy.h"
 #include "interop/python_checkpoint.h"
 #include "state.h"
 
@@ -60,18 +59,6 @@ struct CheckpointWeights {
 };
 
 }  // namespace
-
-torch::Tensor cpu_rng_state() {
-  auto generator = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(generator.mutex());
-  return generator.get_state();
-}
-
-void set_cpu_rng_state(const torch::Tensor& state) {
-  auto generator = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(generator.mutex());
-  generator.set_state(state);
-}
 
 std::string CheckpointConnector::resolve(const std::string& path) const {
   namespace fs = std::filesystem;
@@ -195,18 +182,6 @@ void CheckpointConnector::check_rng_states(LoadedCheckpoint& ckpt) const {
          "differ from an uninterrupted run's");
 }
 
-void CheckpointConnector::restore_rng(LoadedCheckpoint& ckpt, const char* cpu_key) {
-  torch::Tensor state;
-  if (ckpt.archive->try_read(cpu_key, state)) set_cpu_rng_state(state);
-  torch::Tensor device_state;
-  // A device generator's state fits only the generator of the accelerator
-  // that saved it: resuming elsewhere (saved on the CPU, resumed on an xpu)
-  // leaves the device's generator as it is.
-  const bool same_accelerator = ckpt.meta.value("accelerator", std::string()) == s.accelerator->name();
-  if (std::string(cpu_key) == "rng_cpu" && same_accelerator && ckpt.archive->try_read("rng_device", device_state))
-    s.accelerator->set_rng_state(s.device_setup->device, device_state);
-}
-
 nlohmann::json CheckpointConnector::meta() {
   nlohmann::json meta;
   meta["format"] = kCheckpointFormat;
@@ -263,7 +238,7 @@ torch::serialize::OutputArchive CheckpointConnector::archive(std::vector<torch::
     torch::Tensor device_state = s.accelerator->get_rng_state(s.device_setup->device);
     if (device_state.defined()) archive.write("rng_device", device_state);
   }
-  if (rng_epoch_start.defined()) archive.write("rng_epoch_start", rng_epoch_start);
+  if (s.fit_loop.rng_epoch_start.defined()) archive.write("rng_epoch_start", s.fit_loop.rng_epoch_start);
   s.precision.save(archive);
   if (snapshot)
     *snapshot = snapshot_to_host(archive, s.accelerator && s.accelerator->supports_pinned_memory(), snapshot_storages_);

@@ -16,9 +16,6 @@ namespace fulgor::detail {
 
 struct TrainerState;
 
-torch::Tensor cpu_rng_state();
-void set_cpu_rng_state(const torch::Tensor& state);
-
 // Lightning's _CheckpointConnector: what a checkpoint holds of a Trainer, and
 // putting it back. Resolves "last" and "best", saves, and restores in
 // Lightning's order: the module and callbacks after the setup hooks, the
@@ -64,13 +61,6 @@ struct CheckpointConnector {
   // with `deterministic` throws CheckpointError (Note [Missing generator
   // states]).
   void check_rng_states(LoadedCheckpoint& ckpt) const;
-  // Sets the CPU generator from the archive's `cpu_key` entry and, with
-  // "rng_cpu" and the same accelerator, the device's.
-  void restore_rng(LoadedCheckpoint& ckpt, const char* cpu_key);
-
-  // The CPU generator's state when the current epoch began.
-  torch::Tensor rng_epoch_start;
-
  private:
   nlohmann::json meta();
   // The archive of the state now; with `snapshot`, of copies in host memory,

@@ -79,7 +79,6 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
     s.manual_optimization.attach(model, true);
     s.fit_loop.reset_for_fit(train, val);
     s.metrics.log_step = 0;
-    s.checkpoints.rng_epoch_start = torch::Tensor();
     if (s.ddp) s.ddp->attach(model);
     detail::SignalTrap trap;
     s.hooks.both("on_fit_start", &Callback::on_fit_start, &ModuleBase::on_fit_start);

@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <iostream>
 #include <typeinfo>
 
 #include "config/option_names.h"
@@ -85,7 +84,7 @@ void check_num_nodes(int64_t num_nodes, const DistributedEnvironment& env) {
 }  // namespace
 
 TrainerState::TrainerState(Trainer& owner, TrainerOptions opts)
-    : trainer(owner), options(resolve_barebones(std::move(opts))) {
+    : LoopContext(owner, resolve_barebones(std::move(opts))) {
   // Made with the Trainer, as Lightning's, so that its report's Total is the
   // time since then; an unknown name is reported when a loop begins.
   if (names_simple_profiler(options.profiler))
@@ -94,30 +93,7 @@ TrainerState::TrainerState(Trainer& owner, TrainerOptions opts)
 }
 TrainerState::~TrainerState() = default;
 
-namespace {
-Limit debug_limit(const TrainerOptions& o, const Limit& limit) {
-  return o.fast_dev_run > 0 ? Limit(o.fast_dev_run) : limit;
-}
-}  // namespace
-
-LoopLimits::LoopLimits(const TrainerOptions& o)
-    : max_epochs(o.fast_dev_run > 0  ? 1
-                 : o.max_epochs      ? *o.max_epochs
-                 : o.max_steps == -1 ? 1000
-                                     : -1),
-      max_steps(o.fast_dev_run > 0 ? o.fast_dev_run : o.max_steps),
-      // min_steps alone asks for one epoch, as Lightning's _parse_loop_limits.
-      min_epochs(o.min_epochs.value_or(o.min_steps ? 1 : 0)),
-      min_steps(o.min_steps),
-      num_sanity_val_steps(o.fast_dev_run > 0 ? 0 : o.num_sanity_val_steps),
-      limit_test_batches(debug_limit(o, o.limit_test_batches)),
-      limit_predict_batches(debug_limit(o, o.limit_predict_batches)),
-      val_check_interval(o.fast_dev_run > 0 ? Limit(1.0) : o.val_check_interval),
-      check_val_every_n_epoch(o.fast_dev_run > 0 ? std::optional<int64_t>(1) : o.check_val_every_n_epoch),
-      overfit(o.fast_dev_run == 0 && o.overfit_batches.of(std::nullopt) != 0) {
-  limit_train_batches = debug_limit(o, overfit ? o.overfit_batches : o.limit_train_batches);
-  limit_val_batches = debug_limit(o, overfit ? o.overfit_batches : o.limit_val_batches);
-}
+std::string TrainerState::checkpoint_dir() const { return trainer.checkpoint_dir(); }
 
 const InferenceLoop* TrainerState::running_inference() const {
   switch (running) {
@@ -132,19 +108,6 @@ const InferenceLoop* TrainerState::running_inference() const {
     default:
       return nullptr;
   }
-}
-
-void TrainerState::info(const std::string& message) const {
-  if (trainer.is_global_zero()) std::cout << message << std::endl;
-}
-void TrainerState::warn(const std::string& message) const {
-  if (trainer.is_global_zero()) std::cerr << message << std::endl;
-}
-void TrainerState::warn_once(const std::string& message) {
-  if (said_once.insert(message).second) warn(message);
-}
-void TrainerState::info_once(const std::string& message) {
-  if (said_once.insert(message).second) info(message);
 }
 
 void TrainerState::begin(const std::string& name) {
@@ -309,79 +272,6 @@ void TrainerState::start_ddp(const DistributedEnvironment& environment, const De
   for (auto& logger : loggers) logger = silenced_logger(logger);
 }
 
-// Under ddp every rank must leave the loop at the same batch, or the others
-// would wait in a collective for it: a stop request (EarlyStopping on a
-// rank's own metrics) or a signal that reached some ranks only counts for
-// all. Returns the signal to act on.
-int TrainerState::agree_on_stop(int signal) {
-  if (!ddp) return signal;
-  const int64_t agreed = ddp->max_over_ranks(static_cast<int64_t>(signal) * 2 + (should_stop ? 1 : 0));
-  should_stop = (agreed & 1) != 0 || should_stop;
-  return static_cast<int>(agreed / 2);
-}
-
-namespace {
-const char* stage_loader_name(Stage which) {
-  return which == Stage::train      ? "train_loader"
-         : which == Stage::validate ? "val_loader"
-         : which == Stage::test     ? "test_loader"
-                                    : "predict_loader";
-}
-const char* stage_loop_name(Stage which) {
-  return which == Stage::train      ? "training"
-         : which == Stage::validate ? "validation"
-         : which == Stage::test     ? "test"
-                                    : "prediction";
-}
-}  // namespace
-
-// Note [Distributed sampling]
-// Lightning's use_distributed_sampler: under ddp each rank reads its own shard
-// of a loader, so that the job reads the data set once per epoch rather than
-// once per rank. The Trainer asks every loader as each loop starts
-// (distribute, Note [The loader protocol]): the training loader evenly, padded
-// by repeating samples, since every training step is a collective that all
-// ranks must reach; the evaluation and prediction loaders without repeating
-// any sample, so that each sample counts once in the epoch's values (the ranks
-// then run up to one batch apart, which is why nothing in evaluation is a
-// per-batch collective: sync_dist reduces epoch values once, at the epoch's
-// end, Note [Epoch values over the ranks] in metric_store.cpp). Lightning pads
-// evaluation shards too, counting some samples twice. A loader that cannot be
-// sharded (no distribute member, or its sampler is the user's) is read as it
-// is. Outside ddp the loaders are asked to read everything again, which undoes
-// the shard of an earlier ddp loop at the cost of a no-op otherwise.
-void TrainerState::distribute(StepRunner& runner, bool even) {
-  if (!options.use_distributed_sampler) return;
-  DistributedShard shard;
-  if (ddp) {
-    shard.num_replicas = ddp->environment().world_size;
-    shard.rank = ddp->environment().rank;
-  }
-  shard.even = even;
-  runner.distribute(shard);
-}
-
-// Lightning's has_len_all_ranks warns likewise: a loop over an empty loader
-// runs no step, which otherwise passes without a word (an epoch of no
-// training steps, a validation mean over nothing).
-void TrainerState::warn_if_empty(const StepRunner& runner, Stage which) const {
-  if (runner.length() != 0) return;
-  const bool sharded = ddp && options.use_distributed_sampler && ddp->environment().world_size > 1;
-  warn(fmt::format("The {} has no batches{}: the {} loop runs no step. Please make sure this was your intention.",
-                   stage_loader_name(which), sharded ? fmt::format(" on rank {}", ddp->environment().rank) : "",
-                   stage_loop_name(which)));
-}
-
-std::optional<int64_t> TrainerState::resolve_limit(const Limit& limit, const StepRunner& runner, const char* name) {
-  auto n = limit.of(runner.length());
-  if (!n && !limit.is_all())
-    throw ConfigError(
-        fmt::format("{}={} is a fraction, but the loader does not tell its length: give a count of "
-                    "batches, or make the loader with fulgor::make_data_loader",
-                    name, limit.str()));
-  return n;
-}
-
 void TrainerState::describe_profile() {
   if (!profiling) return;
   const bool distributed = trainer.world_size() > 1;
@@ -405,17 +295,6 @@ nlohmann::json TrainerState::logged_hparams(const ModuleBase& model) const {
         "the hyper-parameters {} are in both {}'s and {}'s hparams, with different values: give them one value",
         fmt::join(inconsistent, ", "), model.name(), datamodule->name()));
   return hparams;
-}
-
-void TrainerState::open_loader(StepRunner& runner, Stage which) {
-  if (!runner.open()) no_loader(runner, which);
-}
-
-void TrainerState::no_loader(const StepRunner& runner, Stage which) const {
-  const char* loader = stage_loader_name(which);
-  throw ConfigError(fmt::format("{}::{} returned no loader: {} must override it", runner.source_name(), loader,
-                                datamodule ? fmt::format("a data module given to {}", stage)
-                                           : fmt::format("a module given to {} without loaders", stage)));
 }
 
 void TrainerState::configure_optimizers(ModuleBase& model) {

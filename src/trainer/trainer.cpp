@@ -15,20 +15,6 @@
 
 namespace fulgor {
 
-std::string to_string(StopReason reason) {
-  switch (reason) {
-    case StopReason::max_epochs:
-      return "max_epochs";
-    case StopReason::max_steps:
-      return "max_steps";
-    case StopReason::requested:
-      return "requested";
-    case StopReason::signal:
-      return "signal";
-  }
-  return "unknown";
-}
-
 Trainer::Trainer(TrainerOptions options) : state_(std::make_unique<detail::TrainerState>(*this, std::move(options))) {
   auto& s = *state_;
   const auto& o = s.options;

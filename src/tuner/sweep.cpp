@@ -7,6 +7,8 @@
 #include <system_error>
 #include <utility>
 
+#include "checkpoint/rng.h"
+
 namespace fulgor::detail {
 
 namespace {

@@ -290,7 +290,7 @@ TEST(TrainerLoop, LogDefaultsAndBatchSizeWeightedEpochMeans) {
 }
 
 // The Trainer remembers where the names a step logs live (Note [Metric
-// tables] in src/trainer/metric_table.h): names logged in changing orders and subsets,
+// tables] in src/loops/metric_table.h): names logged in changing orders and subsets,
 // more names in one step than it remembers, epoch sums and a second fit must
 // still each find their own value.
 TEST(TrainerLoop, LoggedNamesKeepTheirOwnValuesWhateverTheOrder) {

@@ -35,7 +35,7 @@
 //                                 calls it as each loop starts (one replica
 //                                 outside ddp), unless use_distributed_sampler
 //                                 is false (Note [Distributed sampling] in
-//                                 src/trainer/state.cpp). size() reports the
+//                                 src/loops/context.cpp). size() reports the
 //                                 shard's batches afterwards.
 //   bool start_at(int64_t batch)  begins the next iteration at that batch of
 //                                 its epoch, without making the ones before;

@@ -68,7 +68,7 @@ class StepRunner {
   // Tells a loader with a set_epoch member which epoch comes next.
   void set_epoch(int64_t epoch) { loader_->set_epoch(epoch); }
   // Makes a loader with a distribute member read `shard` (Note [Distributed
-  // sampling] in src/trainer/state.cpp); returns false where the loader has
+  // sampling] in src/loops/context.cpp); returns false where the loader has
   // no such member or declined. length() is the shard's afterwards.
   bool distribute(const DistributedShard& shard) { return loader_->distribute(shard); }
   // Turns off a loader's shuffling where it can (TensorLoader::disable_shuffle):

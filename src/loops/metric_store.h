@@ -14,7 +14,7 @@
 
 namespace fulgor::detail {
 
-struct TrainerState;
+struct LoopContext;
 
 // Which defaults log() applies, by the hook that calls it: the training
 // step and batch hooks, an evaluation step and its batch hooks, or an
@@ -38,7 +38,7 @@ struct Accumulator {
 // _ResultCollection): step values as they come, epoch values reduced when the
 // epoch ends, each labelled with Lightning's step (Note [Logged steps]).
 struct MetricStore final : MetricSink {
-  explicit MetricStore(TrainerState& state) : s(state) {}
+  explicit MetricStore(LoopContext& state) : s(state) {}
 
   void log(std::string_view name, double value, const LogOptions& options) override;
   void log_on_device(std::string_view name, const torch::Tensor& value, const LogOptions& options) override;
@@ -138,7 +138,7 @@ struct MetricStore final : MetricSink {
   // flush_step_logs then sends.
   bool deferred_step_logs_ = false;
 
-  TrainerState& s;
+  LoopContext& s;
 };
 
 }  // namespace fulgor::detail

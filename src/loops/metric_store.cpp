@@ -7,9 +7,10 @@
 #include <algorithm>
 
 #include "fulgor/core/error.h"
-#include "fulgor/metrics/metric.h"
 #include "fulgor/distributed/strategy.h"
-#include "state.h"
+#include "fulgor/metrics/metric.h"
+#include "loops/context.h"
+#include "loops/fit_loop.h"
 
 namespace fulgor::detail {
 
@@ -36,7 +37,7 @@ bool MetricStore::barebones() {
 // weights summed, sum = the sums summed, max and min over the ranks. An epoch
 // value is then the value over every sample the ranks saw together, and no
 // collective happens per batch for it, which uneven evaluation shards need
-// (Note [Distributed sampling] in state.cpp).
+// (Note [Distributed sampling] in context.cpp).
 // The combination is a collective at every refresh() (the points where the
 // ranks compute logged metrics, the same on every rank), in a fixed order:
 // one all_reduce checks that every rank logged the same sync_dist names (with
@@ -290,7 +291,7 @@ void MetricStore::send_to_loggers(std::map<std::string, double> metrics, std::op
   // The sanity check's values reach no logger, and are forgotten after it.
   if (metrics.empty() || s.sanity_checking()) return;
   for (const auto& [k, v] : metrics) logged_metrics[k] = v;
-  if (with_epoch) metrics["epoch"] = static_cast<double>(s.fit_loop.current_epoch());
+  if (with_epoch) metrics["epoch"] = static_cast<double>(s.fit().current_epoch());
   for (auto& logger : s.loggers) logger->log_metrics(metrics, step.value_or(log_step));
 }
 
