@@ -19,12 +19,12 @@
 #include <new>
 #include <string_view>
 
+#include "archive/script_archive.h"
 #include "checkpoint/chunks.h"
 #include "checkpoint/meta.h"
+#include "detail/read_at.h"
 #include "fulgor/core/error.h"
 #include "fulgor/module.h"
-#include "detail/read_at.h"
-#include "interop/script_archive.h"
 
 namespace fulgor {
 namespace {

@@ -2,8 +2,8 @@
 
 #include <memory>
 
+#include "archive/zip_reader.h"
 #include "fulgor/interop/safetensors.h"
-#include "interop/zip_reader.h"
 
 namespace fulgor::detail {
 

@@ -7,10 +7,10 @@
 
 #include <torch/torch.h>
 
+#include "archive/pickle_reader.h"
 #include "fulgor/core/error.h"
 #include "fuzz.h"
-#include "interop/pickle_reader.h"
-#include "interop/torch_archive.h"
+#include "interop/torch_load_archive.h"
 
 namespace fulgor::fuzz {
 

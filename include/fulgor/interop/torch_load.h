@@ -26,7 +26,7 @@ struct TorchLoadOptions {
 /// Reads a file written by Python's torch.save (the zip format of torch 1.6
 /// and later) or by fulgor::save_state_dict, with a pickle reader that
 /// accepts what torch.load(weights_only=True) accepts and runs nothing
-/// (Note [A pickle reader that runs nothing] in src/interop/pickle_reader.h).
+/// (Note [A pickle reader that runs nothing] in src/archive/pickle_reader.h).
 ///
 /// Requires: `path` names a torch.save zip archive.
 /// Ensures: returns the saved object as LibTorch values: dicts (OrderedDict

@@ -1,4 +1,4 @@
-#include "interop/zip_reader.h"
+#include "archive/zip_reader.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>

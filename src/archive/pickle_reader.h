@@ -49,7 +49,7 @@ using PersistentLoad = std::function<c10::IValue(const c10::IValue& persistent_i
 /// hold objects of TorchScript module classes and LibTorch's typed lists.
 /// What an object of a module class is built from is read as a dict of its
 /// attributes; the class's code is not: the archive's check of its code
-/// records (interop/script_archive.h) keeps to classes without methods.
+/// records (archive/script_archive.h) keeps to classes without methods.
 enum class PickleDialect { torch_save, libtorch };
 
 /// Note [Pickles from elsewhere]

@@ -1,4 +1,4 @@
-#include "interop/pickle_reader.h"
+#include "archive/pickle_reader.h"
 
 #include <ATen/core/Dict.h>
 #include <ATen/core/List.h>
@@ -13,8 +13,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "archive/script_archive.h"
 #include "fulgor/core/error.h"
-#include "interop/script_archive.h"
 
 namespace fulgor::detail {
 namespace {
@@ -482,7 +482,7 @@ c10::IValue PickleReader::call(Callable callable, const std::vector<c10::IValue>
       return args[0];
     case Callable::type_tag: {
       // The type is parsed by LibTorch when the archive is loaded: only
-      // types of plain values pass (interop/script_archive.h).
+      // types of plain values pass (archive/script_archive.h).
       if (args.size() != 2 || !(args[0].isList() || args[0].isGenericDict()) || !args[1].isString())
         fail("restore_type_tag of something other than a list or dict and its type");
       if (!is_data_type(args[1].toStringRef()))

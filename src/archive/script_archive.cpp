@@ -1,4 +1,4 @@
-#include "interop/script_archive.h"
+#include "archive/script_archive.h"
 
 #include <fmt/format.h>
 
@@ -7,8 +7,8 @@
 #include <set>
 #include <vector>
 
+#include "archive/torch_archive.h"
 #include "fulgor/core/error.h"
-#include "interop/torch_archive.h"
 
 namespace fulgor::detail {
 namespace {

@@ -34,7 +34,7 @@
 #include <string>
 #include <string_view>
 
-#include "interop/zip_reader.h"
+#include "archive/zip_reader.h"
 
 namespace fulgor::detail {
 
