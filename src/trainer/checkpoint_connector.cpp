@@ -9,9 +9,9 @@
 #include <optional>
 #include <vector>
 
+#include "callback_connector.h"
 #include "checkpoint/meta.h"
 #include "checkpoint/rng.h"
-#include "fulgor/callbacks/model_checkpoint.h"
 #include "fulgor/checkpoint/checkpoint.h"
 #include "fulgor/core/version.h"
 #include "fulgor/distributed/strategy.h"
@@ -63,10 +63,10 @@ struct CheckpointWeights {
 std::string CheckpointConnector::resolve(const std::string& path) const {
   namespace fs = std::filesystem;
   if (path == "best") {
-    auto* mc = s.trainer.checkpoint_callback();
-    if (!mc || mc->best_model_path().empty())
+    std::string best = best_model_path(s.trainer.checkpoint_callback());
+    if (best.empty())
       throw CheckpointError("ckpt_path=\"best\": no ModelCheckpoint has saved a best checkpoint in this Trainer");
-    return mc->best_model_path();
+    return best;
   }
   if (path != "last") return path;
   const fs::path dir = s.trainer.checkpoint_dir();

@@ -3,14 +3,11 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include <algorithm>
 #include <filesystem>
 
-#include "fulgor/callbacks/model_checkpoint.h"
-#include "fulgor/callbacks/model_summary.h"
-#include "fulgor/callbacks/progress_bar.h"
-#include "fulgor/loggers/tensorboard.h"
+#include "callback_connector.h"
 #include "fulgor/distributed/strategy.h"
+#include "fulgor/loggers/tensorboard.h"
 #include "state.h"
 
 namespace fulgor {
@@ -18,19 +15,7 @@ namespace fulgor {
 Trainer::Trainer(TrainerOptions options) : state_(std::make_unique<detail::TrainerState>(*this, std::move(options))) {
   auto& s = *state_;
   const auto& o = s.options;
-  auto any = [&](bool (Callback::*ability)() const) {
-    return std::any_of(o.callbacks.begin(), o.callbacks.end(), [&](const auto& cb) { return ((*cb).*ability)(); });
-  };
-  if (o.enable_model_summary && !any(&Callback::summarizes_model))
-    s.callbacks.push_back(std::make_shared<ModelSummary>());
-  if (o.enable_progress_bar && !any(&Callback::shows_progress)) s.callbacks.push_back(std::make_shared<ProgressBar>());
-  // Checkpointing callbacks go last, so that they save what the others did.
-  for (const auto& cb : o.callbacks)
-    if (!cb->saves_checkpoints()) s.callbacks.push_back(cb);
-  for (const auto& cb : o.callbacks)
-    if (cb->saves_checkpoints()) s.callbacks.push_back(cb);
-  if (o.enable_checkpointing && o.fast_dev_run == 0 && !any(&Callback::saves_checkpoints))
-    s.callbacks.push_back(std::make_shared<ModelCheckpoint>());
+  s.callbacks = detail::configure_callbacks(o);
   if (o.fast_dev_run == 0) {
     s.loggers = o.loggers;
     if (s.loggers.empty() && o.logger) s.loggers.push_back(std::make_shared<TensorBoardLogger>(default_root_dir()));
@@ -120,11 +105,7 @@ const std::vector<std::shared_ptr<Callback>>& Trainer::callbacks() const { retur
 const std::vector<std::shared_ptr<Logger>>& Trainer::loggers() const { return state_->loggers; }
 DataModuleBase* Trainer::datamodule() const { return state_->datamodule; }
 
-ModelCheckpoint* Trainer::checkpoint_callback() const {
-  for (const auto& cb : state_->callbacks)
-    if (auto* mc = dynamic_cast<ModelCheckpoint*>(cb.get())) return mc;
-  return nullptr;
-}
+ModelCheckpoint* Trainer::checkpoint_callback() const { return detail::find_model_checkpoint(state_->callbacks); }
 const std::vector<std::shared_ptr<torch::optim::Optimizer>>& Trainer::optimizers() const {
   return state_->optim.optimizers;
 }
@@ -157,7 +138,7 @@ std::string Trainer::default_root_dir() const {
 }
 
 std::string Trainer::checkpoint_dir() const {
-  if (auto* mc = checkpoint_callback(); mc && !mc->dirpath().empty()) return mc->dirpath();
+  if (std::string dirpath = detail::checkpoint_dirpath(checkpoint_callback()); !dirpath.empty()) return dirpath;
   return (std::filesystem::path(default_root_dir()) / "checkpoints").string();
 }
 
