@@ -7,7 +7,6 @@
 #include <csignal>
 #include <filesystem>
 
-#include "checkpoint/loaded.h"
 #include "checkpoint/rng.h"
 #include "loops/context.h"
 
@@ -50,36 +49,25 @@ void FitLoop::reset_for_fit(StepRunner& train, StepRunner* val) {
 // Every counter of the loops follows from these, as Lightning's
 // reset_on_restart makes them: a unit begun but unfinished is counted as
 // begun, so that restarting() and a mid-epoch resume read it from them.
+// Each loop writes and reads its own counters, the fit loop's taking in its
+// epoch loop's as Lightning's _Loop.state_dict does, in the one object of
+// fulgor's format: "epoch" and "epoch_finished" are the fit loop's, the
+// others the training epoch loop's.
 nlohmann::json FitLoop::state_dict() const {
-  const auto& batches = epoch_loop.batch_progress;
-  nlohmann::json loop = {{"epoch", current_epoch()},
-                         {"global_step", epoch_loop.global_step},
-                         {"batches_in_epoch", batches.current.processed},
-                         {"epoch_finished", epoch_progress.unit_ending()},
-                         {"total_train_batches", batches.total.processed}};
-  if (s.manual) loop["batches_that_stepped"] = epoch_loop.batches_that_stepped;
+  nlohmann::json loop = {{"epoch", current_epoch()}, {"epoch_finished", epoch_progress.unit_ending()}};
+  epoch_loop.state_dict(loop);
   return loop;
 }
 
-void FitLoop::load_state_dict(LoadedCheckpoint& ckpt) {
-  const auto& loop = ckpt.meta.at("loop");
+void FitLoop::load_state_dict(const nlohmann::json& loop) {
+  epoch_loop.load_state_dict(loop);
   const auto epoch = loop.at("epoch").get<int64_t>();
-  const auto in_epoch = loop.at("batches_in_epoch").get<int64_t>();
-  const bool finished = loop.at("epoch_finished").get<bool>();
   epoch_progress.current = {epoch, epoch, epoch, epoch};
-  if (finished)
+  if (loop.at("epoch_finished").get<bool>())
     epoch_progress.current = {epoch + 1, epoch + 1, epoch + 1, epoch};
-  else if (in_epoch > 0)
+  else if (epoch_loop.batch_progress.current.processed > 0)
     epoch_progress.current = {epoch + 1, epoch + 1, epoch, epoch};
   epoch_progress.total = epoch_progress.current;
-  auto& batches = epoch_loop.batch_progress;
-  batches.current = {in_epoch, in_epoch, in_epoch, in_epoch};
-  const auto total = loop.at("total_train_batches").get<int64_t>();
-  batches.total = {total, total, total, total};
-  epoch_loop.global_step = loop.at("global_step").get<int64_t>();
-  epoch_loop.batches_that_stepped = loop.value("batches_that_stepped", int64_t{0});
-  s.metrics.log_step = epoch_loop.logging_step();
-  resume_ = &ckpt;
 }
 
 bool FitLoop::restarting() const {

@@ -27,13 +27,17 @@ class FitLoop {
   // A new fit over `train`, validating on `val` (nullptr: none).
   void reset_for_fit(StepRunner& train, StepRunner* val);
   // The loops' state as a checkpoint keeps it (Note [The loops' state in a
-  // checkpoint]), and a resume from `ckpt`, which must outlive the fit.
+  // checkpoint]).
   nlohmann::json state_dict() const;
-  void load_state_dict(LoadedCheckpoint& ckpt);
+  void load_state_dict(const nlohmann::json& loop);
+  // A resume from `ckpt`, which must outlive the fit: its generator states
+  // are restored as the first epoch begins (Note [Resuming mid-epoch] in
+  // fit_loop.cpp).
+  void resume_from(LoadedCheckpoint& ckpt) { resume_ = &ckpt; }
   // Whether the fit resumes in the middle of an epoch, or by steps: it then
   // skips the sanity check (Lightning's FitLoop.restarting).
   bool restarting() const;
-  // Forgets the checkpoint load_state_dict was given: the tuner restores a
+  // Forgets the checkpoint resume_from was given: the tuner restores a
   // sweep's starting point with it, which is no resume.
   void forget_resume() { resume_ = nullptr; }
   void run();

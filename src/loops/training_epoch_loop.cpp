@@ -72,6 +72,23 @@ TrainingEpochLoop::TrainingEpochLoop(LoopContext& state, FitLoop& fit)
       optimization_(std::make_unique<AutomaticOptimization>(state)) {}
 TrainingEpochLoop::~TrainingEpochLoop() = default;
 
+void TrainingEpochLoop::state_dict(nlohmann::json& loop) const {
+  loop["global_step"] = global_step;
+  loop["batches_in_epoch"] = batch_progress.current.processed;
+  loop["total_train_batches"] = batch_progress.total.processed;
+  if (s.manual) loop["batches_that_stepped"] = batches_that_stepped;
+}
+
+void TrainingEpochLoop::load_state_dict(const nlohmann::json& loop) {
+  const auto in_epoch = loop.at("batches_in_epoch").get<int64_t>();
+  batch_progress.current = {in_epoch, in_epoch, in_epoch, in_epoch};
+  const auto total = loop.at("total_train_batches").get<int64_t>();
+  batch_progress.total = {total, total, total, total};
+  global_step = loop.at("global_step").get<int64_t>();
+  batches_that_stepped = loop.value("batches_that_stepped", int64_t{0});
+  s.metrics.log_step = logging_step();
+}
+
 void TrainingEpochLoop::reset_for_fit(StepRunner& train, StepRunner* val) {
   train_ = &train;
   val_loop.use(val);

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <torch/types.h>
+#include <nlohmann/json.hpp>
 
 #include <cstdint>
 #include <memory>
@@ -67,6 +68,10 @@ class TrainingEpochLoop {
   // `begun_there`: the loader starts at the checkpoint's batch already.
   void reset(bool resuming, bool begun_there = false);
   void run();
+  // Its counters in the fit loop's state (Note [The loops' state in a
+  // checkpoint] in fit_loop.cpp).
+  void state_dict(nlohmann::json& loop) const;
+  void load_state_dict(const nlohmann::json& loop);
 
   // Lightning's _num_ready_batches_reached: the epoch's last batch is
   // fetched, or the loader has run out.

@@ -137,7 +137,8 @@ void CheckpointConnector::restore_callback_tensors(LoadedCheckpoint& ckpt) {
 // generators are set by restore_rng when the first epoch begins.
 void CheckpointConnector::restore_training_state(LoadedCheckpoint& ckpt) {
   s.precision.load(*ckpt.archive, ckpt.path);
-  s.fit_loop.load_state_dict(ckpt);
+  s.fit_loop.load_state_dict(ckpt.meta.at("loop"));
+  s.fit_loop.resume_from(ckpt);
   ckpt.restore_optimizers(s.optim.optimizers, *s.accelerator, s.device_setup->device);
   const auto& schedulers = ckpt.meta.at("schedulers");
   if (schedulers.size() != s.optim.schedulers.size())
