@@ -275,9 +275,6 @@ class FULGOR_API ModuleBase : public torch::nn::Module {
   /// The Trainer running this module; throws Error when none is.
   Trainer& trainer() const;
 
- private:
-  const OptimizerConfig& optim_config() const;
-
  protected:
   /// Whether the module was training when the running evaluation loop began
   /// (the default on_validation_model_train puts that mode back).
@@ -285,6 +282,8 @@ class FULGOR_API ModuleBase : public torch::nn::Module {
 
  private:
   friend struct detail::ModuleAccess;
+  const OptimizerConfig& optim_config() const;
+
   detail::MetricSink* sink_ = nullptr;
   Trainer* trainer_ = nullptr;
   // The attached Trainer's optimizers and schedulers (its configure_optimizers).

@@ -1,9 +1,9 @@
 #pragma once
 
-// The Trainer's side of profiler = "simple": which action a hook, a strategy
+// The loops' side of profiler = "simple": which action a hook, a strategy
 // call or a loop stage records into, named as Lightning names it, and a scope
-// that times one call. Note [Profiling at no cost] in src/loops/hooks.h says how the
-// loops use them.
+// that times one call. Note [Profiling at no cost] in src/loops/hooks.h says
+// how the loops use them.
 
 #include <cstdint>
 #include <functional>
