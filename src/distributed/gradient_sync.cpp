@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <utility>
 
 #include "process_group_state.h"
 
@@ -41,15 +42,18 @@ struct GradientSynchronizer::Impl {
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
   std::vector<uintptr_t> hook_keys;
 
-  std::mutex mutex;  // hooks run on the autograd engine's threads
+  std::mutex mutex;        // hooks run on the autograd engine's threads
+  std::string check_step;  // non-empty: the next synchronized step compares the gradients
   bool sync = true;
   bool in_step = false;  // a synchronized backward has produced gradients not yet finished
   size_t next_bucket = 0;
   int64_t reductions = 0;
 
+  void hook(size_t index);
+  bool rehook();
   void on_gradient(size_t index);
   void launch_ready_buckets(bool all);
-  void finish();
+  bool finish();
 };
 
 namespace {
@@ -68,7 +72,93 @@ class AccumulateHook final : public torch::autograd::FunctionPostHook {
   std::function<void()> on_gradient_;
 };
 
+// The parameters that take gradients, with their names.
+std::pair<std::vector<std::string>, std::vector<torch::Tensor>> trainable_parameters(const torch::nn::Module& module) {
+  std::pair<std::vector<std::string>, std::vector<torch::Tensor>> result;
+  for (const auto& p : module.named_parameters(/*recurse=*/true))
+    if (p.value().defined() && p.value().requires_grad()) {
+      result.first.push_back(p.key());
+      result.second.push_back(p.value());
+    }
+  return result;
+}
+
+// The integers with the bits of a tensor's elements (Note [Ranks in step]).
+torch::Tensor bit_patterns(torch::Tensor t) {
+  if (t.is_complex()) t = torch::view_as_real(t);
+  t = t.detach().contiguous().reshape({-1});
+  switch (t.element_size()) {
+    case 8:
+      return t.view(torch::kInt64);
+    case 4:
+      return t.view(torch::kInt32);
+    case 2:
+      return t.view(torch::kInt16);
+    default:
+      return t.view(torch::kUInt8);
+  }
+}
+
+// Two integers per tensor, its elements' bit patterns summed plainly and
+// weighted by position, in chunks so that a large tensor needs little memory
+// beside it; an undefined tensor counts as zeros.
+torch::Tensor fingerprint(const std::vector<torch::Tensor>& tensors) {
+  constexpr int64_t kChunk = int64_t(1) << 20;
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> sums;
+  for (const torch::Tensor& t : tensors) {
+    torch::Tensor plain = torch::zeros({1}, torch::TensorOptions().dtype(torch::kInt64).device(t.device()));
+    torch::Tensor weighted = plain.clone();
+    if (t.defined()) {
+      const torch::Tensor bits = bit_patterns(t);
+      for (int64_t start = 0; start < bits.numel(); start += kChunk) {
+        const torch::Tensor chunk = bits.narrow(0, start, std::min(kChunk, bits.numel() - start)).to(torch::kInt64);
+        plain += chunk.sum();
+        weighted += (chunk * torch::arange(start + 1, start + 1 + chunk.numel(), chunk.options())).sum();
+      }
+    }
+    sums.push_back(plain.cpu());
+    sums.push_back(weighted.cpu());
+  }
+  return torch::cat(sums);
+}
+
+// Throws DistributedError when `tensors` are not bit-equal over the ranks.
+void compare_over_ranks(ProcessGroup& group, const std::vector<torch::Tensor>& tensors,
+                        const std::vector<std::string>& names, const std::string& what, const std::string& hint) {
+  const torch::Tensor local = fingerprint(tensors).to(group.device());
+  torch::Tensor high = local.clone(), low = local.clone();
+  group.all_reduce(high, ReduceOp::max);
+  group.all_reduce(low, ReduceOp::min);
+  const torch::Tensor differs = high.ne(low).view({-1, 2}).any(1).cpu();
+  const int64_t count = differs.sum().item<int64_t>();
+  if (count == 0) return;
+  const int64_t first = differs.nonzero()[0][0].item<int64_t>();
+  throw DistributedError(fmt::format("{} differ across the {} ranks ({} of {}, the first '{}'): {}", what, group.size(),
+                                     count, tensors.size(), names.at(first), hint));
+}
+
 }  // namespace
+
+void GradientSynchronizer::Impl::hook(size_t i) {
+  std::shared_ptr<torch::autograd::Node> accumulator = torch::autograd::impl::grad_accumulator(params[i]);
+  if (!accumulator)
+    throw ConfigError(fmt::format("parameter {} is not a leaf tensor, so its gradient cannot be synchronized", i));
+  hook_keys[i] = accumulator->add_post_hook(std::make_unique<AccumulateHook>([this, i] { on_gradient(i); }));
+  accumulators[i] = std::move(accumulator);
+}
+
+// Note [A parameter's storage replaced]: whether any hook had to move.
+bool GradientSynchronizer::Impl::rehook() {
+  bool moved = false;
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (torch::autograd::impl::grad_accumulator(params[i]) == accumulators[i]) continue;
+    accumulators[i]->del_post_hook(hook_keys[i]);
+    hook(i);
+    moved = true;
+  }
+  return moved;
+}
 
 void GradientSynchronizer::Impl::on_gradient(size_t index) {
   std::lock_guard<std::mutex> lock(mutex);
@@ -107,9 +197,11 @@ void GradientSynchronizer::Impl::launch_ready_buckets(bool all) {
   }
 }
 
-void GradientSynchronizer::Impl::finish() {
+// Whether the step was a synchronized one.
+bool GradientSynchronizer::Impl::finish() {
   std::lock_guard<std::mutex> lock(mutex);
-  if (!in_step) return;
+  if (sync && rehook()) in_step = true;
+  if (!in_step) return sync;
   // Parameters that got no gradient in this pass still take part, as zeros,
   // so that every rank issues the same collectives.
   launch_ready_buckets(/*all=*/true);
@@ -131,16 +223,16 @@ void GradientSynchronizer::Impl::finish() {
   std::fill(ready.begin(), ready.end(), false);
   next_bucket = 0;
   in_step = false;
+  return true;
 }
 
 GradientSynchronizer::GradientSynchronizer(ProcessGroup group, torch::nn::Module& module, GradientSyncOptions options)
-    : group_(std::move(group)), options_(options), impl_(std::make_unique<Impl>()) {
+    : group_(std::move(group)), options_(options), module_(&module), impl_(std::make_unique<Impl>()) {
   if (options_.bucket_cap_mb <= 0)
     throw ConfigError(fmt::format("bucket_cap_mb {} is not accepted: it must be positive", options_.bucket_cap_mb));
   Impl& impl = *impl_;
   impl.state = &detail::ProcessGroupAccess::state(group_);
-  for (const torch::Tensor& p : module.parameters(/*recurse=*/true))
-    if (p.defined() && p.requires_grad()) impl.params.push_back(p);
+  impl.params = trainable_parameters(module).second;
   if (impl.params.empty())
     throw ConfigError("gradient synchronization is not accepted for a module without parameters that require grad");
   for (const torch::Tensor& b : module.buffers(/*recurse=*/true))
@@ -193,14 +285,10 @@ GradientSynchronizer::GradientSynchronizer(ProcessGroup group, torch::nn::Module
   }
   impl.ready.assign(impl.params.size(), false);
 
-  for (size_t i = 0; i < impl.params.size(); ++i) {
-    std::shared_ptr<torch::autograd::Node> accumulator = torch::autograd::impl::grad_accumulator(impl.params[i]);
-    if (!accumulator)
-      throw ConfigError(fmt::format("parameter {} is not a leaf tensor, so its gradient cannot be synchronized", i));
-    impl.hook_keys.push_back(accumulator->add_post_hook(
-        std::make_unique<AccumulateHook>([state = impl_.get(), i] { state->on_gradient(i); })));
-    impl.accumulators.push_back(std::move(accumulator));
-  }
+  impl.accumulators.resize(impl.params.size());
+  impl.hook_keys.resize(impl.params.size());
+  for (size_t i = 0; i < impl.params.size(); ++i) impl.hook(i);
+  impl.check_step = "set-up";
 }
 
 GradientSynchronizer::~GradientSynchronizer() {
@@ -217,7 +305,35 @@ void GradientSynchronizer::backward(const torch::Tensor& loss) {
 }
 
 void GradientSynchronizer::finish_backward() {
-  impl_->state->run("gradient all_reduce", [&] { impl_->finish(); });
+  bool synchronized = false;
+  impl_->state->run("gradient all_reduce", [&] { synchronized = impl_->finish(); });
+  if (!synchronized || impl_->check_step.empty()) return;
+  // The module's parameters as they are now: one replaced since set-up got
+  // no synchronized gradient, and its gradient differs.
+  const auto [names, params] = trainable_parameters(*module_);
+  std::vector<torch::Tensor> grads;
+  for (const torch::Tensor& p : params) grads.push_back(p.grad());
+  const std::string when = std::exchange(impl_->check_step, "");
+  compare_over_ranks(group_, grads, names,
+                     fmt::format("the averaged gradients of the first synchronized step after {}", when),
+                     "their synchronization did not reach every parameter, and training on would take the ranks "
+                     "apart");
+}
+
+void GradientSynchronizer::check_in_step(const std::string& when) {
+  const auto [names, params] = trainable_parameters(*module_);
+  compare_over_ranks(group_, params, names, fmt::format("the parameters after {}", when),
+                     "every rank must hold the same model (load the same checkpoint on every rank)");
+}
+
+void GradientSynchronizer::check_next_step(const std::string& when) {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  impl_->check_step = when;
+}
+
+bool GradientSynchronizer::pending() const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  return impl_->in_step;
 }
 
 bool GradientSynchronizer::sync() const {

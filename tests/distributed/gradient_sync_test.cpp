@@ -95,4 +95,38 @@ TEST(GradientSync, NoSyncAccumulatesLocallyUntilTheSynchronizedStep) {
       << "the mean of everything accumulated: max difference " << (rank0["synced"] - mean).abs().max().item<double>();
 }
 
+// Note [A parameter's storage replaced]: before the hooks moved, each rank
+// kept its own gradients here.
+TEST(GradientSync, AveragesParametersWhoseStorageWasReplaced) {
+  fulgor::test::TempDir dir;
+  auto [status, log] = fulgor::test::run_two_ranks({"storage_replaced", dir.str()}, dir / "log");
+  ASSERT_TRUE(fulgor::test::exited_with(status, 0)) << log;
+  const auto rank0 = fulgor::test::load_tensors(dir / "storage_replaced_rank0.pt", {"grads"});
+  const auto rank1 = fulgor::test::load_tensors(dir / "storage_replaced_rank1.pt", {"grads"});
+
+  auto model = fulgor::test::make_model(fulgor::test::init_seed(0));
+  auto [x, y] = fulgor::test::make_data(1);
+  torch::mse_loss(model->forward(x), y).backward();
+  const torch::Tensor expected = flat(grads(*model));
+  EXPECT_TRUE(rank0.at("grads").equal(rank1.at("grads"))) << "both ranks hold the averaged gradients";
+  EXPECT_TRUE(rank0.at("grads").allclose(expected, 0, kSyncTolerance))
+      << "max difference " << (rank0.at("grads") - expected).abs().max().item<double>();
+}
+
+// Note [Ranks in step]: ranks out of step end in an error naming what differs.
+TEST(GradientSync, RanksOutOfStepAreAnError) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"parameters",
+       "the parameters after a deliberate change differ across the 2 ranks (1 of 4, the first '2.weight')"},
+      {"replaced",
+       "the averaged gradients of the first synchronized step after set-up differ across the 2 ranks (1 of 1, the "
+       "first 'w')"}};
+  for (const auto& [mode, message] : cases) {
+    fulgor::test::TempDir dir;
+    auto [status, log] = fulgor::test::run_two_ranks({"out_of_step", dir.str(), mode}, dir / "log");
+    EXPECT_TRUE(fulgor::test::exited_with(status, 3)) << mode << ": " << log;
+    EXPECT_NE(log.find(message), std::string::npos) << mode << ": " << log;
+  }
+}
+
 }  // namespace

@@ -5,6 +5,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "fulgor/core/export.h"
 #include "fulgor/distributed/process_group.h"
@@ -35,6 +37,27 @@ struct GradientSyncOptions {
 // order, so every rank issues the same sequence of collectives.
 // finish_backward() waits for them and writes the means back into the grads.
 
+// Note [A parameter's storage replaced]
+// Tensor::set_ (a checkpoint load taking the saved storage, Note [Loading
+// without a copy] in checkpoint.cpp) gives a parameter a new gradient
+// accumulator; a hook on the old one is never called again, and a backward
+// pass would leave that gradient local to its rank. So each synchronized
+// finish_backward() checks every parameter's accumulator against the hooked
+// one and moves the hook to the new one. The pass's gradients are reduced all
+// the same: a bucket that did not launch during backward is launched then,
+// from the grads.
+
+// Note [Ranks in step]
+// Data parallel training is only right while every rank holds the same
+// parameters, and a rank that drifts apart trains on silently. A fingerprint
+// of each parameter's bits (sums of its elements' bit patterns as integers,
+// plain and weighted by position: independent of the order of summation, so
+// equal bits give equal fingerprints on every rank) is compared over the
+// ranks with a max and a min all_reduce: check_in_step() compares the
+// parameters now, and the first synchronized step after construction or
+// after check_next_step() compares the averaged gradients, which are equal
+// on every rank exactly when the synchronization reached every parameter.
+
 /// Averages a module's gradients over the ranks of a process group during the
 /// backward pass, overlapping communication with the rest of backward (see
 /// Note [Gradient buckets]).
@@ -56,8 +79,12 @@ struct GradientSyncOptions {
 ///     accumulation uses this for the micro-batches that do not step the optimizer.
 ///   - A failed or timed-out reduction throws DistributedError from backward()
 ///     or finish_backward(); the synchronizer and its group are unusable afterwards.
-///   - The module must outlive the synchronizer; its parameters must not be
-///     replaced (moving them with Accelerator::move_module keeps them).
+///   - The module must outlive the synchronizer; its parameters must stay
+///     the module's tensors (Accelerator::move_module and checkpoint loads
+///     keep them; their storage may change, Note [A parameter's storage replaced]).
+///   - The first synchronized step, and the first after check_next_step(),
+///     throw DistributedError when the averaged gradients differ across the
+///     ranks (Note [Ranks in step]).
 class FULGOR_API GradientSynchronizer {
  public:
   GradientSynchronizer(ProcessGroup group, torch::nn::Module& module, GradientSyncOptions options = {});
@@ -72,6 +99,17 @@ class FULGOR_API GradientSynchronizer {
   /// Waits for the buckets' all_reduces of the last backward pass and writes
   /// the means into the grads; does nothing when that pass did not synchronize.
   void finish_backward();
+
+  /// A collective: throws DistributedError naming `when` and the first
+  /// parameter that differs when the ranks' parameters are not bit-equal.
+  void check_in_step(const std::string& when);
+  /// The next synchronized step compares the averaged gradients across the
+  /// ranks (a collective of that step), naming `when` if they differ.
+  void check_next_step(const std::string& when);
+
+  /// Whether a synchronized backward pass produced gradients that
+  /// finish_backward() has not averaged yet.
+  bool pending() const;
 
   /// Whether backward passes synchronize (initially true).
   bool sync() const;
@@ -103,6 +141,7 @@ class FULGOR_API GradientSynchronizer {
   ProcessGroup group_;
   GradientSyncOptions options_;
   std::vector<torch::Tensor> buffers_;
+  torch::nn::Module* module_;
   std::unique_ptr<Impl> impl_;
 };
 

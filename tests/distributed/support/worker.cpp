@@ -18,13 +18,13 @@
 #include <thread>
 #include <vector>
 
+#include "fulgor/core/error.h"
+#include "fulgor/core/registry.h"
 #include "fulgor/distributed/environment.h"
 #include "fulgor/distributed/gradient_sync.h"
 #include "fulgor/distributed/process_group.h"
 #include "fulgor/distributed/sync_batchnorm.h"
-#include "fulgor/core/error.h"
 #include "fulgor/metrics.h"
-#include "fulgor/core/registry.h"
 #include "scenarios.h"
 
 namespace {
@@ -183,6 +183,53 @@ void scenario_nosync(const Context& c) {
                           {"buckets", torch::tensor(sync.bucket_count())}});
 }
 
+// Note [A parameter's storage replaced] (gradient_sync.h): every parameter
+// takes new storage after the synchronizer hooked it, as a checkpoint load
+// does; one step on the rank's half of the batch must still be averaged.
+void scenario_storage_replaced(const Context& c) {
+  fulgor::ProcessGroup group = make_group(c);
+  auto model = fulgor::test::make_model(fulgor::test::init_seed(c.env.rank));
+  fulgor::GradientSynchronizer sync(group, *model, {/*bucket_cap_mb=*/64.0 / (1 << 20)});
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : model->parameters()) p.set_(p.detach().clone());
+  }
+  auto [x, y] = fulgor::test::make_data(1);
+  const int64_t local = kGlobalBatch / c.env.world_size, begin = c.env.rank * local;
+  sync.before_forward();
+  sync.backward(torch::mse_loss(model->forward(x.narrow(0, begin, local)), y.narrow(0, begin, local)));
+  save(c.file("storage_replaced"), {{"grads", flat_gradients(*model)}});
+}
+
+// A module whose one parameter the test replaces by another tensor, which
+// the synchronizer never saw.
+struct Swappable : torch::nn::Module {
+  Swappable() { register_parameter("w", torch::ones({fulgor::test::kFeatures, 1})); }
+  torch::Tensor forward(const torch::Tensor& x) { return x.matmul(named_parameters()["w"]); }
+  void replace_w() { parameters_["w"] = torch::ones({fulgor::test::kFeatures, 1}).requires_grad_(); }
+};
+
+// The guard of Note [Ranks in step]: "parameters" makes rank 1's parameters
+// differ before check_in_step; "replaced" trains a replaced parameter, whose
+// gradient no rank synchronizes. Both must end in a DistributedError.
+void scenario_out_of_step(const Context& c, const std::string& mode) {
+  fulgor::ProcessGroup group = make_group(c);
+  auto [x, y] = fulgor::test::make_data(1);
+  const int64_t local = kGlobalBatch / c.env.world_size, begin = c.env.rank * local;
+  if (mode == "parameters") {
+    auto model = fulgor::test::make_model(fulgor::test::init_seed(0));
+    fulgor::GradientSynchronizer sync(group, *model);
+    torch::NoGradGuard no_grad;
+    if (c.env.rank == 1) model->parameters()[2].add_(1e-7);
+    sync.check_in_step("a deliberate change");
+    return;
+  }
+  Swappable model;
+  fulgor::GradientSynchronizer sync(group, model);
+  model.replace_w();
+  sync.backward(torch::mse_loss(model.forward(x.narrow(0, begin, local)), y.narrow(0, begin, local)));
+}
+
 // Returns once every rank has started (LibTorch loaded): the group of a short
 // timeout is made after it, so that a rank slow to start on a loaded machine
 // is not taken for one that died. The test's own bound stops a hang.
@@ -270,8 +317,14 @@ int main(int argc, char** argv) {
       scenario_die(c, argv[3], std::stoll(argv[4]));
     } else if (scenario == "syncbn" && argc == 3) {
       scenario_syncbn(c);
+    } else if (scenario == "storage_replaced" && argc == 3) {
+      scenario_storage_replaced(c);
+    } else if (scenario == "out_of_step" && argc == 4) {
+      scenario_out_of_step(c, argv[3]);
     } else {
-      std::cerr << "usage: fulgor_distributed_worker env|fail|sleep|collectives|metrics|train|nosync|die|syncbn OUTDIR "
+      std::cerr << "usage: fulgor_distributed_worker "
+                   "env|fail|sleep|collectives|metrics|train|nosync|die|syncbn|storage_replaced|"
+                   "out_of_step OUTDIR "
                    "[ARGS...]\n";
       return 2;
     }
