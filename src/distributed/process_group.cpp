@@ -1,6 +1,8 @@
 #include "fulgor/distributed/process_group.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/comm.hpp>
 
 #include <algorithm>
@@ -78,6 +80,7 @@ ProcessGroup::ProcessGroup(const DistributedEnvironment& environment, const Acce
   s.backend = options.backend.empty() ? accelerator.distributed_backend() : options.backend;
   s.timeout = options.timeout;
   s.device = device;
+  s.master_addr = environment.master_addr;
   if (s.timeout.count() <= 0)
     throw ConfigError(
         fmt::format("process group timeout {} ms is not accepted: it must be positive", s.timeout.count()));
@@ -96,15 +99,42 @@ ProcessGroup::ProcessGroup(const DistributedEnvironment& environment, const Acce
                     s.rank, s.size, environment.master_addr, environment.master_port,
                     s.rank == 0 ? "hosting it" : "hosted by rank 0", s.timeout.count(), detail::message_of(e)));
   }
+  s.connect();
+}
+
+void ProcessGroup::State::connect() {
   DistributedBackendContext context;
-  context.store = s.store;
-  context.rank = static_cast<int>(s.rank);
-  context.world_size = static_cast<int>(s.size);
+  context.store = store;
+  context.rank = static_cast<int>(rank);
+  context.world_size = static_cast<int>(size);
   context.device = device;
-  context.master_addr = environment.master_addr;
-  context.timeout = s.timeout;
-  s.group = detail::compat::make_process_group(s.store, context.rank, context.world_size, s.backend,
-                                               make_distributed_backend(s.backend, context), device.type());
+  context.master_addr = master_addr;
+  context.timeout = timeout;
+  group = detail::compat::make_process_group(store, context.rank, context.world_size, backend,
+                                             make_distributed_backend(backend, context), device.type());
+}
+
+ProcessGroup::ProcessGroup(std::shared_ptr<State> state) : state_(std::move(state)) {}
+
+// As PyTorch's new_group: the members meet under a prefix of the job's store
+// that numbers the groups in the order every rank makes them.
+std::optional<ProcessGroup> ProcessGroup::new_group(const std::vector<int64_t>& ranks) {
+  const bool valid = !ranks.empty() && std::is_sorted(ranks.begin(), ranks.end()) &&
+                     std::adjacent_find(ranks.begin(), ranks.end()) == ranks.end() && ranks.front() >= 0 &&
+                     ranks.back() < state_->size;
+  if (!valid)
+    throw ConfigError(fmt::format("new_group([{}]) is not accepted: expected distinct ranks from 0 to {}, ascending",
+                                  fmt::join(ranks, ", "), state_->size - 1));
+  const int64_t id = ++state_->groups_made;
+  const auto member = std::find(ranks.begin(), ranks.end(), state_->rank);
+  if (member == ranks.end()) return std::nullopt;
+  auto sub = std::make_shared<State>(*state_);
+  sub->store = c10::make_intrusive<c10d::PrefixStore>(fmt::format("fulgor_group_{}/", id), state_->store);
+  sub->rank = member - ranks.begin();
+  sub->size = static_cast<int64_t>(ranks.size());
+  sub->groups_made = 0;
+  sub->run(fmt::format("new_group([{}])", fmt::join(ranks, ", ")), [&] { sub->connect(); });
+  return ProcessGroup(std::move(sub));
 }
 
 int64_t ProcessGroup::rank() const { return state_->rank; }

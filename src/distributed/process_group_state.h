@@ -8,8 +8,8 @@
 
 #include <functional>
 
-#include "fulgor/distributed/process_group.h"
 #include "fulgor/core/error.h"
+#include "fulgor/distributed/process_group.h"
 
 namespace fulgor {
 
@@ -21,7 +21,11 @@ struct ProcessGroup::State {
   std::string backend;
   std::chrono::milliseconds timeout{};
   torch::Device device{torch::kCPU};
+  std::string master_addr;
+  int64_t groups_made = 0;  // by new_group, the same count on every rank
 
+  /// Makes `group` for this rank of `size` from the other fields.
+  void connect();
   /// The error for `collective` having failed with `reason`.
   DistributedError failure(const std::string& collective, const std::string& reason) const;
   /// Runs `body` (which issues and waits for c10d work), turning its failure into failure(collective, ...).

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -80,9 +81,16 @@ class FULGOR_API ProcessGroup {
   /// Returns once every rank has called barrier.
   void barrier();
 
+  /// A group of the ranks `ranks` (of this group; distinct, ascending), as
+  /// PyTorch's torch.distributed.new_group. A collective: every rank calls it,
+  /// with the same ranks, in the same order of calls; the members get the
+  /// group, numbered 0..ranks.size()-1 in that order, the others nullopt.
+  std::optional<ProcessGroup> new_group(const std::vector<int64_t>& ranks);
+
   struct State;
 
  private:
+  explicit ProcessGroup(std::shared_ptr<State> state);
   friend struct detail::ProcessGroupAccess;
   std::shared_ptr<State> state_;
 };
