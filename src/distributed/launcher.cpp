@@ -80,10 +80,17 @@ std::vector<std::string> command_line() {
 }
 
 // Lightning's _set_num_threads_if_needed: the cores shared among the ranks.
+// More ranks than cores is allowed (a test of a job on a small machine) but
+// said, since every rank then waits for a core.
 void share_cores(int64_t processes) {
-  if (std::getenv("OMP_NUM_THREADS") != nullptr) return;
   cpu_set_t cpus;
   const int64_t cores = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+  if (processes > cores)
+    std::cerr << fmt::format(
+        "fulgor: starting {} ranks on {} CPU core{}: the ranks take turns on the cores, and "
+        "training runs slower than on fewer ranks\n",
+        processes, cores, cores == 1 ? "" : "s");
+  if (std::getenv("OMP_NUM_THREADS") != nullptr) return;
   const int64_t threads = std::max<int64_t>(1, cores / processes);
   setenv("OMP_NUM_THREADS", std::to_string(threads).c_str(), 1);
   at::set_num_threads(static_cast<int>(threads));

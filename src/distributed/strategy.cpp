@@ -3,12 +3,14 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <mutex>
 
-#include "fulgor/distributed/backend.h"
-#include "fulgor/core/error.h"
-#include "fulgor/distributed/strategy.h"
 #include "config/option_names.h"
+#include "launcher.h"
+#include "fulgor/core/error.h"
+#include "fulgor/distributed/backend.h"
+#include "fulgor/distributed/strategy.h"
 
 namespace fulgor::detail {
 
@@ -17,6 +19,28 @@ bool runs_data_parallel(const std::string& strategy, const DistributedEnvironmen
   // A "ddp" process started without a launcher is a job of one: it trains
   // alone, like Lightning's ddp on one device.
   return strategy != "single_device" && environment.is_distributed();
+}
+
+void check_job_size(const Devices& devices, size_t selected, int64_t num_nodes, const DistributedEnvironment& env) {
+  if (num_nodes < 1) throw ConfigError(fmt::format("num_nodes={}: expected 1 or more", num_nodes));
+  if (env.source == DistributedEnvironment{}.source) {  // no launcher
+    if (num_nodes > 1)
+      throw ConfigError(
+          fmt::format("num_nodes={}: a job on several nodes needs a launcher that starts the processes "
+                      "of every node (torchrun, fulgor-run or srun); this process was started without one",
+                      num_nodes));
+    return;
+  }
+  if (num_nodes * env.local_world_size != env.world_size)
+    throw ConfigError(
+        fmt::format("num_nodes={} with {} processes on this node makes {} processes, but the launcher "
+                    "({}) started {}: set num_nodes to the launcher's number of nodes",
+                    num_nodes, env.local_world_size, num_nodes * env.local_world_size, env.source, env.world_size));
+  if (!devices.is_auto() && static_cast<int64_t>(selected) != env.local_world_size)
+    throw ConfigError(fmt::format(
+        "devices={} selects {} device{} per node, but the launcher ({}) started {} processes "
+        "on this node: set devices={} (or \"auto\") to train on what the launcher started",
+        devices.str(), selected, selected == 1 ? "" : "s", env.source, env.local_world_size, env.local_world_size));
 }
 
 namespace {
@@ -145,8 +169,18 @@ class SilencedLogger final : public Logger {
 
 }  // namespace
 
-std::shared_ptr<Logger> silenced_logger(std::shared_ptr<Logger> logger) {
-  return std::make_shared<SilencedLogger>(std::move(logger));
+void silence_off_rank_zero(std::vector<std::shared_ptr<Logger>>& loggers, const DistributedEnvironment& environment) {
+  if (environment.rank == 0) return;
+  for (auto& logger : loggers) logger = std::make_shared<SilencedLogger>(std::move(logger));
+}
+
+std::unique_ptr<DdpStrategy> join_ddp(const DistributedEnvironment& environment, const Accelerator& accelerator,
+                                      torch::Device device, std::optional<double> ddp_timeout) {
+  ProcessGroupOptions options;
+  if (ddp_timeout) options.timeout = std::chrono::milliseconds(static_cast<int64_t>(std::ceil(*ddp_timeout * 1000)));
+  auto ddp = std::make_unique<DdpStrategy>(environment, accelerator, device, options);
+  if (launched_ranks()) launched_ranks_joined();
+  return ddp;
 }
 
 }  // namespace fulgor::detail

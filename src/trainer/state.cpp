@@ -10,8 +10,8 @@
 #include "config/option_names.h"
 #include "detail/demangle.h"
 #include "distributed/launcher.h"
-#include "fulgor/core/registry.h"
 #include "fulgor/config/seed.h"
+#include "fulgor/core/registry.h"
 #include "fulgor/distributed/strategy.h"
 #include "fulgor/distributed/sync_batchnorm.h"
 #include "loops/module_access.h"
@@ -49,9 +49,10 @@ void check_barebones(const TrainerOptions& o) {
   if (!o.loggers.empty()) {
     std::vector<std::string> names;
     for (const auto& logger : o.loggers) names.push_back(class_name(typeid(*logger)));
-    throw ConfigError(fmt::format("`Trainer(barebones=True, logger=[{}])` was passed. Logging can impact raw speed so "
-                                  "it is disabled in barebones mode.",
-                                  fmt::join(names, ", ")));
+    throw ConfigError(
+        fmt::format("`Trainer(barebones=True, logger=[{}])` was passed. Logging can impact raw speed so "
+                    "it is disabled in barebones mode.",
+                    fmt::join(names, ", ")));
   }
   for (const auto& cb : o.callbacks) {
     const char* option = cb->saves_checkpoints() ? "enable_checkpointing"
@@ -61,24 +62,6 @@ void check_barebones(const TrainerOptions& o) {
       throw ConfigError(fmt::format("Trainer was configured with `{}=False` but found `{}` in callbacks list.", option,
                                     class_name(typeid(*cb))));
   }
-}
-
-// Lightning's cluster environments check that the launcher's job is as
-// large as num_nodes says (TorchElasticEnvironment.validate_settings); a
-// process started without a launcher is one node's.
-void check_num_nodes(int64_t num_nodes, const DistributedEnvironment& env) {
-  if (env.source == "single process") {
-    if (num_nodes > 1)
-      throw ConfigError(fmt::format("num_nodes={}: a job on several nodes needs a launcher that starts the processes "
-                                    "of every node (torchrun, fulgor-run or srun); this process was started without one",
-                                    num_nodes));
-    return;
-  }
-  if (num_nodes * env.local_world_size != env.world_size)
-    throw ConfigError(fmt::format("num_nodes={} with {} processes on this node makes {} processes, but the launcher "
-                                  "({}) started {}: set num_nodes to the launcher's number of nodes",
-                                  num_nodes, env.local_world_size, num_nodes * env.local_world_size, env.source,
-                                  env.world_size));
 }
 
 }  // namespace
@@ -116,7 +99,7 @@ void TrainerState::begin(const std::string& name) {
   accelerator = make_accelerator(options.accelerator);
   const auto devices = accelerator->parse_devices(options.devices);
   auto environment = detect_distributed_environment();
-  check_num_nodes(options.num_nodes, environment);
+  check_job_size(options.devices, devices.size(), options.num_nodes, environment);
   if (launches_ranks(options.strategy, environment, *accelerator, options.devices, devices.size()))
     environment = launch_ranks(static_cast<int64_t>(devices.size()));
   const DeviceSetup setup = detail::device_setup(*accelerator, options.devices, devices, environment);
@@ -136,17 +119,19 @@ void TrainerState::begin(const std::string& name) {
 // Lightning's messages: once for the Trainer, then as each loop starts.
 void TrainerState::announce_barebones() {
   if (!barebones_announced)
-    info("You are running in `Trainer(barebones=True)` mode. All features that may impact raw speed have been "
-         "disabled to facilitate analyzing the Trainer overhead. Specifically, the following features are "
-         "deactivated:\n - Checkpointing: `Trainer(enable_checkpointing=True)`\n - Progress bar: "
-         "`Trainer(enable_progress_bar=True)`\n - Model summary: `Trainer(enable_model_summary=True)`\n - Logging: "
-         "`Trainer(logger=True)`, `Trainer(log_every_n_steps>0)`, `LightningModule.log(...)`, "
-         "`LightningModule.log_dict(...)`\n - Sanity checking: `Trainer(num_sanity_val_steps>0)`\n - Development "
-         "run: `Trainer(fast_dev_run=True)`\n - Anomaly detection: `Trainer(detect_anomaly=True)`\n - Profiling: "
-         "`Trainer(profiler=...)`");
+    info(
+        "You are running in `Trainer(barebones=True)` mode. All features that may impact raw speed have been "
+        "disabled to facilitate analyzing the Trainer overhead. Specifically, the following features are "
+        "deactivated:\n - Checkpointing: `Trainer(enable_checkpointing=True)`\n - Progress bar: "
+        "`Trainer(enable_progress_bar=True)`\n - Model summary: `Trainer(enable_model_summary=True)`\n - Logging: "
+        "`Trainer(logger=True)`, `Trainer(log_every_n_steps>0)`, `LightningModule.log(...)`, "
+        "`LightningModule.log_dict(...)`\n - Sanity checking: `Trainer(num_sanity_val_steps>0)`\n - Development "
+        "run: `Trainer(fast_dev_run=True)`\n - Anomaly detection: `Trainer(detect_anomaly=True)`\n - Profiling: "
+        "`Trainer(profiler=...)`");
   barebones_announced = true;
-  info("`Trainer(barebones=True)` started running. The progress bar is disabled so you might want to manually print "
-       "the progress in your model.");
+  info(
+      "`Trainer(barebones=True)` started running. The progress bar is disabled so you might want to manually print "
+      "the progress in your model.");
 }
 
 // Lightning's _run up to configure_model: the device, the module on it, the
@@ -181,8 +166,9 @@ void TrainerState::set_benchmark() {
   std::optional<bool> benchmark = options.benchmark;
   if (options.deterministic && !benchmark) benchmark = false;
   if (options.deterministic && options.benchmark.value_or(false))
-    warn("You passed `deterministic=True` and `benchmark=True`. Note that PyTorch ignores "
-         "torch.backends.cudnn.deterministic=True when torch.backends.cudnn.benchmark=True.");
+    warn(
+        "You passed `deterministic=True` and `benchmark=True`. Note that PyTorch ignores "
+        "torch.backends.cudnn.deterministic=True when torch.backends.cudnn.benchmark=True.");
   if (benchmark) accelerator->set_benchmark(*benchmark);
 }
 
@@ -260,16 +246,12 @@ void TrainerState::on_exception(ModuleBase& model, const std::exception& e) {
 // Joins the job. Only rank 0 prints (progress, model summary) and writes logs.
 void TrainerState::start_ddp(const DistributedEnvironment& environment, const DeviceSetup& setup) {
   accelerator->setup_device(setup);
-  ProcessGroupOptions group_options;
-  if (options.ddp_timeout)
-    group_options.timeout = std::chrono::milliseconds(static_cast<int64_t>(std::ceil(*options.ddp_timeout * 1000)));
-  ddp = std::make_unique<DdpStrategy>(environment, *accelerator, setup.device, group_options);
-  if (launched_ranks()) launched_ranks_joined();
+  ddp = join_ddp(environment, *accelerator, setup.device, options.ddp_timeout);
+  silence_off_rank_zero(loggers, environment);
   if (ddp->is_global_zero()) return;
   callbacks.erase(std::remove_if(callbacks.begin(), callbacks.end(),
                                  [](const auto& cb) { return cb->shows_progress() || cb->summarizes_model(); }),
                   callbacks.end());
-  for (auto& logger : loggers) logger = silenced_logger(logger);
 }
 
 void TrainerState::describe_profile() {

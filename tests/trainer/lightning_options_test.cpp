@@ -7,6 +7,7 @@
 
 #include <cstdlib>
 
+#include "../support/launcher_variables.h"
 #include "tiny.h"
 
 namespace fulgor::testing {
@@ -46,7 +47,8 @@ TEST(LightningOptions, DefaultsAreLightningsAndTravelThroughJsonAndTheCommandLin
   const char* unset[] = {"prog", "--trainer.benchmark=null"};
   EXPECT_FALSE(parse_command_line(2, unset, parsed).trainer.benchmark.has_value());
   EXPECT_THROW(json({{"benchmark", 1}}).get<TrainerOptions>(), ConfigError);
-  for (auto [key, value] : {std::pair<const char*, int64_t>{"num_nodes", 0}, {"reload_dataloaders_every_n_epochs", -1}}) {
+  for (auto [key, value] :
+       {std::pair<const char*, int64_t>{"num_nodes", 0}, {"reload_dataloaders_every_n_epochs", -1}}) {
     TrainerOptions o;
     set_option(o, key, std::to_string(value));
     try {
@@ -150,19 +152,7 @@ TEST(LightningOptions, ReloadDataloadersEveryNEpochsAsksTheDataModuleAgain) {
 
 // ---- num_nodes --------------------------------------------------------------
 
-// Sets launcher variables for the scope of a test.
-struct LauncherVariables {
-  std::vector<std::string> names;
-  explicit LauncherVariables(const std::map<std::string, std::string>& values) {
-    for (const auto& [name, value] : values) {
-      ::setenv(name.c_str(), value.c_str(), 1);
-      names.push_back(name);
-    }
-  }
-  ~LauncherVariables() {
-    for (const auto& name : names) ::unsetenv(name.c_str());
-  }
-};
+using fulgor::test::LauncherVariables;
 
 std::string fit_error(const TrainerOptions& options) {
   TinyNet model;
@@ -185,15 +175,17 @@ TEST(LightningOptions, NumNodesMustBeTheLaunchersNumberOfNodes) {
             "num_nodes=2: a job on several nodes needs a launcher that starts the processes of every node (torchrun, "
             "fulgor-run or srun); this process was started without one");
   {
-    LauncherVariables torchrun({{"RANK", "0"},
-                                {"LOCAL_RANK", "0"},
-                                {"WORLD_SIZE", "2"},
-                                {"LOCAL_WORLD_SIZE", "2"},
-                                {"MASTER_ADDR", "127.0.0.1"},
-                                {"MASTER_PORT", "29533"}});
+    LauncherVariables torchrun(fulgor::test::torchrun_rank_zero(2));
     EXPECT_EQ(fit_error(options),
               "num_nodes=2 with 2 processes on this node makes 4 processes, but the launcher (torchrun) started 2: set "
               "num_nodes to the launcher's number of nodes");
+    // TorchElasticEnvironment.validate_settings: devices too.
+    auto one_device = options;
+    one_device.num_nodes = 1;
+    one_device.devices = 1;
+    EXPECT_EQ(fit_error(one_device),
+              "devices=1 selects 1 device per node, but the launcher (torchrun) started 2 processes on this node: set "
+              "devices=2 (or \"auto\") to train on what the launcher started");
   }
   options.num_nodes = 1;
   TinyNet model;
@@ -265,7 +257,7 @@ TEST(LightningOptions, BarebonesTurnsOffWhatCostsTimePerStep) {
   trainer.fit(model, loader, val);
   const std::string out = ::testing::internal::GetCapturedStdout(), err = ::testing::internal::GetCapturedStderr();
   EXPECT_EQ(model.validation_runs, 2);  // no sanity check
-  EXPECT_EQ(model.training_steps, 4);  // each logging train_loss
+  EXPECT_EQ(model.training_steps, 4);   // each logging train_loss
   EXPECT_TRUE(trainer.callback_metrics().empty());
   EXPECT_TRUE(trainer.loggers().empty());
   EXPECT_TRUE(std::filesystem::is_empty(dir.path)) << "barebones wrote into the root folder";
@@ -279,8 +271,9 @@ TEST(LightningOptions, BarebonesTurnsOffWhatCostsTimePerStep) {
             std::string::npos)
       << out;
   // log() says once per loop that it keeps nothing.
-  const std::string said = "You are trying to `self.log()` but `Trainer(barebones=True)` is configured. Logging can "
-                           "impact raw speed so it is disabled under this setting.\n";
+  const std::string said =
+      "You are trying to `self.log()` but `Trainer(barebones=True)` is configured. Logging can "
+      "impact raw speed so it is disabled under this setting.\n";
   const size_t first = err.find(said);
   EXPECT_NE(first, std::string::npos) << err;
   EXPECT_EQ(err.find(said, first + 1), std::string::npos) << err;

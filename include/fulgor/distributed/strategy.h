@@ -55,6 +55,13 @@ std::optional<ProcessGroup> default_process_group();
 using impl::device_setup;
 using impl::launches_ranks;
 
+/// Lightning's cluster environments' validate_settings: the job a launcher
+/// started must be as large as `num_nodes` and `devices` make it, num_nodes
+/// times the devices of a node (`selected` of them; the launcher's processes
+/// per node where devices is "auto"); a process started without a launcher
+/// is a job of one node. Throws ConfigError naming both numbers otherwise.
+void check_job_size(const Devices& devices, size_t selected, int64_t num_nodes, const DistributedEnvironment& env);
+
 /// Strategy "ddp": one process per device, joined in a c10d process group.
 ///
 /// Contract:
@@ -104,8 +111,15 @@ class DdpStrategy {
   std::unique_ptr<GradientSynchronizer> synchronizer_;
 };
 
-/// A logger for ranks other than 0: it answers name, version and log_dir like
-/// `logger` but writes nothing.
-std::shared_ptr<Logger> silenced_logger(std::shared_ptr<Logger> logger);
+/// Strategy "ddp" for this process: joins the job (a collective, Note [One
+/// process group per process]) with `ddp_timeout` seconds for each collective
+/// (Lightning's default where nullopt), and tells the ranks this process
+/// started itself that the job has met (Note [The Trainer's own launcher]).
+std::unique_ptr<DdpStrategy> join_ddp(const DistributedEnvironment& environment, const Accelerator& accelerator,
+                                      torch::Device device, std::optional<double> ddp_timeout);
+
+/// Off rank 0, each of `loggers` replaced by one that writes nothing (only
+/// rank 0 logs, as in Lightning).
+void silence_off_rank_zero(std::vector<std::shared_ptr<Logger>>& loggers, const DistributedEnvironment& environment);
 
 }  // namespace fulgor::detail
