@@ -11,6 +11,7 @@
 #include <fulgor/fulgor.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <map>
@@ -27,14 +28,22 @@ std::pair<torch::Tensor, torch::Tensor> spirals(int64_t n) {
   return {x, y};
 }
 
+constexpr const char* kUsage =
+    "usage: fabric_spirals [--accelerator=auto] [--devices=1] [--precision=32-true] [--epochs=20] [--accumulate=2] "
+    "[--dir=fabric_logs]";
+
 std::map<std::string, std::string> parse(int argc, char** argv) {
   std::map<std::string, std::string> options = {{"accelerator", "auto"}, {"devices", "1"},    {"precision", "32-true"},
                                                 {"epochs", "20"},        {"accumulate", "2"}, {"dir", "fabric_logs"}};
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
+    if (arg == "--help") {
+      std::cout << kUsage << "\n";
+      std::exit(0);
+    }
     const auto eq = arg.find('=');
     if (arg.rfind("--", 0) != 0 || eq == std::string::npos || !options.count(arg.substr(2, eq - 2)))
-      throw fulgor::ConfigError("unknown argument '" + arg + "'; see the comment at the top of main.cpp");
+      throw fulgor::ConfigError("unknown argument '" + arg + "'; " + kUsage);
     options[arg.substr(2, eq - 2)] = arg.substr(eq + 1);
   }
   return options;

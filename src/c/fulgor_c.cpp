@@ -269,7 +269,7 @@ fulgor_status fulgor_model_create(const char* torchscript_path, const char* conf
     }
     model->fabric->setup_module(*model->module);
     model->optimizer = make_optimizer(config.value("optimizer", nlohmann::json::object()), model->module->parameters());
-    model->fabric->setup_optimizer(*model->optimizer);
+    model->fabric->setup_optimizers(*model->optimizer);
     if (config.contains("lr_scheduler"))
       model->scheduler = make_scheduler(config.at("lr_scheduler"), *model->optimizer);
     *out = model.release();

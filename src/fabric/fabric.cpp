@@ -1,5 +1,6 @@
 #include "fulgor/fabric/fabric.h"
 
+#include <c10/core/DefaultDtype.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/nn/utils/clip_grad.h>
@@ -7,6 +8,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iostream>
+#include <utility>
 
 #include "config/option_names.h"
 #include "distributed/launcher.h"
@@ -32,27 +35,19 @@ BackwardSyncGuard::~BackwardSyncGuard() {
 Fabric::Fabric(FabricOptions options)
     : options_(std::move(options)), accelerator_(make_accelerator(options_.accelerator)) {
   detail::check_strategy(options_.strategy);
-  if (options_.num_nodes < 1) throw ConfigError(fmt::format("num_nodes={}: expected 1 or more", options_.num_nodes));
   precision_ = Precision::parse(options_.precision, *accelerator_);
   selected_ = accelerator_->parse_devices(options_.devices);
   environment_ = detect_distributed_environment();
-  if (options_.num_nodes > 1 && !environment_.is_distributed())
-    throw ConfigError(
-        fmt::format("num_nodes={} needs a launcher on every node (torchrun, fulgor-run or srun); this "
-                    "process was started without one",
-                    options_.num_nodes));
-  if (environment_.is_distributed() && environment_.world_size != options_.num_nodes * environment_.local_world_size)
-    throw ConfigError(fmt::format(
-        "num_nodes={} with {} processes per node makes {} processes, but {} started {}: give the launcher's "
-        "number of nodes",
-        options_.num_nodes, environment_.local_world_size, options_.num_nodes * environment_.local_world_size,
-        environment_.source, environment_.world_size));
+  detail::check_job_size(options_.devices, selected_.size(), options_.num_nodes, environment_);
   // Refuses "single_device" with several devices, as the Trainer does.
   const bool launches =
       detail::launches_ranks(options_.strategy, environment_, *accelerator_, options_.devices, selected_.size());
   strategy_ = launches || detail::runs_data_parallel(options_.strategy, environment_) ? "ddp" : "single_device";
   device_setup_ = detail::device_setup(*accelerator_, options_.devices, selected_, environment_);
   loggers_ = options_.loggers;
+  callbacks_ = options_.callbacks;
+  if (std::find(callbacks_.begin(), callbacks_.end(), nullptr) != callbacks_.end())
+    throw ConfigError("FabricOptions::callbacks holds a null callback: give each as a std::make_shared<...>()");
 }
 
 Fabric::~Fabric() {
@@ -67,16 +62,11 @@ void Fabric::launch() {
   device_setup_ = detail::device_setup(*accelerator_, options_.devices, selected_, environment_);
   accelerator_->setup_device(device_setup_);
   if (strategy_ == "ddp") {
-    ProcessGroupOptions group_options;
-    if (options_.ddp_timeout)
-      group_options.timeout = std::chrono::milliseconds(static_cast<int64_t>(std::ceil(*options_.ddp_timeout * 1000)));
     // The Trainer's group (Note [One process group per process]), so that a
     // Fabric and Trainers of one program share it.
-    detail::DdpStrategy ddp(environment_, *accelerator_, device_setup_.device, group_options);
-    group_ = std::make_unique<ProcessGroup>(ddp.group());
-    if (detail::launched_ranks()) detail::launched_ranks_joined();
-    if (!is_global_zero())
-      for (auto& logger : loggers_) logger = detail::silenced_logger(logger);
+    group_ = std::make_unique<ProcessGroup>(
+        detail::join_ddp(environment_, *accelerator_, device_setup_.device, options_.ddp_timeout)->group());
+    detail::silence_off_rank_zero(loggers_, environment_);
   }
   if (precision_.needs_grad_scaler()) scaler_ = std::make_unique<GradScaler>();
   launched_ = true;
@@ -93,7 +83,11 @@ void Fabric::require_launched(const char* what) const {
   const_cast<Fabric*>(this)->launch();
 }
 
-ProcessGroup& Fabric::group() { return *group_; }
+// The group a collective runs in; nullptr on one process.
+ProcessGroup* Fabric::communicator(ProcessGroup* group) {
+  if (group) return group;
+  return group_.get();
+}
 
 DistributedShard Fabric::shard() const {
   DistributedShard shard;
@@ -102,17 +96,17 @@ DistributedShard Fabric::shard() const {
   return shard;
 }
 
-void Fabric::setup_module(torch::nn::Module& module) {
+void Fabric::setup_module(torch::nn::Module& module, bool move_to_device) {
   require_launched("setup");
   if (std::find(modules_.begin(), modules_.end(), &module) != modules_.end())
     throw ConfigError(fmt::format("the module '{}' was set up already: set up each module once", module.name()));
   precision_.convert_module(module);
-  accelerator_->move_module(module, device());
+  if (move_to_device) accelerator_->move_module(module, device());
   if (group_) synchronizers_.push_back(std::make_unique<GradientSynchronizer>(*group_, module));
   modules_.push_back(&module);
 }
 
-FabricOptimizer Fabric::setup_optimizer(torch::optim::Optimizer& optimizer) {
+FabricOptimizer Fabric::wrap_optimizer(torch::optim::Optimizer& optimizer) {
   require_launched("setup");
   if (std::find(optimizers_.begin(), optimizers_.end(), &optimizer) != optimizers_.end())
     throw ConfigError("an optimizer was set up already: set up each optimizer once");
@@ -142,6 +136,11 @@ BackwardSyncGuard Fabric::no_backward_sync(torch::nn::Module& module, bool enabl
 // same buffers as under DDP; only the buffers after the last step differ
 // (rank 0's on every rank, where DDP leaves each rank's own).
 void Fabric::backward(const torch::Tensor& loss) {
+  if (precision_.mixed && !std::exchange(autocast_since_backward_, false))
+    warn_once(
+        fmt::format("precision '{}': no fabric.autocast() scope was open since the last backward, so the forward "
+                    "pass ran in float32; compute the loss inside `auto autocast = fabric.autocast();`",
+                    precision_.name));
   (scaler_ ? scaler_->scale(loss) : loss).backward();
   for (auto& synchronizer : synchronizers_) {
     synchronizer->finish_backward();
@@ -150,6 +149,11 @@ void Fabric::backward(const torch::Tensor& loss) {
 }
 
 bool Fabric::step(torch::optim::Optimizer& optimizer) {
+  for (auto& synchronizer : synchronizers_)
+    if (synchronizer->pending())
+      throw Error(
+          "the optimizer would step on gradients that were not averaged over the ranks: under ddp, call "
+          "fabric.backward(loss) instead of loss.backward()");
   if (!scaler_) {
     optimizer.step();
     return true;
@@ -177,29 +181,30 @@ std::optional<double> Fabric::clip_gradients(torch::nn::Module& module, torch::o
   }
 }
 
-torch::Tensor Fabric::all_reduce(torch::Tensor tensor, ReduceOp op) {
+torch::Tensor Fabric::all_reduce(torch::Tensor tensor, ReduceOp op, ProcessGroup* group) {
   require_launched("all_reduce");
-  if (!group_) return tensor;
-  group_->all_reduce(tensor, op);
+  if (ProcessGroup* in = communicator(group)) in->all_reduce(tensor, op);
   return tensor;
 }
 
-double Fabric::all_reduce(double value, ReduceOp op) {
+double Fabric::all_reduce(double value, ReduceOp op, ProcessGroup* group) {
   require_launched("all_reduce");
-  return group_ ? group_->all_reduce(value, op) : value;
+  ProcessGroup* in = communicator(group);
+  return in ? in->all_reduce(value, op) : value;
 }
 
-torch::Tensor Fabric::all_gather(const torch::Tensor& tensor) {
+torch::Tensor Fabric::all_gather(const torch::Tensor& tensor, ProcessGroup* group) {
   require_launched("all_gather");
-  if (!group_) return tensor;
-  return torch::stack(group_->all_gather(tensor.to(device())));
+  ProcessGroup* in = communicator(group);
+  return in ? torch::stack(in->all_gather(tensor.to(device()))) : tensor;
 }
 
-torch::Tensor Fabric::broadcast(torch::Tensor tensor, int64_t src) {
+torch::Tensor Fabric::broadcast(torch::Tensor tensor, int64_t src, ProcessGroup* group) {
   require_launched("broadcast");
-  if (!group_) return tensor;
+  ProcessGroup* in = communicator(group);
+  if (!in) return tensor;
   torch::Tensor on_device = tensor.to(device()).contiguous();
-  group_->broadcast(on_device, src);
+  in->broadcast(on_device, src);
   return on_device.to(tensor.device());
 }
 
@@ -216,9 +221,27 @@ nlohmann::json Fabric::broadcast(const nlohmann::json& value, int64_t src) {
   return nlohmann::json::parse(std::string(data, data + bytes.numel()));
 }
 
-void Fabric::barrier() {
+void Fabric::barrier(ProcessGroup* group) {
   require_launched("barrier");
-  if (group_) group_->barrier();
+  if (ProcessGroup* in = communicator(group)) in->barrier();
+}
+
+std::optional<ProcessGroup> Fabric::new_group(const std::vector<int64_t>& ranks) {
+  require_launched("new_group");
+  if (group_) return group_->new_group(ranks);
+  if (ranks != std::vector<int64_t>{0})
+    throw ConfigError(fmt::format("new_group([{}]) on one process: the only rank is 0", fmt::join(ranks, ", ")));
+  return std::nullopt;
+}
+
+DefaultDtypeGuard::DefaultDtypeGuard(const Precision& precision) {
+  if (!precision.converts_module()) return;
+  previous_ = c10::get_default_dtype();
+  c10::set_default_dtype(caffe2::TypeMeta::fromScalarType(precision.dtype));
+}
+
+DefaultDtypeGuard::~DefaultDtypeGuard() {
+  if (previous_) c10::set_default_dtype(*previous_);
 }
 
 void Fabric::log(const std::string& name, double value, std::optional<int64_t> step) {
@@ -238,5 +261,10 @@ void Fabric::log_dict(const std::map<std::string, double>& metrics, std::optiona
 }
 
 uint64_t Fabric::seed_everything(uint64_t seed) { return fulgor::seed_everything(seed); }
+
+// Lightning's rank_zero_warn, once per message.
+void Fabric::warn_once(const std::string& message) {
+  if (is_global_zero() && warned_.insert(message).second) std::cerr << "fulgor: " << message << std::endl;
+}
 
 }  // namespace fulgor

@@ -13,6 +13,7 @@
 #include "fulgor/checkpoint/checkpoint.h"
 #include "fulgor/core/error.h"
 #include "fulgor/core/version.h"
+#include "fulgor/distributed/gradient_sync.h"
 #include "fulgor/fabric/fabric.h"
 #include "fulgor/interop/optimizer_state.h"
 #include "fulgor/interop/state_dict.h"
@@ -162,120 +163,157 @@ void Fabric::save(const std::string& path, const FabricState& state) {
   barrier();
 }
 
+namespace {
+
+// What Fabric::load reads a file for: the state, and whether every item must be there.
+struct LoadRequest {
+  const std::string& path;
+  const FabricState& state;
+  bool strict;
+
+  bool asked(const std::string& name) const {
+    return std::any_of(state.begin(), state.end(), [&](const auto& entry) { return entry.first == name; });
+  }
+  void missing(const std::string& name) const {
+    if (strict)
+      throw CheckpointError(
+          fmt::format("checkpoint '{}' has no '{}' (load with strict = false to skip it)", path, name));
+  }
+};
+
+// One item from a Fabric file's archive.
+void restore_saved(const LoadRequest& request, torch::serialize::InputArchive& archive, const nlohmann::json& values,
+                   const std::string& name, const FabricStateItem& item, const Accelerator& accelerator,
+                   torch::Device device) {
+  torch::serialize::InputArchive nested;
+  switch (item.kind()) {
+    case FabricStateItem::Kind::module:
+      archive.read(name, nested);
+      detail::load_module_state(*item.module(), nested, request.path);
+      break;
+    case FabricStateItem::Kind::optimizer:
+      archive.read(name, nested);
+      item.optimizer()->load(nested);
+      detail::move_archive_tensors(nested, accelerator, device, "optimizer '" + name + "' state");
+      break;
+    case FabricStateItem::Kind::archive:
+      archive.read(name, nested);
+      item.load(nested);
+      break;
+    case FabricStateItem::Kind::tensor:
+      archive.read(name, *item.tensor());
+      break;
+    case FabricStateItem::Kind::json_state:
+    case FabricStateItem::Kind::value:
+      item.from_json(values.at(name));
+      break;
+  }
+}
+
+// A file Fabric::save wrote; returns its plain values the state did not ask for.
+nlohmann::json load_fabric_file(const LoadRequest& request, const Accelerator& accelerator, torch::Device device) {
+  torch::serialize::InputArchive archive = read_checkpoint_file(request.path);
+  const nlohmann::json meta = read_fabric_meta(archive, request.path);
+  const nlohmann::json& items = meta.at("items");
+  const nlohmann::json& values = meta.at("values");
+  for (const auto& [name, item] : request.state) {
+    if (!items.contains(name)) {
+      request.missing(name);
+      continue;
+    }
+    const std::string saved_kind = items.at(name).get<std::string>();
+    if (saved_kind != kind_name(item.kind()))
+      throw CheckpointError(fmt::format("checkpoint '{}': '{}' was saved as a {}, and is loaded into a {}",
+                                        request.path, name, saved_kind, kind_name(item.kind())));
+    restore_item(request.path, name, [&, &name = name, &item = item] {
+      restore_saved(request, archive, values, name, item, accelerator, device);
+    });
+  }
+  nlohmann::json remainder = nlohmann::json::object();
+  for (auto it = values.begin(); it != values.end(); ++it)
+    if (!request.asked(it.key()) && items.value(it.key(), "") == "value") remainder[it.key()] = it.value();
+  return remainder;
+}
+
+// One item from a torch.save or Lightning file's dict.
+void restore_loaded(const LoadRequest& request, const c10::IValue& value, const std::string& name,
+                    const FabricStateItem& item) {
+  const std::string& path = request.path;
+  switch (item.kind()) {
+    case FabricStateItem::Kind::module: {
+      LoadStateDictOptions options;
+      options.strict = request.strict;
+      load_state_dict(*item.module(), state_dict_from(value, fmt::format("'{}' of '{}'", name, path)), options);
+      break;
+    }
+    case FabricStateItem::Kind::optimizer:
+      import_optimizer_state(*item.optimizer(), value, fmt::format("'{}' of '{}'", name, path));
+      break;
+    case FabricStateItem::Kind::archive:
+      throw CheckpointError(
+          fmt::format("checkpoint '{}': '{}' is restored from fulgor checkpoints only (Fabric::save)", path, name));
+    case FabricStateItem::Kind::tensor:
+      if (!value.isTensor())
+        throw CheckpointError(fmt::format("checkpoint '{}': '{}' is a {}, not a tensor", path, name, value.tagKind()));
+      *item.tensor() = value.toTensor();
+      break;
+    case FabricStateItem::Kind::json_state:
+    case FabricStateItem::Kind::value: {
+      auto converted = json_of(value);
+      if (!converted)
+        throw CheckpointError(
+            fmt::format("checkpoint '{}': '{}' is a {}, not a plain value", path, name, value.tagKind()));
+      item.from_json(*converted);
+      break;
+    }
+  }
+}
+
+// A torch.save or Lightning file, read without running any of it; returns
+// its plain values the state did not ask for.
+nlohmann::json load_torch_file(const LoadRequest& request) {
+  const c10::IValue loaded = torch_load(request.path);
+  if (!loaded.isGenericDict())
+    throw CheckpointError(
+        fmt::format("checkpoint '{}' holds a {}, not a dict of named states", request.path, loaded.tagKind()));
+  const auto dict = loaded.toGenericDict();
+  for (const auto& [name, item] : request.state) {
+    const auto found = dict.find(name);
+    if (found == dict.end()) {
+      request.missing(name);
+      continue;
+    }
+    restore_item(request.path, name,
+                 [&, &name = name, &item = item] { restore_loaded(request, found->value(), name, item); });
+  }
+  nlohmann::json remainder = nlohmann::json::object();
+  for (const auto& entry : dict) {
+    if (!entry.key().isString() || request.asked(entry.key().toStringRef())) continue;
+    if (auto converted = json_of(entry.value())) remainder[entry.key().toStringRef()] = *converted;
+  }
+  return remainder;
+}
+
+}  // namespace
+
 nlohmann::json Fabric::load(const std::string& path, const FabricState& state, bool strict) {
   require_launched("load");
   check_names(state);
-  nlohmann::json remainder = nlohmann::json::object();
   const WeightsFormat format = detect_weights_format(path);
   if (format == WeightsFormat::safetensors)
     throw CheckpointError(fmt::format(
         "checkpoint '{}' is a safetensors file, which holds weights alone: load them with Fabric::load_raw", path));
-  const std::set<std::string> asked = [&] {
-    std::set<std::string> names;
-    for (const auto& entry : state) names.insert(entry.first);
-    return names;
-  }();
-  const auto missing = [&](const std::string& name) {
-    if (strict)
-      throw CheckpointError(
-          fmt::format("checkpoint '{}' has no '{}' (load with strict = false to skip it)", path, name));
-  };
-
-  if (format == WeightsFormat::fulgor_checkpoint) {
-    torch::serialize::InputArchive archive = read_checkpoint_file(path);
-    const nlohmann::json meta = read_fabric_meta(archive, path);
-    const nlohmann::json& items = meta.at("items");
-    const nlohmann::json& values = meta.at("values");
-    for (const auto& [name, item] : state) {
-      if (!items.contains(name)) {
-        missing(name);
-        continue;
-      }
-      const std::string saved_kind = items.at(name).get<std::string>();
-      if (saved_kind != kind_name(item.kind()))
-        throw CheckpointError(fmt::format("checkpoint '{}': '{}' was saved as a {}, and is loaded into a {}", path,
-                                          name, saved_kind, kind_name(item.kind())));
-      restore_item(path, name, [&, &name = name, &item = item] {
-        torch::serialize::InputArchive nested;
-        switch (item.kind()) {
-          case FabricStateItem::Kind::module:
-            archive.read(name, nested);
-            detail::load_module_state(*item.module(), nested, path);
-            break;
-          case FabricStateItem::Kind::optimizer:
-            archive.read(name, nested);
-            item.optimizer()->load(nested);
-            detail::move_archive_tensors(nested, *accelerator_, device(), "optimizer '" + name + "' state");
-            break;
-          case FabricStateItem::Kind::archive:
-            archive.read(name, nested);
-            item.load(nested);
-            break;
-          case FabricStateItem::Kind::tensor:
-            archive.read(name, *item.tensor());
-            break;
-          case FabricStateItem::Kind::json_state:
-          case FabricStateItem::Kind::value:
-            item.from_json(values.at(name));
-            break;
-        }
-      });
-    }
-    for (auto it = values.begin(); it != values.end(); ++it)
-      if (!asked.count(it.key()) && items.value(it.key(), "") == "value") remainder[it.key()] = it.value();
-  } else {
-    // A torch.save or Lightning file, read without running any of it.
-    const c10::IValue loaded = torch_load(path);
-    if (!loaded.isGenericDict())
-      throw CheckpointError(
-          fmt::format("checkpoint '{}' holds a {}, not a dict of named states", path, loaded.tagKind()));
-    const auto dict = loaded.toGenericDict();
-    for (const auto& [name, item] : state) {
-      const auto found = dict.find(name);
-      if (found == dict.end()) {
-        missing(name);
-        continue;
-      }
-      const c10::IValue& value = found->value();
-      const std::string source = fmt::format("'{}' of '{}'", name, path);
-      restore_item(path, name, [&, &item = item, &name = name] {
-        switch (item.kind()) {
-          case FabricStateItem::Kind::module: {
-            LoadStateDictOptions options;
-            options.strict = strict;
-            load_state_dict(*item.module(), state_dict_from(value, source), options);
-            break;
-          }
-          case FabricStateItem::Kind::optimizer:
-            import_optimizer_state(*item.optimizer(), value, source);
-            break;
-          case FabricStateItem::Kind::archive:
-            throw CheckpointError(fmt::format(
-                "checkpoint '{}': '{}' is restored from fulgor checkpoints only (Fabric::save)", path, name));
-          case FabricStateItem::Kind::tensor:
-            if (!value.isTensor())
-              throw CheckpointError(
-                  fmt::format("checkpoint '{}': '{}' is a {}, not a tensor", path, name, value.tagKind()));
-            *item.tensor() = value.toTensor();
-            break;
-          case FabricStateItem::Kind::json_state:
-          case FabricStateItem::Kind::value: {
-            auto converted = json_of(value);
-            if (!converted)
-              throw CheckpointError(
-                  fmt::format("checkpoint '{}': '{}' is a {}, not a plain value", path, name, value.tagKind()));
-            item.from_json(*converted);
-            break;
-          }
-        }
-      });
-    }
-    for (const auto& entry : dict) {
-      if (!entry.key().isString() || asked.count(entry.key().toStringRef())) continue;
-      if (auto converted = json_of(entry.value())) remainder[entry.key().toStringRef()] = *converted;
-    }
-  }
+  const LoadRequest request{path, state, strict};
+  nlohmann::json remainder = format == WeightsFormat::fulgor_checkpoint
+                                 ? load_fabric_file(request, *accelerator_, device())
+                                 : load_torch_file(request);
   barrier();
+  // Note [Ranks in step] (gradient_sync.h): a load must leave the ranks equal.
+  const std::string when = fmt::format("Fabric::load('{}')", path);
+  for (auto& synchronizer : synchronizers_) {
+    synchronizer->check_in_step(when);
+    synchronizer->check_next_step(when);
+  }
   return remainder;
 }
 

@@ -269,6 +269,19 @@ TEST(XpuTrainer, BindsAPrefetcherToItsDevice) {
   EXPECT_FALSE(prefetched_fit_matches_the_cpu("xpu", kXpu1)) << "pinned batches for a device without pinned memory";
 }
 
+// Fabric's setup moves a module onto the device unless told not to
+// (Lightning's move_to_device=False), on a device that is not the CPU.
+TEST(XpuFabric, SetupModuleMovesOnlyWhenAsked) {
+  if (const std::string why = xpu_cannot_train(); !why.empty()) GTEST_SKIP() << why;
+  load_runtime("xpu");
+  Fabric fabric({.accelerator = "xpu", .devices = std::vector<int64_t>{kXpu1.index()}});
+  auto moved = torch::nn::Linear(2, 2), kept = torch::nn::Linear(2, 2);
+  fabric.setup_module(*moved);
+  fabric.setup_module(*kept, /*move_to_device=*/false);
+  EXPECT_EQ(moved->weight.device(), kXpu1);
+  EXPECT_EQ(kept->weight.device(), torch::Device(torch::kCPU));
+}
+
 TEST(NpuTrainer, FitOnDeviceOneMatchesTheCpu) {
   if (!detail::compat::kHasNamedPrivateUse1)
     GTEST_SKIP() << "the npu accelerator needs LibTorch >= 2.1, where PrivateUse1 can be named \"npu\"; this is "

@@ -67,6 +67,11 @@ TEST(FabricDdp, LaunchedByFabricItselfTrainsAsTheTrainersDdp) {
     EXPECT_EQ(f["gathered_1"], "1") << "row 1 is rank 1's";
     EXPECT_EQ(f["broadcast"], "6") << "rank 1's value, broadcast from rank 1";
     EXPECT_EQ(f["message_from"], "0");
+    EXPECT_EQ(f["nested"], "3") << "a map of vectors of tensors, summed";
+    EXPECT_EQ(f["group_sum"], "3") << "a group of both ranks";
+    EXPECT_EQ(f["alone"], rank == 1 ? "1" : "0") << "only the members get the group";
+    EXPECT_EQ(f["alone_sum"], rank == 1 ? "2" : "0");
+    EXPECT_EQ(f["saw_first"], "1") << "rank 1's turn came after rank 0's";
   }
 }
 
@@ -77,6 +82,50 @@ TEST(FabricDdp, NoBackwardSyncAccumulatesAsTheTrainer) {
   ASSERT_TRUE(fulgor::test::exited_with(status, 0)) << log;
   run_trainer(dir, 2, 2);
   expect_fabric_equals_trainer(dir);
+}
+
+void run_adam(const TempDir& dir, const std::string& load) {
+  auto [status, log] = fulgor::test::run_two_ranks(FULGOR_FABRIC_WORKER, {"adam", dir.str(), "3", load},
+                                                   dir / ("adam_" + load + ".log"), std::chrono::seconds(180));
+  ASSERT_TRUE(fulgor::test::exited_with(status, 0)) << log;
+}
+
+// A 2-rank run resumed from its epoch-1 checkpoint, loaded after setup (as
+// docs/ways_in.md shows) or before it, ends with the uninterrupted run's
+// parameters on both ranks, bit for bit.
+TEST(FabricDdp, ResumedRunEqualsTheUninterruptedOneOnEveryRank) {
+  TempDir dir;
+  run_adam(dir, "none");
+  for (const std::string load : {"after_setup", "before_setup"}) {
+    run_adam(dir, load);
+    for (int rank = 0; rank < 2; ++rank) {
+      const std::string r = std::to_string(rank);
+      const torch::Tensor resumed = final_parameters(dir / ("adam_" + load + "_rank" + r + ".pt"));
+      const torch::Tensor uninterrupted = final_parameters(dir / ("adam_none_rank" + r + ".pt"));
+      EXPECT_TRUE(torch::equal(resumed, uninterrupted))
+          << load << ", rank " << r << ": max difference " << (resumed - uninterrupted).abs().max().item<double>();
+    }
+  }
+}
+
+// Ranks that load different checkpoints are stopped at the load, not trained apart.
+TEST(FabricDdp, RanksLoadingDifferentStatesAreAnError) {
+  TempDir dir;
+  run_adam(dir, "none");
+  auto [status, log] = fulgor::test::run_two_ranks(FULGOR_FABRIC_WORKER, {"adam", dir.str(), "3", "apart"},
+                                                   dir / "apart.log", std::chrono::seconds(180));
+  EXPECT_TRUE(fulgor::test::exited_with(status, 3)) << log;
+  EXPECT_NE(log.find("the parameters after Fabric::load('" + (dir / "epoch")), std::string::npos) << log;
+  EXPECT_NE(log.find("differ across the 2 ranks (4 of 4, the first '0.weight')"), std::string::npos) << log;
+}
+
+// loss.backward() leaves the gradients local: the optimizer must not step on them.
+TEST(FabricDdp, LossBackwardInsteadOfFabricBackwardIsNamed) {
+  TempDir dir;
+  auto [status, log] = fulgor::test::run_two_ranks(FULGOR_FABRIC_WORKER, {"plain_backward", dir.str(), "1", "1"},
+                                                   dir / "log", std::chrono::seconds(180));
+  EXPECT_TRUE(fulgor::test::exited_with(status, 3)) << log;
+  EXPECT_NE(log.find("under ddp, call fabric.backward(loss) instead of loss.backward()"), std::string::npos) << log;
 }
 
 }  // namespace

@@ -10,8 +10,11 @@
 #include <limits>
 
 #include "../distributed/support/spawn.h"
+#include "../support/launcher_variables.h"
 #include "../support/python_reference.h"
-#include "fabric_loops.h"  // docs/ways_in.md's loops
+#include "../support/thrown.h"
+#include "fabric_loops.h"   // docs/ways_in.md's loops
+#include "fabric_resume.h"  // and its resumable one
 #include "fulgor/fulgor.h"
 
 namespace {
@@ -115,6 +118,21 @@ TEST(Fabric, TheDocsLoopsTrainAlike) {
   for (size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(torch::equal(plain[i], fabric[i])) << "parameter " << i;
 }
 
+// LibTorch's loader, its shuffle and dropout drawing from the global
+// generator: stopped after 2 epochs and resumed, as after 4 in one go.
+TEST(Fabric, TheDocsResumableLoopResumesExactly) {
+  TempDir dir;
+  auto [x, y] = make_data();
+  const auto whole = train_resumable(x, y, 4, dir / "whole.ckpt");
+  const auto half = train_resumable(x, y, 2, dir / "resumed.ckpt");
+  const auto resumed = train_resumable(x, y, 4, dir / "resumed.ckpt");
+  ASSERT_EQ(whole.size(), resumed.size());
+  for (size_t i = 0; i < whole.size(); ++i) {
+    EXPECT_TRUE(torch::equal(whole[i], resumed[i])) << "parameter " << i;
+    EXPECT_FALSE(torch::equal(whole[i], half[i])) << "parameter " << i << " did not change in epochs 3 and 4";
+  }
+}
+
 TEST(Fabric, OneProcessNeedsNoLaunchAndItsCollectivesAreIdentities) {
   fulgor::Fabric fabric({.accelerator = "cpu"});
   const torch::Tensor t = torch::arange(4.0);
@@ -141,6 +159,24 @@ TEST(Fabric, BatchesOfASetUpLoaderAreOnTheDevice) {
   EXPECT_EQ(batches, 3);
 }
 
+// The loader a LibTorch program has: torch::data::make_data_loader's
+// std::unique_ptr, iterated through the Fabric as it is.
+TEST(Fabric, TakesLibTorchsOwnDataLoader) {
+  fulgor::Fabric fabric({.accelerator = "cpu"});
+  auto [x, y] = make_data();
+  auto dataset =
+      torch::data::datasets::TensorDataset({x}).map(torch::data::transforms::Stack<torch::data::TensorExample>());
+  auto loader = fabric.setup_dataloaders(
+      torch::data::make_data_loader<torch::data::samplers::SequentialSampler>(std::move(dataset), 32));
+  int64_t batches = 0;
+  for (auto& batch : loader) {
+    EXPECT_EQ(batch.data.device(), fabric.device());
+    EXPECT_TRUE(torch::equal(batch.data, x.narrow(0, 32 * batches, 32)));
+    ++batches;
+  }
+  EXPECT_EQ(batches, 3);
+}
+
 TEST(Fabric, AutocastComputesInTheMixedPrecisionsType) {
   fulgor::Fabric fabric({.accelerator = "cpu", .precision = "bf16-mixed"});
   auto net = make_net();
@@ -156,6 +192,100 @@ TEST(Fabric, AutocastComputesInTheMixedPrecisionsType) {
   EXPECT_EQ(net->parameters()[0].scalar_type(), torch::kFloat);
 }
 
+// A mixed precision needs the forward pass under autocast, which Fabric
+// cannot wrap around a C++ module's forward: a step without it is said, once.
+TEST(Fabric, MixedPrecisionWithoutAutocastIsSaidOnce) {
+  const auto stderr_of = [](bool with_autocast) {
+    fulgor::Fabric fabric({.accelerator = "cpu", .precision = "bf16-mixed"});
+    auto net = make_net();
+    auto sgd = make_sgd(net);
+    fabric.setup(net, sgd);
+    auto [x, y] = make_data();
+    testing::internal::CaptureStderr();
+    for (int step = 0; step < 3; ++step) {
+      torch::Tensor loss;
+      if (with_autocast) {
+        auto autocast = fabric.autocast();
+        loss = torch::mse_loss(net->forward(x), y);
+      } else {
+        loss = torch::mse_loss(net->forward(x), y);
+      }
+      fabric.backward(loss);
+    }
+    return testing::internal::GetCapturedStderr();
+  };
+  const std::string without = stderr_of(false), with = stderr_of(true);
+  const std::string warning = "precision 'bf16-mixed': no fabric.autocast() scope was open since the last backward";
+  EXPECT_NE(without.find(warning), std::string::npos) << without;
+  EXPECT_EQ(without.find(warning), without.rfind(warning)) << "said once: " << without;
+  EXPECT_EQ(with.find(warning), std::string::npos) << with;
+}
+
+// Lightning Fabric's callbacks: hooks named by fabric.call, run in order on
+// the callbacks that have them; a call with other argument types is refused.
+TEST(Fabric, CallRunsTheNamedHookOfEachCallback) {
+  struct Recorder : fulgor::FabricCallback {
+    explicit Recorder(std::vector<std::string>& said, std::string who) {
+      hook("on_train_epoch_end", [&said, who](int64_t epoch, double loss) {
+        said.push_back(who + " " + std::to_string(epoch) + " " + std::to_string(loss));
+      });
+    }
+  };
+  struct Quiet : fulgor::FabricCallback {};
+  std::vector<std::string> said;
+  fulgor::Fabric fabric({.accelerator = "cpu",
+                         .callbacks = {std::make_shared<Recorder>(said, "a"), std::make_shared<Quiet>(),
+                                       std::make_shared<Recorder>(said, "b")}});
+  fabric.call("on_train_epoch_end", int64_t{3}, 0.5);
+  fabric.call("on_validation_end");
+  EXPECT_EQ(said, (std::vector<std::string>{"a 3 0.500000", "b 3 0.500000"}));
+  EXPECT_EQ(fabric.callbacks().size(), 3u);
+  EXPECT_NE(fulgor::test::thrown_message<fulgor::ConfigError>([&] {
+              fabric.call("on_train_epoch_end", 3, 0.5);
+            }).find("fabric.call('on_train_epoch_end'): the callback's hook of that name takes other argument types"),
+            std::string::npos);
+  EXPECT_THROW(fulgor::Fabric({.accelerator = "cpu", .callbacks = {nullptr}}), fulgor::ConfigError);
+}
+
+TEST(Fabric, LaunchRunsAFunctionAndRankZeroFirstRunsOnOneProcess) {
+  fulgor::Fabric fabric({.accelerator = "cpu"});
+  const int64_t world = fabric.launch([](fulgor::Fabric& f) { return f.world_size(); });
+  EXPECT_EQ(world, 1);
+  int runs = 0;
+  fabric.rank_zero_first([&] { ++runs; });
+  EXPECT_EQ(runs, 1);
+  EXPECT_FALSE(fabric.new_group({0}).has_value()) << "one process has no group to make";
+  EXPECT_THROW(fabric.new_group({0, 1}), fulgor::ConfigError);
+}
+
+// init_module: parameters made in a "-true" precision's dtype, and the
+// default dtype back afterwards.
+TEST(Fabric, InitModuleMakesParametersInThePrecisionsDtype) {
+  fulgor::Fabric fabric({.accelerator = "cpu", .precision = "bf16-true"});
+  torch::nn::Linear made_in_bf16{nullptr};
+  {
+    auto init = fabric.init_module();
+    made_in_bf16 = torch::nn::Linear(4, 3);
+    EXPECT_EQ(torch::ones({2}).scalar_type(), torch::kBFloat16);
+  }
+  EXPECT_EQ(made_in_bf16->weight.scalar_type(), torch::kBFloat16);
+  EXPECT_EQ(torch::ones({2}).scalar_type(), torch::kFloat);
+  fulgor::Fabric fp32({.accelerator = "cpu"});
+  auto init = fp32.init_tensor();
+  EXPECT_EQ(torch::ones({2}).scalar_type(), torch::kFloat) << "32-true changes nothing";
+}
+
+// Nested collections go through the collectives whole; on one process as they are.
+TEST(Fabric, CollectivesTakeCollectionsOfTensors) {
+  fulgor::Fabric fabric({.accelerator = "cpu"});
+  std::map<std::string, std::vector<torch::Tensor>> nested{{"a", {torch::ones({2}), torch::arange(3.0)}}};
+  const auto reduced = fabric.all_reduce(nested);
+  EXPECT_TRUE(torch::equal(reduced.at("a")[1], torch::arange(3.0)));
+  const auto pair = fabric.broadcast(std::make_pair(torch::ones({1}), std::make_tuple(torch::zeros({1}))));
+  EXPECT_TRUE(torch::equal(std::get<0>(pair.second), torch::zeros({1})));
+  EXPECT_EQ(fabric.all_gather(std::vector<torch::Tensor>{torch::ones({2})}).size(), 1u);
+}
+
 TEST(Fabric, TruePrecisionConvertsTheModule) {
   fulgor::Fabric fabric({.accelerator = "cpu", .precision = "64-true"});
   auto net = make_net();
@@ -169,12 +299,20 @@ TEST(Fabric, RefusesWhatLightningRefuses) {
   EXPECT_THROW(fulgor::Fabric({.accelerator = "cpu", .devices = 2, .strategy = "single_device"}), fulgor::ConfigError);
   EXPECT_THROW(fulgor::Fabric({.accelerator = "cpu", .num_nodes = 0}), fulgor::ConfigError);
   EXPECT_THROW(fulgor::Fabric({.accelerator = "cpu", .num_nodes = 2}), fulgor::ConfigError);
+  {
+    // TorchElasticEnvironment.validate_settings: one device, a launcher's two processes.
+    fulgor::test::LauncherVariables torchrun(fulgor::test::torchrun_rank_zero(2));
+    EXPECT_EQ(
+        fulgor::test::thrown_message<fulgor::ConfigError>([] { fulgor::Fabric({.accelerator = "cpu", .devices = 1}); }),
+        "devices=1 selects 1 device per node, but the launcher (torchrun) started 2 processes on this node: set "
+        "devices=2 (or \"auto\") to train on what the launcher started");
+  }
   fulgor::Fabric fabric({.accelerator = "cpu"});
   auto net = make_net();
   auto sgd = make_sgd(net);
   fabric.setup(net, sgd);
   EXPECT_THROW(fabric.setup(net), fulgor::ConfigError);
-  EXPECT_THROW(fabric.setup_optimizer(sgd), fulgor::ConfigError);
+  EXPECT_THROW(fabric.setup_optimizers(sgd), fulgor::ConfigError);
   auto other = make_net();
   EXPECT_THROW((void)fabric.no_backward_sync(*other), fulgor::ConfigError);
   EXPECT_THROW(fabric.clip_gradients(*net, sgd, {}), fulgor::ConfigError);

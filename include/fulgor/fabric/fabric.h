@@ -6,15 +6,18 @@
 
 #include <nlohmann/json.hpp>
 
+#include <array>
 #include <cstdint>
 #include <iostream>
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -22,9 +25,11 @@
 #include "fulgor/core/batch.h"
 #include "fulgor/core/devices.h"
 #include "fulgor/core/export.h"
+#include "fulgor/data/any_loader.h"
 #include "fulgor/data/loader_protocol.h"
 #include "fulgor/distributed/environment.h"
 #include "fulgor/distributed/process_group.h"
+#include "fulgor/fabric/fabric_callback.h"
 #include "fulgor/fabric/fabric_state.h"
 #include "fulgor/loggers/logger.h"
 #include "fulgor/precision/precision.h"
@@ -51,6 +56,8 @@ struct FabricOptions {
   /// (torchrun, fulgor-run, srun) whose world size is num_nodes times the
   /// processes of each node.
   int64_t num_nodes = 1;
+  /// What call() runs hooks of (FabricCallback), in this order.
+  std::vector<std::shared_ptr<FabricCallback>> callbacks = {};
   /// Where log() and log_dict() send metrics; only rank 0's write.
   std::vector<std::shared_ptr<Logger>> loggers = {};
   /// How long a rendezvous or collective may take, in seconds (Lightning's 30 minutes).
@@ -77,13 +84,26 @@ class FULGOR_API FabricOptimizer {
   torch::optim::Optimizer* optimizer_;
 };
 
+namespace detail {
+// What FabricDataLoader iterates: the loader, or the one its pointer holds.
+template <typename Loader>
+using LoaderOf = std::remove_reference_t<decltype(held_loader(std::declval<Loader&>()))>;
+template <typename Loader, typename = void>
+struct is_iterable : std::false_type {};
+template <typename Loader>
+struct is_iterable<Loader, std::void_t<decltype(std::declval<Loader&>().begin() != std::declval<Loader&>().end()),
+                                       decltype(*std::declval<Loader&>().begin())>> : std::true_type {};
+}  // namespace detail
+
 /// A loader set up by Fabric::setup_dataloaders (Lightning's
 /// _FabricDataLoader): this rank's shard of the loader's data, each batch
 /// moved onto the Fabric's device. It forwards size() and set_epoch() where
-/// the loader has them.
+/// the loader has them. The loader is held by value, or through the
+/// std::unique_ptr or std::shared_ptr it came in (torch::data::make_data_loader's).
 template <typename Loader>
 class FabricDataLoader {
-  using InnerIterator = decltype(std::declval<Loader&>().begin());
+  using Held = detail::LoaderOf<Loader>;
+  using InnerIterator = decltype(std::declval<Held&>().begin());
 
  public:
   using Batch = std::decay_t<decltype(*std::declval<InnerIterator&>())>;
@@ -111,31 +131,115 @@ class FabricDataLoader {
     std::optional<Batch> batch_;
   };
 
-  Iterator begin() { return Iterator(loader_.begin(), this); }
-  Iterator end() { return Iterator(loader_.end(), this); }
+  Iterator begin() { return Iterator(loader().begin(), this); }
+  Iterator end() { return Iterator(loader().end(), this); }
 
-  template <typename L = Loader, typename = std::enable_if_t<detail::HasSize<L>::value>>
+  template <typename L = Held, typename = std::enable_if_t<detail::HasSize<L>::value>>
   int64_t size() const {
-    return static_cast<int64_t>(loader_.size());
+    return static_cast<int64_t>(detail::held_loader(loader_).size());
   }
-  template <typename L = Loader, typename = std::enable_if_t<detail::has_set_epoch<L>::value>>
+  template <typename L = Held, typename = std::enable_if_t<detail::has_set_epoch<L>::value>>
   void set_epoch(int64_t epoch) {
-    loader_.set_epoch(epoch);
+    loader().set_epoch(epoch);
   }
   /// The loader as set up (sharded).
-  Loader& loader() { return loader_; }
+  Held& loader() { return detail::held_loader(loader_); }
 
  private:
   Batch on_device(const Batch& batch) const {
     if (accelerator_ == nullptr) return batch;
-    if constexpr (detail::has_batches_on<Loader>::value)
-      if (loader_.batches_on(device_)) return batch;
+    if constexpr (detail::has_batches_on<Held>::value)
+      if (detail::held_loader(loader_).batches_on(device_)) return batch;
     return move_batch(batch, *accelerator_, device_);
   }
 
   Loader loader_;
   const Accelerator* accelerator_;  // nullptr: batches stay where the loader makes them
   torch::Device device_;
+};
+
+namespace detail {
+// Note [Collections of tensors]
+// Lightning's collectives take nested lists, tuples and dicts of tensors
+// (apply_to_collection); here std::vector, std::array, std::map,
+// std::unordered_map, std::pair and std::tuple of tensors, nested in any
+// way, each tensor its own collective in the collection's order.
+template <typename T>
+struct is_tensor_collection : std::false_type {};
+template <typename T>
+inline constexpr bool is_tensor_leaf = std::is_same_v<T, torch::Tensor> || is_tensor_collection<T>::value;
+template <typename T, typename A>
+struct is_tensor_collection<std::vector<T, A>> : std::bool_constant<is_tensor_leaf<T>> {};
+template <typename T, size_t N>
+struct is_tensor_collection<std::array<T, N>> : std::bool_constant<is_tensor_leaf<T>> {};
+template <typename K, typename T, typename C, typename A>
+struct is_tensor_collection<std::map<K, T, C, A>> : std::bool_constant<is_tensor_leaf<T>> {};
+template <typename K, typename T, typename H, typename E, typename A>
+struct is_tensor_collection<std::unordered_map<K, T, H, E, A>> : std::bool_constant<is_tensor_leaf<T>> {};
+template <typename A, typename B>
+struct is_tensor_collection<std::pair<A, B>> : std::bool_constant<is_tensor_leaf<A> && is_tensor_leaf<B>> {};
+template <typename... T>
+struct is_tensor_collection<std::tuple<T...>> : std::bool_constant<(is_tensor_leaf<T> && ...)> {};
+
+// Declared first, so that each finds the others for nested collections.
+template <typename F>
+void for_each_tensor(torch::Tensor& tensor, F& f);
+template <typename T, typename A, typename F>
+void for_each_tensor(std::vector<T, A>& items, F& f);
+template <typename T, size_t N, typename F>
+void for_each_tensor(std::array<T, N>& items, F& f);
+template <typename K, typename T, typename C, typename A, typename F>
+void for_each_tensor(std::map<K, T, C, A>& items, F& f);
+template <typename K, typename T, typename H, typename E, typename A, typename F>
+void for_each_tensor(std::unordered_map<K, T, H, E, A>& items, F& f);
+template <typename A, typename B, typename F>
+void for_each_tensor(std::pair<A, B>& items, F& f);
+template <typename... T, typename F>
+void for_each_tensor(std::tuple<T...>& items, F& f);
+
+template <typename F>
+void for_each_tensor(torch::Tensor& tensor, F& f) {
+  f(tensor);
+}
+template <typename T, typename A, typename F>
+void for_each_tensor(std::vector<T, A>& items, F& f) {
+  for (auto& item : items) for_each_tensor(item, f);
+}
+template <typename T, size_t N, typename F>
+void for_each_tensor(std::array<T, N>& items, F& f) {
+  for (auto& item : items) for_each_tensor(item, f);
+}
+template <typename K, typename T, typename C, typename A, typename F>
+void for_each_tensor(std::map<K, T, C, A>& items, F& f) {
+  for (auto& item : items) for_each_tensor(item.second, f);
+}
+template <typename K, typename T, typename H, typename E, typename A, typename F>
+void for_each_tensor(std::unordered_map<K, T, H, E, A>& items, F& f) {
+  for (auto& item : items) for_each_tensor(item.second, f);
+}
+template <typename A, typename B, typename F>
+void for_each_tensor(std::pair<A, B>& items, F& f) {
+  for_each_tensor(items.first, f);
+  for_each_tensor(items.second, f);
+}
+template <typename... T, typename F>
+void for_each_tensor(std::tuple<T...>& items, F& f) {
+  std::apply([&](auto&... item) { (for_each_tensor(item, f), ...); }, items);
+}
+}  // namespace detail
+
+/// While it lives, tensors are made in the dtype of a "-true" precision other
+/// than 32 (Lightning's init_module and init_tensor contexts); a no-op for the
+/// others. Restores the default dtype when it ends.
+class [[nodiscard]] DefaultDtypeGuard {
+ public:
+  FULGOR_API explicit DefaultDtypeGuard(const Precision& precision);
+  FULGOR_API ~DefaultDtypeGuard();
+  DefaultDtypeGuard(const DefaultDtypeGuard&) = delete;
+  DefaultDtypeGuard& operator=(const DefaultDtypeGuard&) = delete;
+
+ private:
+  std::optional<caffe2::TypeMeta> previous_;
 };
 
 /// How Fabric::setup_dataloaders prepares a loader (Lightning's arguments).
@@ -214,6 +318,13 @@ class FULGOR_API Fabric {
 
   /// Starts or joins the job's processes and sets up this process's device.
   void launch();
+  /// Lightning's launch(function): launch(), then `function(*this)`, whose
+  /// result it returns.
+  template <typename F>
+  auto launch(F&& function) -> decltype(std::forward<F>(function)(std::declval<Fabric&>())) {
+    launch();
+    return std::forward<F>(function)(*this);
+  }
 
   // ---- Models, optimizers, loaders -------------------------------------------
   /// Lightning's setup: converts the module for a "-true" precision, moves
@@ -225,22 +336,39 @@ class FULGOR_API Fabric {
   template <typename M, typename... Optimizers>
   auto setup(M& module, Optimizers&... optimizers) {
     setup_module(as_module(module));
+    return setup_optimizers(optimizers...);
+  }
+  /// setup's first half; `move_to_device` false leaves the module where it
+  /// is (Lightning's setup(..., move_to_device=False)).
+  void setup_module(torch::nn::Module& module, bool move_to_device = true);
+  /// setup's second half (Lightning's setup_optimizers).
+  template <typename... Optimizers>
+  auto setup_optimizers(Optimizers&... optimizers) {
     if constexpr (sizeof...(Optimizers) == 1) {
-      return setup_optimizer(as_optimizer(optimizers)...);
+      return wrap_optimizer(as_optimizer(optimizers)...);
     } else if constexpr (sizeof...(Optimizers) > 1) {
-      return std::make_tuple(setup_optimizer(as_optimizer(optimizers))...);
+      return std::make_tuple(wrap_optimizer(as_optimizer(optimizers))...);
     }
   }
-  void setup_module(torch::nn::Module& module);
-  FabricOptimizer setup_optimizer(torch::optim::Optimizer& optimizer);
+
+  /// While the guard lives, modules and tensors are made in the dtype of a
+  /// "-true" precision (Lightning's init_module and init_tensor; see
+  /// DefaultDtypeGuard). LibTorch has no default device: setup moves the
+  /// module onto the device.
+  DefaultDtypeGuard init_module() const { return DefaultDtypeGuard(precision_); }
+  DefaultDtypeGuard init_tensor() const { return DefaultDtypeGuard(precision_); }
 
   /// This rank's shard of `loader`, its batches on the device (see
   /// DataLoaderSetup). The loader is moved into the result.
   template <typename Loader>
   FabricDataLoader<Loader> setup_dataloaders(Loader loader, DataLoaderSetup setup = {}) {
+    using Held = detail::LoaderOf<Loader>;
+    static_assert(detail::is_iterable<Held>::value,
+                  "Fabric::setup_dataloaders takes a loader with begin() and end() that yields batches: a fulgor "
+                  "loader, torch::data::make_data_loader's result, or a range of batches");
     require_launched("setup_dataloaders");
-    if constexpr (detail::has_distribute<Loader>::value) {
-      if (setup.use_distributed_sampler) loader.distribute(shard());
+    if constexpr (detail::has_distribute<Held>::value) {
+      if (setup.use_distributed_sampler) detail::held_loader(loader).distribute(shard());
     }
     return FabricDataLoader<Loader>(std::move(loader), setup.move_to_device ? accelerator_.get() : nullptr, device());
   }
@@ -256,7 +384,9 @@ class FULGOR_API Fabric {
   // ---- The training step ------------------------------------------------------
   /// Replaces loss.backward(): scales the loss under "16-mixed" and, under
   /// ddp, waits until the set-up modules' gradients are averaged over the
-  /// ranks (unless a no_backward_sync guard is alive).
+  /// ranks (unless a no_backward_sync guard is alive). Under a mixed
+  /// precision, warns once when no autocast() scope was opened since the
+  /// last backward (the forward pass then ran in float32).
   void backward(const torch::Tensor& loss);
   /// Clips the gradients of `module`'s parameters (unscaling `optimizer`'s
   /// first under "16-mixed"); returns the total norm when clipping by norm.
@@ -269,7 +399,10 @@ class FULGOR_API Fabric {
   }
   /// Autocast for the precision (nothing unless it is mixed), for code
   /// beyond the forward pass; `auto autocast = fabric.autocast();`.
-  AutocastScope autocast() const { return AutocastScope(precision_, *accelerator_); }
+  AutocastScope autocast() const {
+    autocast_since_backward_ = true;
+    return AutocastScope(precision_, *accelerator_);
+  }
   /// While the guard lives, backward accumulates `module`'s gradients
   /// locally without communicating (gradient accumulation); `enabled` false
   /// makes it a no-op. A no-op on one process. Throws ConfigError for a
@@ -279,18 +412,64 @@ class FULGOR_API Fabric {
   bool step(torch::optim::Optimizer& optimizer);
 
   // ---- Collectives ------------------------------------------------------------
+  // Each takes the group to communicate in, a group of new_group() that this
+  // rank belongs to; nullptr: the whole job.
   /// `tensor` combined over the ranks (Lightning's default: the mean), in
   /// place on the device; returned for convenience. One process: unchanged.
-  torch::Tensor all_reduce(torch::Tensor tensor, ReduceOp op = ReduceOp::mean);
-  double all_reduce(double value, ReduceOp op = ReduceOp::mean);
+  torch::Tensor all_reduce(torch::Tensor tensor, ReduceOp op = ReduceOp::mean, ProcessGroup* group = nullptr);
+  double all_reduce(double value, ReduceOp op = ReduceOp::mean, ProcessGroup* group = nullptr);
   /// The ranks' tensors stacked along a new first dimension; one process:
   /// the tensor itself, as Lightning's.
-  torch::Tensor all_gather(const torch::Tensor& tensor);
+  torch::Tensor all_gather(const torch::Tensor& tensor, ProcessGroup* group = nullptr);
   /// Rank `src`'s tensor, on every rank.
-  torch::Tensor broadcast(torch::Tensor tensor, int64_t src = 0);
+  torch::Tensor broadcast(torch::Tensor tensor, int64_t src = 0, ProcessGroup* group = nullptr);
   /// Rank `src`'s JSON value (any plain object), on every rank.
   nlohmann::json broadcast(const nlohmann::json& value, int64_t src = 0);
-  void barrier();
+  void barrier(ProcessGroup* group = nullptr);
+  /// The same over every tensor of a collection (Note [Collections of
+  /// tensors]), which comes back with the results in its place.
+  template <typename C, typename = std::enable_if_t<detail::is_tensor_collection<C>::value>>
+  C all_reduce(C data, ReduceOp op = ReduceOp::mean, ProcessGroup* group = nullptr) {
+    auto reduce = [&](torch::Tensor& t) { t = all_reduce(t, op, group); };
+    detail::for_each_tensor(data, reduce);
+    return data;
+  }
+  template <typename C, typename = std::enable_if_t<detail::is_tensor_collection<C>::value>>
+  C all_gather(C data, ProcessGroup* group = nullptr) {
+    auto gather = [&](torch::Tensor& t) { t = all_gather(t, group); };
+    detail::for_each_tensor(data, gather);
+    return data;
+  }
+  template <typename C, typename = std::enable_if_t<detail::is_tensor_collection<C>::value>>
+  C broadcast(C data, int64_t src = 0, ProcessGroup* group = nullptr) {
+    auto from_src = [&](torch::Tensor& t) { t = broadcast(t, src, group); };
+    detail::for_each_tensor(data, from_src);
+    return data;
+  }
+  /// A group of the ranks `ranks` of the job (distinct, ascending), as
+  /// torch.distributed.new_group, for the collectives' `group`: every rank
+  /// calls it, in the same order; the members get the group, the others
+  /// nullopt. One process: ranks must be {0}, and the group is nullopt.
+  std::optional<ProcessGroup> new_group(const std::vector<int64_t>& ranks);
+  /// Lightning's rank_zero_first: rank 0 (each node's local rank 0 where
+  /// `local`) runs `function` first and the other ranks once it has finished
+  /// (to download a data set once, say). A collective.
+  template <typename F>
+  void rank_zero_first(F&& function, bool local = false) {
+    const bool first = (local ? local_rank() : global_rank()) == 0;
+    if (!first) barrier();
+    std::forward<F>(function)();
+    if (first) barrier();
+  }
+
+  // ---- Callbacks ----------------------------------------------------------------
+  /// Lightning's call: runs the hook `name` of every callback that has one
+  /// (FabricCallback), in the callbacks' order, with `args`.
+  template <typename... Args>
+  void call(const std::string& name, const Args&... args) {
+    for (const auto& callback : callbacks_) callback->call(name, args...);
+  }
+  const std::vector<std::shared_ptr<FabricCallback>>& callbacks() const { return callbacks_; }
 
   // ---- Checkpoints --------------------------------------------------------------
   /// Writes `state` to `path` in fulgor's checkpoint format (one file,
@@ -364,9 +543,12 @@ class FULGOR_API Fabric {
     }
   }
   void require_launched(const char* what) const;
+  FabricOptimizer wrap_optimizer(torch::optim::Optimizer& optimizer);
+  ProcessGroup* communicator(ProcessGroup* group);
   DistributedShard shard() const;
-  ProcessGroup& group();
   GradientSynchronizer* synchronizer_of(const torch::nn::Module& module) const;
+
+  void warn_once(const std::string& message);
 
   FabricOptions options_;
   std::unique_ptr<Accelerator> accelerator_;
@@ -379,10 +561,13 @@ class FULGOR_API Fabric {
   std::unique_ptr<ProcessGroup> group_;
   std::unique_ptr<GradScaler> scaler_;
   std::vector<std::shared_ptr<Logger>> loggers_;
+  std::vector<std::shared_ptr<FabricCallback>> callbacks_;
   int64_t log_calls_ = 0;
   std::vector<torch::nn::Module*> modules_;
   std::vector<std::unique_ptr<GradientSynchronizer>> synchronizers_;  // one per module, under ddp
   std::vector<torch::optim::Optimizer*> optimizers_;
+  mutable bool autocast_since_backward_ = false;
+  std::set<std::string> warned_;
 };
 
 inline bool FabricOptimizer::step() { return fabric_->step(*optimizer_); }

@@ -3,19 +3,28 @@
 //
 //   fulgor_fabric_worker fabric OUTDIR EPOCHS ACCUMULATE
 //   fulgor_fabric_worker trainer OUTDIR EPOCHS ACCUMULATE
+//   fulgor_fabric_worker adam OUTDIR EPOCHS LOAD
+//   fulgor_fabric_worker plain_backward OUTDIR 1 1
 //
 // Both train the distributed tests' regression network with SGD on two
 // ranks of the CPU, each rank on its DistributedSampler shard of batches of
 // 16: "fabric" in a hand-written loop with fulgor::Fabric, "trainer" with
 // the Trainer's strategy "ddp". ACCUMULATE batches make one optimizer step.
 // Each rank writes its final parameters to OUTDIR/MODE_rankR.pt, and "fabric"
-// also what the collectives returned to OUTDIR/fabric_rankR.txt. Exits 0 on
-// success, 3 with the message on a fulgor::Error, 4 on any other exception.
+// also what the collectives returned to OUTDIR/fabric_rankR.txt. "adam"
+// trains with Adam, saves OUTDIR/epochE.ckpt after each epoch E and writes
+// OUTDIR/adam_LOAD_rankR.pt; LOAD "none" starts afresh, "after_setup" and
+// "before_setup" resume from OUTDIR/epoch1.ckpt, loaded after or before
+// Fabric::setup, and "apart" loads epoch1.ckpt on rank 0 and epoch2.ckpt on
+// rank 1. "plain_backward" calls loss.backward() where fabric.backward(loss)
+// belongs. Exits 0 on success, 3 with the message on a fulgor::Error, 4 on any
+// other exception.
 
 #include <torch/torch.h>
 
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <string>
 
 #include "../../distributed/support/ddp_trainer_scenario.h"
@@ -62,11 +71,69 @@ void run_fabric(const std::string& out, int64_t epochs, int64_t accumulate) {
   const torch::Tensor gathered = fabric.all_gather(torch::full({2}, static_cast<double>(fabric.global_rank())));
   const torch::Tensor broadcast = fabric.broadcast(torch::full({1}, fabric.global_rank() + 5.0), 1);
   const nlohmann::json message = fabric.broadcast(nlohmann::json{{"from", fabric.global_rank()}});
+  const double mine = static_cast<double>(fabric.global_rank() + 1);
+  const auto nested = fabric.all_reduce(
+      std::map<std::string, std::vector<torch::Tensor>>{{"x", {torch::full({1}, mine)}}}, fulgor::ReduceOp::sum);
+  auto both = fabric.new_group({0, 1});
+  auto alone = fabric.new_group({1});
+  const double group_sum = fabric.all_reduce(mine, fulgor::ReduceOp::sum, &*both);
+  const double alone_sum = alone ? fabric.all_reduce(mine, fulgor::ReduceOp::sum, &*alone) : 0;
+  // Rank 1 runs after rank 0 has written its file.
+  bool saw_first = false;
+  fabric.rank_zero_first([&] {
+    if (fabric.global_rank() == 0) std::ofstream(out + "/first").close();
+    saw_first = std::ifstream(out + "/first").good();
+  });
   fabric.barrier();
   values << "world_size " << fabric.world_size() << "\nglobal_rank " << fabric.global_rank() << "\nstrategy "
          << fabric.strategy() << "\nmean " << mean << "\ngathered_rows " << gathered.size(0) << "\ngathered_1 "
          << gathered[1][0].item<double>() << "\nbroadcast " << broadcast.item<double>() << "\nmessage_from "
-         << message.at("from").get<int>() << "\n";
+         << message.at("from").get<int>() << "\nnested " << nested.at("x")[0].item<double>() << "\ngroup_sum "
+         << group_sum << "\nalone " << alone.has_value() << "\nalone_sum " << alone_sum << "\nsaw_first " << saw_first
+         << "\n";
+}
+
+// The resumable loop docs/ways_in.md describes: the epoch and the
+// optimizer's state are saved with the model, and each epoch's order comes
+// from the sampler's seed and set_epoch.
+void run_adam(const std::string& out, int64_t epochs, const std::string& load) {
+  fulgor::Fabric fabric({.accelerator = "cpu", .devices = 2});
+  fabric.launch();
+  const std::string rank = std::to_string(fabric.global_rank());
+  torch::nn::Sequential model = make_model(init_seed(fabric.global_rank()));
+  torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(1e-2));
+  int64_t epoch = 0;
+  const fulgor::FabricState state{{"model", model}, {"optimizer", adam}, {"epoch", epoch}};
+  const std::string resume_from =
+      load == "apart" && fabric.global_rank() == 1 ? out + "/epoch2.ckpt" : out + "/epoch1.ckpt";
+  if (load == "before_setup") fabric.load(resume_from, state);
+  auto optimizer = fabric.setup(model, adam);
+  if (load == "after_setup" || load == "apart") fabric.load(resume_from, state);
+  auto loader = fabric.setup_dataloaders(make_loader(fabric.world_size(), fabric.global_rank()));
+  for (; epoch < epochs;) {
+    loader.set_epoch(epoch);
+    for (auto& batch : loader) {
+      optimizer.zero_grad();
+      fabric.backward(torch::mse_loss(model->forward(batch.data), batch.target));
+      optimizer.step();
+    }
+    ++epoch;
+    if (load == "none") fabric.save(out + "/epoch" + std::to_string(epoch) + ".ckpt", state);
+  }
+  write_parameters(out + "/adam_" + load + "_rank" + rank + ".pt", *model);
+}
+
+void run_plain_backward() {
+  fulgor::Fabric fabric({.accelerator = "cpu", .devices = 2});
+  fabric.launch();
+  torch::nn::Sequential model = make_model(init_seed(fabric.global_rank()));
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(kLearningRate));
+  auto optimizer = fabric.setup(model, sgd);
+  for (auto& batch : fabric.setup_dataloaders(make_loader(fabric.world_size(), fabric.global_rank()))) {
+    optimizer.zero_grad();
+    torch::mse_loss(model->forward(batch.data), batch.target).backward();
+    optimizer.step();
+  }
 }
 
 void run_trainer(const std::string& out, int64_t epochs, int64_t accumulate) {
@@ -82,12 +149,23 @@ void run_trainer(const std::string& out, int64_t epochs, int64_t accumulate) {
 
 int main(int argc, char** argv) {
   if (argc != 5) {
-    std::cerr << "usage: fulgor_fabric_worker fabric|trainer OUTDIR EPOCHS ACCUMULATE\n";
+    std::cerr << "usage: fulgor_fabric_worker fabric|trainer OUTDIR EPOCHS ACCUMULATE\n"
+                 "       fulgor_fabric_worker adam OUTDIR EPOCHS none|after_setup|before_setup|apart\n"
+                 "       fulgor_fabric_worker plain_backward OUTDIR 1 1\n";
     return 2;
   }
   const std::string mode = argv[1], out = argv[2];
-  const int64_t epochs = std::stoll(argv[3]), accumulate = std::stoll(argv[4]);
+  const int64_t epochs = std::stoll(argv[3]);
   try {
+    if (mode == "adam") {
+      run_adam(out, epochs, argv[4]);
+      return 0;
+    }
+    if (mode == "plain_backward") {
+      run_plain_backward();
+      return 0;
+    }
+    const int64_t accumulate = std::stoll(argv[4]);
     if (mode == "fabric")
       run_fabric(out, epochs, accumulate);
     else
