@@ -38,7 +38,8 @@ struct LitAutoEncoder : fulgor::Module {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
+  // A fulgor error ends the program with its message: status 2 for a bad command line, 1 for others.
+  return fulgor::run_main(argc, argv, [&] {
     fulgor::TrainerOptions defaults;
     defaults.max_epochs = 1;
     defaults.limit_train_batches = 100;
@@ -70,8 +71,5 @@ int main(int argc, char** argv) {
                               {"embedding_shape", embeddings.sizes().vec()}};
     std::cout << summary.dump() << std::endl;
     return 0;
-  } catch (const std::exception& e) {
-    std::cerr << "autoencoder: " << e.what() << "\n";
-    return 1;
-  }
+  });
 }

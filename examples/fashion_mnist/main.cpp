@@ -119,7 +119,8 @@ struct LitClassifier : fulgor::Module {
 
 int main(int argc, char** argv) {
   const auto start = std::chrono::steady_clock::now();
-  try {
+  // A fulgor error ends the program with its message: status 2 for a bad command line, 1 for others.
+  return fulgor::run_main(argc, argv, [&] {
     fulgor::TrainerOptions defaults;
     defaults.max_epochs = 4;
     defaults.default_root_dir = "fashion_mnist_logs";
@@ -168,8 +169,5 @@ int main(int argc, char** argv) {
                               {"seconds", seconds}};
     if (trainer.is_global_zero()) std::cout << summary.dump() << std::endl;
     return 0;
-  } catch (const std::exception& e) {
-    std::cerr << "fashion_mnist: " << e.what() << "\n";
-    return 1;
-  }
+  });
 }

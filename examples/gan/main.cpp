@@ -124,7 +124,8 @@ struct LitGAN : fulgor::Module {
 
 int main(int argc, char** argv) {
   const auto start = std::chrono::steady_clock::now();
-  try {
+  // A fulgor error ends the program with its message: status 2 for a bad command line, 1 for others.
+  return fulgor::run_main(argc, argv, [&] {
     fulgor::TrainerOptions defaults;
     defaults.max_epochs = 5;
     defaults.default_root_dir = "gan_logs";
@@ -173,8 +174,5 @@ int main(int argc, char** argv) {
                               {"seconds", seconds}};
     if (trainer.is_global_zero()) std::cout << summary.dump() << std::endl;
     return 0;
-  } catch (const std::exception& e) {
-    std::cerr << "gan: " << e.what() << "\n";
-    return 1;
-  }
+  });
 }

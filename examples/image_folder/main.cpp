@@ -92,42 +92,45 @@ int main(int argc, char** argv) {
     std::cerr << "usage: image_folder DATA_DIR WORK_DIR [--epochs N] [--stop-at STEP] [--resume CKPT]\n";
     return 2;
   }
-  const std::string data = argv[1], work = argv[2];
-  int64_t epochs = 2, stop_at = -1;
-  std::string resume;
-  for (int i = 3; i + 1 < argc; i += 2) {
-    const std::string a = argv[i];
-    if (a == "--epochs")
-      epochs = std::stoll(argv[i + 1]);
-    else if (a == "--stop-at")
-      stop_at = std::stoll(argv[i + 1]);
-    else if (a == "--resume")
-      resume = argv[i + 1];
-  }
-  if (!std::filesystem::exists(data)) write_generated_folder(data);
-  torch::manual_seed(0);
+  // A fulgor error ends the program with its message and status 1 (2 for a ConfigError).
+  return fulgor::run_main(argc, argv, [&] {
+    const std::string data = argv[1], work = argv[2];
+    int64_t epochs = 2, stop_at = -1;
+    std::string resume;
+    for (int i = 3; i + 1 < argc; i += 2) {
+      const std::string a = argv[i];
+      if (a == "--epochs")
+        epochs = std::stoll(argv[i + 1]);
+      else if (a == "--stop-at")
+        stop_at = std::stoll(argv[i + 1]);
+      else if (a == "--resume")
+        resume = argv[i + 1];
+    }
+    if (!std::filesystem::exists(data)) write_generated_folder(data);
+    torch::manual_seed(0);
 
-  auto folder = std::make_shared<fulgor::ImageFolder>(data);
-  fulgor::ImageTransforms augment(
-      {fulgor::RandomResizedCrop{{32}, {0.6, 1.0}}, fulgor::RandomHorizontalFlip{}, fulgor::Normalize{{0.5}, {0.25}}});
-  fulgor::ImageLoaderOptions options;
-  options.batch_size = 16;
-  options.shuffle = true;
-  options.num_workers = 2;
-  fulgor::ImageLoader train(folder, augment, options);
+    auto folder = std::make_shared<fulgor::ImageFolder>(data);
+    fulgor::ImageTransforms augment({fulgor::RandomResizedCrop{{32}, {0.6, 1.0}}, fulgor::RandomHorizontalFlip{},
+                                     fulgor::Normalize{{0.5}, {0.25}}});
+    fulgor::ImageLoaderOptions options;
+    options.batch_size = 16;
+    options.shuffle = true;
+    options.num_workers = 2;
+    fulgor::ImageLoader train(folder, augment, options);
 
-  fulgor::TrainerOptions trainer_options;
-  trainer_options.max_epochs = epochs;
-  trainer_options.default_root_dir = work;
-  trainer_options.enable_progress_bar = false;
-  trainer_options.enable_model_summary = false;
-  trainer_options.enable_checkpointing = false;
-  trainer_options.logger = false;
-  if (stop_at > 0) trainer_options.callbacks = {std::make_shared<StopAt>(stop_at, work + "/stopped.ckpt")};
-  SmallCnn model;
-  fulgor::FitOptions fit;
-  fit.ckpt_path = resume;
-  fulgor::Trainer(trainer_options).fit(model, train, fit);
-  std::cout << "trained on " << folder->size() << " images in " << folder->classes().size() << " classes\n";
-  return 0;
+    fulgor::TrainerOptions trainer_options;
+    trainer_options.max_epochs = epochs;
+    trainer_options.default_root_dir = work;
+    trainer_options.enable_progress_bar = false;
+    trainer_options.enable_model_summary = false;
+    trainer_options.enable_checkpointing = false;
+    trainer_options.logger = false;
+    if (stop_at > 0) trainer_options.callbacks = {std::make_shared<StopAt>(stop_at, work + "/stopped.ckpt")};
+    SmallCnn model;
+    fulgor::FitOptions fit;
+    fit.ckpt_path = resume;
+    fulgor::Trainer(trainer_options).fit(model, train, fit);
+    std::cout << "trained on " << folder->size() << " images in " << folder->classes().size() << " classes\n";
+    return 0;
+  });
 }

@@ -30,6 +30,7 @@
 #include "fulgor/callbacks/weight_averaging.h"
 #include "fulgor/checkpoint/checkpoint.h"
 #include "fulgor/config/cli.h"
+#include "fulgor/config/run_main.h"
 #include "fulgor/data/data_loader.h"
 #include "fulgor/data/any_loader.h"
 #include "fulgor/data/epoch_sampler.h"

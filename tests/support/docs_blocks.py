@@ -6,16 +6,23 @@
 installs the fulgor built in B into W/prefix and, against that installed
 package (find_package(fulgor), no precompiled header, warnings as errors):
 
-- C++ blocks: each is a translation unit of one generated CMake project. A
-  block with `main` is a program, built and run without arguments in its
-  page's folder (W/<page>), where it must exit with 0; the others are compiled
-  into one plugin library, which the installed fulgor-info must load, listing
-  the accelerators they register. A block whose first line names a file
-  (`// journeys.h`, `// my_accelerator.cpp: ...`) is written under that name
-  in its page's folder, where a program of the same page may include it.
+- C++ blocks: a block whose first line names a file (`// journeys.h`,
+  `// my_accelerator.cpp: ...`) is written under that name in its page's
+  folder (W/<page>). A block with `main` is a whole program: it must name its
+  file, and its page must show the CMakeLists.txt that builds it (an
+  `add_executable` of that file), with which it is built as a user builds it
+  and run without arguments in its page's folder, where it must exit with 0.
+  The other blocks are translation units of one generated CMake project,
+  compiled into one plugin library, which the installed fulgor-info must
+  load, listing the accelerators they register.
 - CMake blocks: one that is a whole project (it has `project(`) is its page's
-  CMakeLists.txt, built with the page's named files; a plugin it builds must
-  load in the installed fulgor-info.
+  CMakeLists.txt, built in W/<page>/build with the page's named files
+  (warnings as errors); a plugin it builds must load in the installed
+  fulgor-info.
+- Runs: a plain block after the line `<!-- run: exit status N -->` is a
+  transcript: each line `$ COMMAND` is run (split as the shell splits words,
+  without a shell) in its page's folder after the page's programs are built,
+  must exit with N, and must print (stdout, then stderr) the lines below it.
 - Python blocks: run with P (Debian's python3 and python3-torch) in the
   page's folder, after its programs, so that they read what those wrote.
 - Shell blocks: parsed with `bash -n`, and every fulgor tool they call by
@@ -78,8 +85,12 @@ project(fulgor_docs_blocks LANGUAGES CXX)
 find_package(fulgor REQUIRED)
 set(CMAKE_CXX_STANDARD 17)
 set(CMAKE_CXX_STANDARD_REQUIRED ON)
-add_compile_options(-Wall -Wextra -Werror -Wno-missing-field-initializers)
 """
+# Nothing a docs block compiles may warn; C++17 mode warns about the fields a
+# designated initialiser leaves at their defaults, which the docs do on purpose.
+WARNINGS = "-DCMAKE_CXX_FLAGS=-Wall -Wextra -Werror -Wno-missing-field-initializers"
+RUN = re.compile(r"<!-- run: exit status (\d+) -->")
+EXECUTABLE = re.compile(r"add_executable\(\s*([\w.-]+)\s+([^)]*)\)")
 
 
 def shell_tools(code):
@@ -98,6 +109,109 @@ def shell_tools(code):
                 tools.append(word)
             command_position = word in ("&&", "||", "|", ";", "--", "then", "do", "srun", "xargs")
     return tools
+
+
+class Blocks:
+    """What the pages hold, by kind; each entry keeps its block and page folder."""
+
+    def __init__(self):
+        self.module_sources, self.programs, self.projects, self.runs, self.python = [], [], [], [], []
+
+
+def check_shell(block, installed):
+    check = subprocess.run(["bash", "-n"], input=block.code, capture_output=True, text=True)
+    if check.returncode != 0:
+        sys.exit(f"{where(block)}: the shell block does not parse:\n{check.stderr}")
+    missing = [t for t in shell_tools(block.code) if t not in installed]
+    if missing:
+        sys.exit(f"{where(block)}: calls {missing}, which the installed fulgor has not "
+                 f"(installed: {', '.join(sorted(installed))})")
+
+
+def read_page(page, source_dir, folder, installed, found):
+    """Writes the page's blocks into its folder and adds them to `found`."""
+    named_cpp, has_project = [], False
+    for block in blocks(str(page)):
+        block.path = str(page.relative_to(source_dir))
+        run = next((RUN.fullmatch(m) for m in block.markers if RUN.fullmatch(m)), None)
+        if run:
+            found.runs.append((block, folder, int(run.group(1))))
+            continue
+        if block.lang == "sh":
+            check_shell(block, installed)
+            continue
+        if FRAGMENT in block.markers or block.lang not in ("cpp", "cmake", "python"):
+            continue
+        if block.lang == "python":
+            found.python.append((block, folder))
+        elif block.lang == "cmake":
+            if "project(" not in block.code:
+                sys.exit(f"{where(block)}: a CMake block that is not a whole project must be marked {FRAGMENT}")
+            if has_project:
+                sys.exit(f"{where(block)}: a second whole project on one page; each page's folder has one")
+            (folder / "CMakeLists.txt").write_text(block.code)
+            has_project = True
+            found.projects.append((block, folder, named_cpp))
+        else:
+            name = FILE_NAME.match(block.code.split("\n", 1)[0])
+            is_program = re.search(r"^int main\(", block.code, re.M)
+            if is_program and not name:
+                sys.exit(f"{where(block)}: a whole program must name its file on its first line "
+                         f"(// train.cpp), so that the CMakeLists.txt beside it can build it")
+            source = folder / (name.group(1) if name else f"{page_name(page)}_{block.line}.cpp")
+            source.write_text(block.code if name else f"// {where(block)}\n{block.code}")
+            if is_program:
+                found.programs.append((block, folder, source))
+            elif source.suffix == ".cpp":
+                (named_cpp if name else found.module_sources).append(source)
+    if not has_project:
+        found.module_sources += named_cpp
+
+
+def executable_of(block, folder, source, projects):
+    """The program its page's CMakeLists.txt makes of `source`."""
+    for project, project_folder, _ in projects:
+        if project_folder != folder:
+            continue
+        for target, sources in EXECUTABLE.findall(project.code):
+            if source.name in sources.split():
+                return folder / "build" / target
+    sys.exit(f"{where(block)}: the program {source.name} has no CMakeLists.txt beside it: its page must show "
+             f"a ```cmake block, a whole project with add_executable(NAME {source.name})")
+
+
+def build_module_sources(options, work, prefix, sources):
+    """The blocks that are no program nor a page's project: one plugin."""
+    project = work / "project"
+    project.mkdir()
+    text = PROJECT + f"add_library(docs_blocks MODULE {' '.join(map(str, sources))})\n"
+    text += "target_link_libraries(docs_blocks PRIVATE fulgor::fulgor)\n"
+    (project / "CMakeLists.txt").write_text(text)
+    print(f"compiling {len(sources)} blocks into a plugin against the installed fulgor")
+    cmake_project(options.cmake, project, project / "build", [*options.cmake_arg, WARNINGS], prefix)
+    check_plugin(prefix, project / "build" / "libdocs_blocks.so", registered_names(sources))
+
+
+def check_run(block, folder, status):
+    """Runs each `$ COMMAND` of a transcript and compares what it prints."""
+    commands = [line for line in block.code.split("\n") if line.startswith("$ ")]
+    expected = block.code.rstrip("\n").split("\n")
+    for command in commands:
+        start = expected.index(command) + 1
+        end = next((i for i in range(start, len(expected)) if expected[i].startswith("$ ")), len(expected))
+        done = subprocess.run(shlex.split(command[2:]), cwd=folder, capture_output=True, text=True, timeout=300)
+        printed = (done.stdout + done.stderr).rstrip("\n").split("\n")
+        if done.returncode != status or printed != expected[start:end]:
+            sys.exit(f"{where(block)}: `{command[2:]}` exited with {done.returncode} (the docs say {status}) "
+                     f"and printed\n{done.stdout}{done.stderr}\nwhere the docs show\n" +
+                     "\n".join(expected[start:end]))
+        print(f"  {where(block)}: `{command[2:]}` exits with {status}, printing what the docs show")
+
+
+def run_in(block, folder, command, what, timeout):
+    done = subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        sys.exit(f"{where(block)}: {what} exited with {done.returncode}:\n{done.stdout}{done.stderr}")
 
 
 def main():
@@ -119,87 +233,29 @@ def main():
     pages = [options.source_dir / "README.md"] + sorted((options.source_dir / "docs").glob("*.md"))
     if options.only:
         pages = [p for p in pages if str(p.relative_to(options.source_dir)) in options.only]
-    module_sources, programs, projects, python_blocks = [], [], [], []
+    found = Blocks()
     for page in pages:
         folder = work / page_name(page)
         folder.mkdir(parents=True)
-        named_cpp, has_project = [], False
-        for block in blocks(str(page)):
-            block.path = str(page.relative_to(options.source_dir))
-            fragment = FRAGMENT in block.markers
-            if block.lang == "sh":
-                check = subprocess.run(["bash", "-n"], input=block.code, capture_output=True, text=True)
-                if check.returncode != 0:
-                    sys.exit(f"{where(block)}: the shell block does not parse:\n{check.stderr}")
-                missing = [t for t in shell_tools(block.code) if t not in installed]
-                if missing:
-                    sys.exit(f"{where(block)}: calls {missing}, which the installed fulgor has not "
-                             f"(installed: {', '.join(sorted(installed))})")
-                continue
-            if fragment or block.lang not in ("cpp", "cmake", "python"):
-                continue
-            if block.lang == "python":
-                python_blocks.append((block, folder))
-                continue
-            if block.lang == "cmake":
-                if "project(" not in block.code:
-                    sys.exit(f"{where(block)}: a CMake block that is not a whole project must be marked "
-                             f"{FRAGMENT}")
-                (folder / "CMakeLists.txt").write_text(block.code)
-                has_project = True
-                projects.append((block, folder, named_cpp))
-                continue
-            name = FILE_NAME.match(block.code.split("\n", 1)[0])
-            source = folder / (name.group(1) if name else f"{page_name(page)}_{block.line}.cpp")
-            source.write_text(f"// {where(block)}\n{block.code}" if not name else block.code)
-            if source.suffix == ".h":
-                continue
-            if re.search(r"^int main\(", block.code, re.M):
-                programs.append((block, folder, source))
-            elif name:
-                named_cpp.append(source)
-            else:
-                module_sources.append(source)
-        if not has_project:
-            module_sources += named_cpp
+        read_page(page, options.source_dir, folder, installed, found)
+    executables = [executable_of(block, folder, source, found.projects)
+                   for block, folder, source in found.programs]
 
-    # One project for the blocks: two processors compile a few translation units.
-    project = work / "project"
-    project.mkdir()
-    text = PROJECT
-    if module_sources:
-        text += f"add_library(docs_blocks MODULE {' '.join(map(str, module_sources))})\n"
-        text += "target_link_libraries(docs_blocks PRIVATE fulgor::fulgor)\n"
-    for i, (block, folder, source) in enumerate(programs):
-        text += f"add_executable(docs_program_{i} {source})\n"
-        text += f"target_include_directories(docs_program_{i} PRIVATE {folder})\n"
-        text += f"target_link_libraries(docs_program_{i} PRIVATE fulgor::fulgor)\n"
-    (project / "CMakeLists.txt").write_text(text)
-    print(f"compiling {len(module_sources)} blocks into a plugin and {len(programs)} programs "
-          f"against the installed fulgor")
-    cmake_project(options.cmake, project, project / "build", options.cmake_arg, prefix)
-    if module_sources:
-        check_plugin(prefix, project / "build" / "libdocs_blocks.so", registered_names(module_sources))
-
-    for i, (block, folder, source) in enumerate(programs):
-        print(f"  {where(block)}: running the program")
-        done = subprocess.run([project / "build" / f"docs_program_{i}"], cwd=folder, capture_output=True,
-                              text=True, timeout=600)
-        if done.returncode != 0:
-            sys.exit(f"{where(block)}: the program exited with {done.returncode}:\n{done.stdout}{done.stderr}")
-
-    for block, folder, sources in projects:
+    if found.module_sources:
+        build_module_sources(options, work, prefix, found.module_sources)
+    for block, folder, sources in found.projects:
         print(f"  {where(block)}: building the project it shows")
-        cmake_project(options.cmake, folder, folder / "build", options.cmake_arg, prefix)
+        cmake_project(options.cmake, folder, folder / "build", [*options.cmake_arg, WARNINGS], prefix)
         for library in (folder / "build").glob("*.so"):
             check_plugin(prefix, library, registered_names(sources))
-
-    for block, folder in python_blocks:
+    for (block, folder, source), executable in zip(found.programs, executables):
+        print(f"  {where(block)}: running {source.name}, built as {executable.relative_to(folder)}")
+        run_in(block, folder, [executable], "the program", 600)
+    for block, folder, status in found.runs:
+        check_run(block, folder, status)
+    for block, folder in found.python:
         print(f"  {where(block)}: running it with {options.python}")
-        done = subprocess.run([options.python, "-c", block.code], cwd=folder, capture_output=True, text=True,
-                              timeout=300)
-        if done.returncode != 0:
-            sys.exit(f"{where(block)}: the Python block failed:\n{done.stdout}{done.stderr}")
+        run_in(block, folder, [options.python, "-c", block.code], "the Python block", 300)
     print("every code block compiles and runs as shown")
 
 

@@ -2,7 +2,8 @@
 # example of examples/ from its own folder against it, as a user who copied
 # them would (find_package(fulgor) must bring what fulgor's headers need; an
 # example links what it uses itself; nothing warns), then starts each program
-# once to see that it loads. Run with cmake -P; see tests/CMakeLists.txt.
+# once to see that it loads (and that a typo on its command line ends it with
+# status 2). Run with cmake -P; see tests/CMakeLists.txt.
 file(REMOVE_RECURSE ${WORK_DIR})
 function(run)
   execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
@@ -41,6 +42,11 @@ foreach(example fashion_mnist autoencoder gan image_folder fabric)
     run(${build}/${example} --help)
     if(NOT out MATCHES "--trainer.max_epochs")
       message(FATAL_ERROR "${example} --help, built out of tree, prints no options:\n${out}")
+    endif()
+    # A typo ends it through fulgor::run_main: the message and status 2, no abort.
+    execute_process(COMMAND ${build}/${example} --trainer.max_epoch=1 RESULT_VARIABLE rc ERROR_VARIABLE out)
+    if(NOT rc EQUAL 2 OR NOT out STREQUAL "${example}: --trainer.max_epoch: unknown trainer option 'max_epoch'; did you mean 'max_epochs'?\n")
+      message(FATAL_ERROR "${example} --trainer.max_epoch=1 exits with ${rc}, printing:\n${out}")
     endif()
   endif()
   message(STATUS "${example}: built from a copy of its folder against the installed fulgor, and starts")

@@ -211,8 +211,7 @@ TEST(TrainerOptionsCommandLine, DeclaredSectionsRefuseUnknownKeysNamingTheNeares
   TempDir dir;
   const std::string config = (dir.path / "run.json").string();
   std::ofstream(config) << R"({"model": {"arch": "mlp", "lrr": 0.1}})";
-  EXPECT_EQ(message({"--config", config}),
-            "--config " + config + ": unknown model option 'lrr'; did you mean 'lr'?");
+  EXPECT_EQ(message({"--config", config}), "--config " + config + ": unknown model option 'lrr'; did you mean 'lr'?");
   std::ofstream(config) << R"({"data": 5})";
   EXPECT_NE(message({"--config", config}).find("section \"data\" must be an object of its keys"), std::string::npos);
 
@@ -450,6 +449,46 @@ TEST(TrainerOptions, RefusesSeedsOutsideLightningsRange) {
   options.seed = kMaxSeed;
   check_options(options);
   EXPECT_EQ(seed_everything(kMaxSeed), kMaxSeed);
+}
+
+// run_main: what a program's main returns, and prints, when its body throws.
+int run_main_capturing(std::string& err, const std::function<int()>& body) {
+  const char* argv[] = {"/opt/bin/train", "--model.hiden=64", nullptr};
+  ::testing::internal::CaptureStderr();
+  const int status = run_main(2, argv, body);
+  err = ::testing::internal::GetCapturedStderr();
+  return status;
+}
+
+TEST(RunMain, ACommandLineErrorPrintsTheMessageAndReturns2) {
+  const char* argv[] = {"/opt/bin/train", "--model.hiden=64", nullptr};
+  const json sections = {{"model", {{"hidden", 128}}}};
+  std::string err;
+  EXPECT_EQ(run_main_capturing(err,
+                               [&] {
+                                 parse_command_line(2, argv, {}, sections);
+                                 return 0;
+                               }),
+            2);
+  EXPECT_EQ(err, "train: --model.hiden: unknown model option 'hiden'; did you mean 'hidden'?\n");
+}
+
+TEST(RunMain, AnotherErrorPrintsTheMessageAndReturns1) {
+  std::string err;
+  EXPECT_EQ(run_main_capturing(err, []() -> int { throw CheckpointError("last.ckpt: truncated"); }), 1);
+  EXPECT_EQ(err, "train: last.ckpt: truncated\n");
+  EXPECT_EQ(run_main_capturing(err, [] { return torch::ones({2}).view({3}).size(0) > 0 ? 0 : 5; }), 1);
+  EXPECT_NE(err.find("train: "), std::string::npos) << err;
+}
+
+TEST(RunMain, ReturnsWhatTheBodyReturnsAndZeroForVoid) {
+  const char* argv[] = {"train", nullptr};
+  EXPECT_EQ(run_main(1, argv, [] { return 3; }), 3);
+  bool ran = false;
+  EXPECT_EQ(run_main(1, argv, [&] { ran = true; }), 0);
+  EXPECT_TRUE(ran);
+  EXPECT_EQ(run_main(0, argv, [] { return 0; }), 0);
+  EXPECT_THROW(run_main(1, argv, [] { throw 42; }), int);  // not a std::exception: passed on
 }
 
 }  // namespace
