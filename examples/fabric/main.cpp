@@ -11,7 +11,6 @@
 #include <fulgor/fulgor.h>
 
 #include <cmath>
-#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <map>
@@ -37,10 +36,6 @@ std::map<std::string, std::string> parse(int argc, char** argv) {
                                                 {"epochs", "20"},        {"accumulate", "2"}, {"dir", "fabric_logs"}};
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    if (arg == "--help") {
-      std::cout << kUsage << "\n";
-      std::exit(0);
-    }
     const auto eq = arg.find('=');
     if (arg.rfind("--", 0) != 0 || eq == std::string::npos || !options.count(arg.substr(2, eq - 2)))
       throw fulgor::ConfigError("unknown argument '" + arg + "'; " + kUsage);
@@ -52,7 +47,12 @@ std::map<std::string, std::string> parse(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
+  if (argc == 2 && std::string(argv[1]) == "--help") {
+    std::cout << kUsage << "\n";
+    return 0;
+  }
+  // A bad argument ends the program with its message and status 2.
+  return fulgor::run_main(argc, argv, [&] {
     auto args = parse(argc, argv);
     const int64_t epochs = std::stoll(args["epochs"]), accumulate = std::stoll(args["accumulate"]);
     const std::string checkpoint = args["dir"] + "/last.ckpt";
@@ -119,9 +119,5 @@ int main(int argc, char** argv) {
         {"train_loss", loss_mean},
         {"accuracy",
          accuracy}}.dump());
-    return 0;
-  } catch (const std::exception& e) {
-    std::cerr << "error: " << e.what() << "\n";
-    return 1;
-  }
+  });
 }
