@@ -10,6 +10,7 @@
 #include <fstream>
 #include <vector>
 
+#include "detail/regular_file.h"
 #include "fulgor/core/error.h"
 #include "fulgor/detail/compat.h"
 #include "interop/safetensors_reader.h"
@@ -257,9 +258,7 @@ void write_safetensors(const StateDict& tensors, const std::filesystem::path& pa
     at += t.nbytes();
     data.push_back(t);
   }
-  std::error_code kind;
-  if (std::filesystem::is_directory(path, kind))
-    throw InteropError(fmt::format("cannot write '{}': it is a folder; name a file", path.string()));
+  detail::check_output<InteropError>(path.string());
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
   std::filesystem::path temporary = path;

@@ -6,6 +6,8 @@
 #include <fulgor/interop/torch_load.h>
 #include <fulgor/interop/weights_file.h>
 
+#include <sys/stat.h>
+
 #include <fstream>
 #include <sstream>
 
@@ -150,6 +152,29 @@ TEST(FulgorConvert, ListsAHundredThousandTensorsInTheOrderOfTheirData) {
   ASSERT_EQ(state.size(), static_cast<size_t>(n));
   for (int i : {0, 255, 256, 12'345, 40'000, n - 1})  // i's low 16 bits, as int16
     EXPECT_EQ(state[fmt::format("t{}", i)].item<int64_t>(), static_cast<int16_t>(i));
+}
+
+// A FIFO once made --list wait for a writer forever; a device never ends.
+// `timeout` makes such a wait fail the test (status 124) rather than hang it.
+TEST(FulgorConvert, RefusesAFifoOrADeviceAsInputOrOutputWithoutWaiting) {
+  ScratchDir dir("convert_fifo");
+  const std::string fifo = (dir.path() / "in.safetensors").string(), out = (dir.path() / "out.pt").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  ASSERT_EQ(::mkfifo(out.c_str(), 0600), 0);
+  const std::string timed = "timeout 60 " + std::string(FULGOR_CONVERT);
+  std::string output;
+  EXPECT_EQ(run(fmt::format("{} --list {}", timed, fifo), &output), 1) << output;
+  EXPECT_NE(output.find("weights file '" + fifo + "' is a FIFO, not a regular file"), std::string::npos) << output;
+  EXPECT_EQ(run(fmt::format("{} {} {}", timed, fifo, (dir.path() / "x.pt").string()), &output), 1) << output;
+  EXPECT_NE(output.find("'" + fifo + "' is a FIFO, not a regular file"), std::string::npos) << output;
+  EXPECT_EQ(run(fmt::format("{} --list /dev/zero", timed), &output), 1) << output;
+  EXPECT_NE(output.find("'/dev/zero' is a character device, not a regular file"), std::string::npos) << output;
+  // An output that is no regular file would be replaced by the rename that ends a write.
+  const std::string source = (reference_dir() / "state_dict.pt").string();
+  EXPECT_EQ(run(fmt::format("{} {} {}", timed, source, out), &output), 1) << output;
+  EXPECT_NE(output.find("cannot write '" + out + "': it is a FIFO, not a regular file"), std::string::npos) << output;
+  EXPECT_TRUE(fs::is_fifo(out));
+  EXPECT_FALSE(fs::exists(dir.path() / "x.pt"));
 }
 
 }  // namespace
