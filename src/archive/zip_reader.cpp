@@ -1,9 +1,7 @@
 #include "archive/zip_reader.h"
 
-#include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -57,43 +55,30 @@ void apply_zip64_extra(const uint8_t* extra, size_t length, uint64_t& size, uint
 }  // namespace
 
 std::shared_ptr<MappedFile> MappedFile::open(const std::filesystem::path& path) {
-  return open(path, 0, std::numeric_limits<uint64_t>::max());
+  const RegularFile file = open_regular<InteropError>(path.string(), "");
+  return map(file, path.string(), 0, std::numeric_limits<uint64_t>::max());
 }
 
-std::shared_ptr<MappedFile> MappedFile::open(const std::filesystem::path& path, uint64_t offset, uint64_t length) {
-  // Non-blocking: a FIFO is refused below rather than waited on.
-  int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) throw InteropError(fmt::format("cannot open '{}': {}", path.string(), std::strerror(errno)));
-  struct stat st {};
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    throw InteropError(fmt::format("'{}' is not a regular file", path.string()));
-  }
-  size_t size = static_cast<size_t>(st.st_size);
+std::shared_ptr<MappedFile> MappedFile::map(const RegularFile& file, const std::string& name, uint64_t offset,
+                                            uint64_t length) {
+  const auto size = static_cast<size_t>(file.size());
   if (length == std::numeric_limits<uint64_t>::max()) length = size - std::min<uint64_t>(offset, size);
-  if (offset > size || size - offset < length) {
-    ::close(fd);
-    throw InteropError(fmt::format("'{}' is truncated: it has {} bytes, {} from byte {} on are needed", path.string(),
-                                   size, length, offset));
-  }
+  if (offset > size || size - offset < length)
+    throw InteropError(
+        fmt::format("'{}' is truncated: it has {} bytes, {} from byte {} on are needed", name, size, length, offset));
   void* data = nullptr;
   if (size > 0) {
     // Private and writable: tensors over the mapping may be changed in place
     // without the file changing (copy-on-write).
-    data = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
-    if (data == MAP_FAILED) {
-      int error = errno;
-      ::close(fd);
-      throw InteropError(fmt::format("cannot map '{}': {}", path.string(), std::strerror(error)));
-    }
+    data = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE, file.fd(), 0);
+    if (data == MAP_FAILED) throw InteropError(fmt::format("cannot map '{}': {}", name, std::strerror(errno)));
   }
-  ::close(fd);
   auto* base = static_cast<uint8_t*>(data);
-  auto file = std::shared_ptr<MappedFile>(new MappedFile(base == nullptr ? nullptr : base + offset,
-                                                         static_cast<size_t>(length), true, path.string()));
-  file->base_ = base;
-  file->mapped_size_ = size;
-  return file;
+  auto mapped = std::shared_ptr<MappedFile>(
+      new MappedFile(base == nullptr ? nullptr : base + offset, static_cast<size_t>(length), true, name));
+  mapped->base_ = base;
+  mapped->mapped_size_ = size;
+  return mapped;
 }
 
 std::shared_ptr<MappedFile> MappedFile::copy_of(const void* data, size_t size, std::string name) {

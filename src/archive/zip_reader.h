@@ -23,17 +23,21 @@
 #include <memory>
 #include <string>
 
+#include "detail/regular_file.h"
+
 namespace fulgor::detail {
 
 /// A read-only view of a whole file, mapped copy-on-write.
 class MappedFile {
  public:
   /// Maps `path`; throws InteropError naming it when it cannot be opened or
-  /// is not a regular file.
+  /// is not a regular file (Note [Opening a user's path]).
   static std::shared_ptr<MappedFile> open(const std::filesystem::path& path);
-  /// Maps the `length` bytes of `path` from `offset` on (the archive inside
-  /// a checkpoint); throws InteropError when the file is shorter.
-  static std::shared_ptr<MappedFile> open(const std::filesystem::path& path, uint64_t offset, uint64_t length);
+  /// Maps the `length` bytes of `file`, named `name`, from `offset` on (the
+  /// archive inside a checkpoint; the rest of the file for `length`
+  /// UINT64_MAX); throws InteropError when the file is shorter.
+  static std::shared_ptr<MappedFile> map(const RegularFile& file, const std::string& name, uint64_t offset,
+                                         uint64_t length);
   /// Copies `size` bytes (for inputs that are not files, like the fuzzers').
   static std::shared_ptr<MappedFile> copy_of(const void* data, size_t size, std::string name);
   ~MappedFile();

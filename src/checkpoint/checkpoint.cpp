@@ -20,9 +20,11 @@
 #include <string_view>
 
 #include "archive/script_archive.h"
+#include "checkpoint/checkpoint_file.h"
 #include "checkpoint/chunks.h"
 #include "checkpoint/meta.h"
 #include "detail/read_at.h"
+#include "detail/regular_file.h"
 #include "fulgor/core/error.h"
 #include "fulgor/module.h"
 
@@ -222,9 +224,8 @@ void write_checkpoint_file(const std::string& path, torch::serialize::OutputArch
   fs::path target(path);
   fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
   // A rename would replace a FIFO or a device node with the checkpoint.
-  struct stat existing {};
-  if (::stat(path.c_str(), &existing) == 0 && !S_ISREG(existing.st_mode))
-    throw CheckpointError(fmt::format("cannot write checkpoint '{}': it exists and is not a regular file", path));
+  if (const std::string problem = detail::output_problem(path); !problem.empty())
+    throw CheckpointError(fmt::format("cannot write checkpoint '{}': it {}", path, problem));
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec)
@@ -274,46 +275,33 @@ void remove_stale_temporaries(const std::string& dir) {
 }  // namespace impl
 
 namespace {
-// A checkpoint file open for reading.
+// A checkpoint file open for reading (Note [Opening a user's path]).
 class CheckpointFile {
  public:
-  explicit CheckpointFile(const std::string& path) : path_(path) {
-    // Non-blocking, so that a FIFO is refused below rather than waited on;
-    // it changes nothing for a regular file.
-    fd_ = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-    if (fd_ < 0) throw CheckpointError(fmt::format("cannot read checkpoint '{}': {}", path, std::strerror(errno)));
-    struct stat info {};
-    if (::fstat(fd_, &info) != 0 || !S_ISREG(info.st_mode)) {
-      ::close(fd_);
-      throw CheckpointError(fmt::format("cannot read checkpoint '{}': it is not a regular file", path));
-    }
-    size_ = static_cast<uint64_t>(info.st_size);
-  }
-  ~CheckpointFile() { ::close(fd_); }
-  CheckpointFile(const CheckpointFile&) = delete;
-  CheckpointFile& operator=(const CheckpointFile&) = delete;
+  CheckpointFile(const detail::RegularFile& file, const std::string& path) : path_(path), file_(file) {}
 
-  int fd() const { return fd_; }
-  uint64_t size() const { return size_; }
+  const detail::RegularFile& file() const { return file_; }
+  int fd() const { return file_.fd(); }
+  uint64_t size() const { return file_.size(); }
   // `size` bytes at `offset`, which the file was found to hold.
   std::string read(uint64_t offset, uint64_t size) const {
     std::string bytes(size, '\0');
-    if (detail::read_at(fd_, offset, bytes.data(), size)) return bytes;
+    if (detail::read_at(fd(), offset, bytes.data(), size)) return bytes;
     if (errno != 0) throw CheckpointError(fmt::format("cannot read checkpoint '{}': {}", path_, std::strerror(errno)));
     throw CheckpointError(fmt::format("checkpoint '{}' is truncated: it shrank while being read", path_));
   }
 
  private:
   const std::string& path_;
-  int fd_ = -1;
-  uint64_t size_ = 0;
+  const detail::RegularFile& file_;
 };
 // Note [Archives that hold no code]: what LibTorch would parse is checked
 // first; `corrupted` says whether the file fails its checksums, the likelier
 // reason for what the check refuses.
-void check_holds_data(const std::string& path, uint64_t length, const std::function<void()>& corrupted) {
+void check_holds_data(const CheckpointFile& file, const std::string& path, uint64_t length,
+                      const std::function<void()>& corrupted) {
   try {
-    detail::check_script_archive(detail::MappedFile::open(path, kHeaderSize, length));
+    detail::check_script_archive(detail::MappedFile::map(file.file(), path, kHeaderSize, length));
   } catch (const InteropError& e) {
     corrupted();
     throw CheckpointError(fmt::format("checkpoint {}", e.what()));
@@ -322,7 +310,11 @@ void check_holds_data(const std::string& path, uint64_t length, const std::funct
 }  // namespace
 
 torch::serialize::InputArchive read_checkpoint_file(const std::string& path) {
-  const CheckpointFile file(path);
+  return detail::read_checkpoint_file(detail::open_regular<CheckpointError>(path, "checkpoint"), path);
+}
+
+torch::serialize::InputArchive detail::read_checkpoint_file(const RegularFile& opened, const std::string& path) {
+  const CheckpointFile file(opened, path);
   const std::string head = file.read(0, std::min<uint64_t>(file.size(), kHeaderSize));
   if (head.size() < kHeaderSize || std::memcmp(head.data(), kMagic, sizeof(kMagic)) != 0) {
     if (head.size() < sizeof(kMagic) && std::string_view(kMagic, head.size()) == head)
@@ -357,7 +349,7 @@ torch::serialize::InputArchive read_checkpoint_file(const std::string& path) {
     const uint64_t actual =
         version == kFnvContainerVersion ? fnv1a_words(data.data(), length) : XXH3_64bits(data.data(), length);
     if (actual != hash) throw corrupted;
-    check_holds_data(path, length, [] {});
+    check_holds_data(file, path, length, [] {});
     try {
       archive.load_from(data.data(), length, torch::Device(torch::kCPU));
     } catch (const c10::Error& e) {
@@ -374,7 +366,7 @@ torch::serialize::InputArchive read_checkpoint_file(const std::string& path) {
       throw CheckpointError(fmt::format("cannot read checkpoint '{}': {}", path, std::strerror(checked.read_error())));
     throw corrupted;
   };
-  check_holds_data(path, length, check_rest);
+  check_holds_data(file, path, length, check_rest);
   try {
     archive.load_from([&](uint64_t pos, void* buf, size_t n) { return checked.read(pos, buf, n); },
                       [&] { return static_cast<size_t>(length); }, torch::Device(torch::kCPU));

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "checkpoint/checkpoint_file.h"
 #include "checkpoint/meta.h"
 #include "detail/tensor_moves.h"
 #include "fulgor/checkpoint/checkpoint.h"
@@ -9,10 +10,10 @@
 
 namespace fulgor::detail {
 
-LoadedCheckpoint load_checkpoint(const std::string& path) {
+LoadedCheckpoint load_checkpoint(const RegularFile& file, const std::string& path) {
   LoadedCheckpoint ckpt;
   ckpt.path = path;
-  auto archive = std::make_shared<torch::serialize::InputArchive>(read_checkpoint_file(path));
+  auto archive = std::make_shared<torch::serialize::InputArchive>(read_checkpoint_file(file, path));
   ckpt.meta = parse_checkpoint_meta(*archive, path);
   ckpt.archive = archive;
   ckpt.restore_weights = [archive, path](torch::nn::Module& module) {

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "detail/regular_file.h"
+
 namespace fulgor {
 class Accelerator;
 namespace detail {
@@ -47,9 +49,9 @@ struct LoadedCheckpoint {
       restore_optimizers;
 };
 
-// A fulgor checkpoint file (read_checkpoint_file) in the loaded form, its
-// metadata checked (parse_checkpoint_meta).
-LoadedCheckpoint load_checkpoint(const std::string& path);
+// A fulgor checkpoint file (read_checkpoint_file), open at `file`, in the
+// loaded form, its metadata checked (parse_checkpoint_meta).
+LoadedCheckpoint load_checkpoint(const RegularFile& file, const std::string& path);
 
 }  // namespace detail
 }  // namespace fulgor

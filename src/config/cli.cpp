@@ -3,44 +3,34 @@
 #include <fmt/format.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <sstream>
 
-#include "fulgor/core/error.h"
 #include "config/closest_name.h"
 #include "config/json_input.h"
+#include "detail/read_at.h"
+#include "detail/regular_file.h"
+#include "fulgor/core/error.h"
 
 namespace fulgor {
 namespace {
 
 using nlohmann::json;
 
-// A config file is a few kilobytes; a path that reads on and on (/dev/zero)
-// is refused once it has given this much.
-constexpr std::streamsize kMaxConfigBytes = 16 << 20;
+// A config file is a few kilobytes; a larger file is no config.
+constexpr uint64_t kMaxConfigBytes = 16 << 20;
 
 std::string read_config_text(const std::string& path) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec))
-    throw ConfigError(fmt::format("--config {}: is a folder, not a JSON file", path));
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigError(fmt::format("--config {}: cannot open the file: {}", path, std::strerror(errno)));
-  std::string text;
-  try {
-    char buffer[1 << 16];
-    while (in.read(buffer, sizeof(buffer)) || in.gcount() > 0) {
-      text.append(buffer, static_cast<size_t>(in.gcount()));
-      if (static_cast<std::streamsize>(text.size()) > kMaxConfigBytes)
-        throw ConfigError(
-            fmt::format("--config {}: larger than {} MiB, not a config file", path, kMaxConfigBytes >> 20));
-    }
-  } catch (const std::ios_base::failure& e) {
-    // libstdc++ throws on a failed read (an I/O error, a folder) whatever the stream's exception mask.
-    throw ConfigError(fmt::format("--config {}: cannot read the file: {}", path, e.code().message()));
-  }
-  if (in.bad()) throw ConfigError(fmt::format("--config {}: cannot read the file", path));
+  // Note [Opening a user's path]: a FIFO is refused, not waited on.
+  const detail::RegularFile file = detail::RegularFile::open(path);
+  if (!file) throw ConfigError(fmt::format("--config {}: {}", path, file.problem()));
+  if (file.size() > kMaxConfigBytes)
+    throw ConfigError(fmt::format("--config {}: larger than {} MiB, not a config file", path, kMaxConfigBytes >> 20));
+  std::string text(static_cast<size_t>(file.size()), '\0');
+  if (!detail::read_at(file.fd(), 0, text.data(), text.size()))
+    throw ConfigError(
+        fmt::format("--config {}: cannot read the file: {}", path, errno != 0 ? std::strerror(errno) : "it shrank"));
   return text;
 }
 

@@ -15,15 +15,16 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <cerrno>
 #include <cstdlib>
-#include <filesystem>
-#include <fstream>
 #include <map>
 #include <mutex>
 
+#include "core/registry_access.h"
+#include "detail/read_at.h"
+#include "detail/regular_file.h"
 #include "fulgor/core/error.h"
 #include "fulgor/core/version.h"
-#include "core/registry_access.h"
 
 namespace fulgor {
 namespace detail {
@@ -148,8 +149,8 @@ namespace {
 // is no ELF file.
 int elf_machine(const std::string& path) {
   unsigned char header[20] = {};
-  std::ifstream file(path, std::ios::binary);
-  if (!file.read(reinterpret_cast<char*>(header), sizeof header) || header[EI_MAG0] != ELFMAG0 ||
+  const RegularFile file = RegularFile::open(path);
+  if (!file || !read_at(file.fd(), 0, header, sizeof header) || header[EI_MAG0] != ELFMAG0 ||
       header[EI_MAG1] != ELFMAG1 || header[EI_MAG2] != ELFMAG2 || header[EI_MAG3] != ELFMAG3)
     return -1;
   const bool big_endian = header[EI_DATA] == ELFDATA2MSB;
@@ -207,9 +208,11 @@ std::vector<std::string> load_accelerator_plugin(const std::string& path) {
   std::lock_guard<std::mutex> lock(mutex);
 
   // A name without a slash is the dynamic loader's to find (dlopen(3)).
-  std::error_code ec;
-  if (path.find('/') != std::string::npos && !std::filesystem::is_regular_file(path, ec))
-    throw PluginError(fmt::format("accelerator plugin '{}' does not exist or is not a file", path));
+  // A FIFO would block dlopen (Note [Opening a user's path]).
+  if (path.find('/') != std::string::npos)
+    if (const auto file = detail::RegularFile::open(path); !file)
+      throw PluginError(
+          fmt::format("accelerator plugin '{}' {}", path, file.error() == ENOENT ? "does not exist" : file.problem()));
 
   detail::PluginLoad load;
   detail::current_load = &load;

@@ -1,10 +1,8 @@
 #include "fulgor/data/image_folder.h"
 
-#include <fcntl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
@@ -17,6 +15,7 @@
 #include <utility>
 
 #include "detail/read_at.h"
+#include "detail/regular_file.h"
 #include "fulgor/data/image_decode.h"
 
 namespace fulgor {
@@ -120,21 +119,15 @@ ImageFolder::ImageFolder(const std::string& root) {
 void ImageFolder::read(int64_t index, std::vector<uint8_t>& bytes) const { read_file(name(index), bytes); }
 
 void read_file(const std::string& path, std::vector<uint8_t>& bytes) {
-  // Non-blocking, so that a FIFO is refused below rather than waited on
-  // (Note [Folders from elsewhere]); a regular file's size is known up front.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) throw DataError(fmt::format("{}: cannot be read ({})", path, std::strerror(errno)));
-  struct stat info {};
-  if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
-    ::close(fd);
-    throw DataError(fmt::format("{}: not a regular file (a FIFO, a device or a socket is no image)", path));
-  }
-  bytes.resize(static_cast<size_t>(info.st_size));
-  const bool read = detail::read_at(fd, 0, bytes.data(), bytes.size());
-  const int error = errno;
-  ::close(fd);
-  if (!read)
+  // A FIFO is refused rather than waited on (Note [Folders from elsewhere],
+  // Note [Opening a user's path]); a regular file's size is known up front.
+  const detail::RegularFile file = detail::RegularFile::open(path);
+  if (!file) throw DataError(fmt::format("image '{}' {}", path, file.problem()));
+  bytes.resize(static_cast<size_t>(file.size()));
+  if (!detail::read_at(file.fd(), 0, bytes.data(), bytes.size())) {
+    const int error = errno;
     throw DataError(fmt::format("{}: read failed ({})", path, error != 0 ? std::strerror(error) : "it shrank"));
+  }
 }
 
 }  // namespace fulgor

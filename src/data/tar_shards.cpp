@@ -17,31 +17,15 @@
 #include <sstream>
 #include <utility>
 
-#include "fulgor/data/image_decode.h"
 #include "detail/read_at.h"
+#include "detail/regular_file.h"
+#include "fulgor/data/image_decode.h"
 
 namespace fulgor {
 namespace {
 
-// Opens `path` (a shard or an index, `what`) for reading, non-blocking so
-// that a FIFO is refused rather than waited on: -1 with errno where it cannot
-// be opened; a DataError where it is no regular file.
-int open_regular(const std::string& path, const char* what) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) return fd;
-  struct stat info {};
-  if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
-    ::close(fd);
-    throw DataError(fmt::format("{} '{}' is not a regular file", what, path));
-  }
-  return fd;
-}
-
-int open_shard(const std::string& path) {
-  const int fd = open_regular(path, "tar shard");
-  if (fd < 0) throw DataError(fmt::format("tar shard '{}' cannot be opened ({})", path, std::strerror(errno)));
-  return fd;
-}
+// A shard, opened once (Note [Shards kept open], Note [Opening a user's path]).
+detail::RegularFile open_shard(const std::string& path) { return detail::open_regular<DataError>(path, "tar shard"); }
 
 // Note [Tar numbers]
 // A header's numeric field: octal digits, between spaces and up to a NUL, as
@@ -111,20 +95,15 @@ constexpr const char* kIndexMagic = "fulgor-tar-index";
 // larger than its shard plus its first line: each sample's line is shorter
 // than the sample's headers and member names in the shard.
 std::optional<std::string> read_index(const std::string& path, uint64_t shard_size) {
-  const int fd = open_regular(path, "index");
-  if (fd < 0 && (errno == ENOENT || errno == ENOTDIR)) return std::nullopt;
-  if (fd < 0) throw DataError(fmt::format("index '{}' cannot be opened ({})", path, std::strerror(errno)));
-  struct stat info {};
-  std::string text;
-  const bool sized = ::fstat(fd, &info) == 0;
-  const bool fits = sized && static_cast<uint64_t>(info.st_size) <= shard_size + 4096;
-  if (fits) text.resize(static_cast<size_t>(info.st_size));
-  const bool read = fits && detail::read_at(fd, 0, text.data(), text.size());
-  ::close(fd);
-  if (sized && !fits)
+  const detail::RegularFile file = detail::RegularFile::open(path);
+  if (!file && (file.error() == ENOENT || file.error() == ENOTDIR)) return std::nullopt;
+  if (!file) throw DataError(fmt::format("index '{}' {}", path, file.problem()));
+  if (file.size() > shard_size + 4096)
     throw DataError(fmt::format("index '{}' has {} bytes, more than its shard's {} bytes: it is no index of it", path,
-                                info.st_size, shard_size));
-  if (!read) throw DataError(fmt::format("index '{}' cannot be read", path));
+                                file.size(), shard_size));
+  std::string text(static_cast<size_t>(file.size()), '\0');
+  if (!detail::read_at(file.fd(), 0, text.data(), text.size()))
+    throw DataError(fmt::format("index '{}' cannot be read", path));
   return text;
 }
 
@@ -168,13 +147,7 @@ std::pair<std::string, std::string> key_and_extension(const std::string& path) {
 // more than the read itself for small images), no shared file position, so
 // the workers read concurrently without a lock.
 struct TarShards::Files {
-  std::vector<int> fds;
-  Files() = default;
-  Files(const Files&) = delete;
-  Files& operator=(const Files&) = delete;
-  ~Files() {
-    for (const int fd : fds) ::close(fd);
-  }
+  std::vector<detail::RegularFile> shards;
 };
 
 std::vector<std::string> TarShards::expand(const std::string& pattern) {
@@ -212,7 +185,7 @@ TarShards::TarShards(const std::vector<std::string>& shards, bool use_index) {
   if (shards_.empty()) throw ConfigError("TarShards needs at least one shard");
   files_ = std::make_shared<Files>();
   for (size_t s = 0; s < shards_.size(); ++s) {
-    files_->fds.push_back(open_shard(shards_[s]));
+    files_->shards.push_back(open_shard(shards_[s]));
     const size_t before = samples_.size();
     if (!use_index || !load_index(s)) {
       indexed_ = false;
@@ -226,7 +199,7 @@ TarShards::TarShards(const std::vector<std::string>& shards, bool use_index) {
   // Streamed shards are read in order (Note [Streamed shards]), where the
   // kernel's larger read-ahead helps.
   if (!indexed_)
-    for (const int fd : files_->fds) ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+    for (const auto& file : files_->shards) ::posix_fadvise(file.fd(), 0, 0, POSIX_FADV_SEQUENTIAL);
   int64_t classes = 0;
   for (const auto& sample : samples_) classes = std::max(classes, sample.target + 1);
   for (int64_t c = 0; c < classes; ++c) classes_.push_back(std::to_string(c));
@@ -237,7 +210,7 @@ TarShards::TarShards(const std::vector<std::string>& shards, bool use_index) {
 // member's data is skipped, so indexing costs one read per member.
 void TarShards::scan(size_t shard) {
   const std::string& path = shards_[shard];
-  const int fd = files_->fds[shard];
+  const int fd = files_->shards[shard].fd();
   const uint64_t file_size = size_of(fd, path);
   std::optional<std::string> long_name;
   std::optional<std::string> key;  // the sample's, once one has begun (an empty key is one, as WebDataset's)
@@ -307,7 +280,7 @@ void TarShards::scan(size_t shard) {
 // rest of its line, since it may hold spaces.
 bool TarShards::load_index(size_t shard) {
   const std::string path = shards_[shard] + ".idx";
-  const uint64_t file_size = size_of(files_->fds[shard], shards_[shard]);
+  const uint64_t file_size = size_of(files_->shards[shard].fd(), shards_[shard]);
   const std::optional<std::string> text = read_index(path, file_size);
   if (!text) return false;
   std::istringstream in(*text);
@@ -343,7 +316,8 @@ std::string TarShards::write_index(const std::string& shard) {
   const std::string path = shard + ".idx", partial = path + ".partial";
   {
     std::ofstream out(partial);
-    out << fmt::format("{} 1 {} {}\n", kIndexMagic, size_of(scanned.files_->fds[0], shard), scanned.samples_.size());
+    out << fmt::format("{} 1 {} {}\n", kIndexMagic, size_of(scanned.files_->shards[0].fd(), shard),
+                       scanned.samples_.size());
     for (const Sample& s : scanned.samples_) out << fmt::format("{} {} {} {}\n", s.offset, s.size, s.target, s.member);
     if (!out.flush()) throw DataError(fmt::format("index '{}' cannot be written", partial));
   }
@@ -356,7 +330,7 @@ std::vector<int64_t> TarShards::streams() const { return indexed_ ? std::vector<
 void TarShards::read(int64_t index, std::vector<uint8_t>& bytes) const {
   const Sample& s = samples_[static_cast<size_t>(index)];
   bytes.resize(s.size);
-  if (!detail::read_at(files_->fds[s.shard], s.offset, bytes.data(), s.size))
+  if (!detail::read_at(files_->shards[s.shard].fd(), s.offset, bytes.data(), s.size))
     throw DataError(
         fmt::format("{}: cannot be read ({})", name(index), errno ? std::strerror(errno) : "it ends early"));
 }

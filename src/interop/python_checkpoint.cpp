@@ -2,12 +2,14 @@
 
 #include <fmt/format.h>
 
-#include <fstream>
+#include <cstdint>
 
+#include "detail/read_at.h"
 #include "fulgor/core/error.h"
 #include "fulgor/interop/optimizer_state.h"
 #include "fulgor/interop/state_dict.h"
 #include "fulgor/interop/torch_load.h"
+#include "interop/torch_load_archive.h"
 
 // Note [Resuming a Python run]
 // Trainer::fit(..., ckpt_path) takes a file Python wrote (a Lightning .ckpt,
@@ -111,15 +113,14 @@ nlohmann::json scheduler_states(const c10::IValue& checkpoint, const std::string
 
 }  // namespace
 
-bool is_python_checkpoint(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
+bool is_python_checkpoint(const RegularFile& file) {
   char head[4] = {};
-  return in.read(head, 4) && std::string(head, 4) == "PK\x03\x04";
+  return read_at(file.fd(), 0, head, 4) && std::string(head, 4) == "PK\x03\x04";
 }
 
-LoadedCheckpoint load_python_checkpoint(const std::string& path) {
+LoadedCheckpoint load_python_checkpoint(const RegularFile& file, const std::string& path) {
   const std::string source = "checkpoint '" + path + "'";
-  const c10::IValue checkpoint = torch_load(path);
+  const c10::IValue checkpoint = torch_load_archive(MappedFile::map(file, path, 0, UINT64_MAX), {});
   LoadedCheckpoint ckpt;
   ckpt.path = path;
   ckpt.meta = {{"loop", loop_state(checkpoint, path)}, {"schedulers", scheduler_states(checkpoint, source)}};

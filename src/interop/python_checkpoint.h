@@ -6,16 +6,17 @@
 
 namespace fulgor::detail {
 
-// Whether `path` is a torch.save zip archive (a Lightning .ckpt or a
+// Whether `file` is a torch.save zip archive (a Lightning .ckpt or a
 // {model, optimizer} checkpoint written by Python), told from its first
 // bytes: fulgor's own checkpoints begin otherwise (Note [Checkpoint files]).
-bool is_python_checkpoint(const std::string& path);
+bool is_python_checkpoint(const RegularFile& file);
 
 // A checkpoint Python wrote, translated into the form fulgor's own are
 // loaded in (Note [The loaded checkpoint]): Lightning's loop progress as the
 // loops' state, the torch schedulers' states as fulgor's schedules keep
 // them, and the weights and torch.optim states restored through interop's
 // readers (Note [Resuming a Python run]).
-LoadedCheckpoint load_python_checkpoint(const std::string& path);
+// `file` is the open `path`, the descriptor read (Note [Opening a user's path]).
+LoadedCheckpoint load_python_checkpoint(const RegularFile& file, const std::string& path);
 
 }  // namespace fulgor::detail

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <fstream>
 
+#include "detail/regular_file.h"
 #include "fulgor/core/error.h"
 #include "interop/pickle_writer.h"
 
@@ -17,9 +18,7 @@ namespace {
 // `path` once complete.
 void write_archive(detail::PickleWriter& writer, const std::filesystem::path& path) {
   std::string pickle = writer.finish();
-  std::error_code kind;
-  if (std::filesystem::is_directory(path, kind))
-    throw InteropError(fmt::format("cannot write '{}': it is a folder; name a file", path.string()));
+  detail::check_output<InteropError>(path.string());
   std::filesystem::path temporary = path;
   temporary += fmt::format(".tmp{}", getpid());
   std::ofstream out(temporary, std::ios::binary | std::ios::trunc);

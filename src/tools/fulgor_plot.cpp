@@ -26,6 +26,9 @@
 #include <string>
 #include <vector>
 
+#include "detail/read_at.h"
+#include "detail/regular_file.h"
+
 namespace {
 
 struct UsageError {
@@ -89,11 +92,20 @@ bool parse_number(const std::string& text, double& value) {
   return end == text.c_str() + text.size() && std::isfinite(value);
 }
 
+// The whole file at `path`, a regular file (Note [Opening a user's path]).
+std::string read_text(const std::string& path) {
+  const auto file = fulgor::detail::open_regular<std::runtime_error>(path, "");
+  std::string text(file.size(), '\0');
+  if (!fulgor::detail::read_at(file.fd(), 0, text.data(), text.size()))
+    throw std::runtime_error(
+        fmt::format("'{}' cannot be read: {}", path, errno != 0 ? std::strerror(errno) : "it shrank"));
+  return text;
+}
+
 // Every column but step and epoch, as (step, value) points where the row has
 // a finite value; columns with none are left out.
 std::vector<Series> read_csv(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw std::runtime_error(fmt::format("cannot open '{}': {}", path, std::strerror(errno)));
+  std::istringstream in(read_text(path));
   std::string line;
   if (!std::getline(in, line)) throw std::runtime_error(fmt::format("'{}' is empty", path));
   if (!line.empty() && line.back() == '\r') line.pop_back();
@@ -321,6 +333,7 @@ int main(int argc, char** argv) {
   }
   try {
     const std::string svg = render(read_csv(options.csv));
+    fulgor::detail::check_output<std::runtime_error>(options.svg);  // a FIFO would wait for a reader
     std::ofstream out(options.svg, std::ios::trunc);
     out << svg;
     out.flush();

@@ -87,7 +87,8 @@ std::string CheckpointConnector::resolve(const std::string& path) const {
 // loaded form (Note [The loaded checkpoint]).
 LoadedCheckpoint CheckpointConnector::read(const std::string& requested) const {
   const std::string path = resolve(requested);
-  return is_python_checkpoint(path) ? load_python_checkpoint(path) : load_checkpoint(path);
+  const RegularFile file = open_regular<CheckpointError>(path, "checkpoint");  // Note [Opening a user's path]
+  return is_python_checkpoint(file) ? load_python_checkpoint(file, path) : load_checkpoint(file, path);
 }
 
 // Lightning's _restore_modules_and_callbacks, after the setup hooks: the

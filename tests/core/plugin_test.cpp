@@ -3,6 +3,8 @@
 // expects a clean exit).
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -95,6 +97,17 @@ TEST_F(PluginTest, EnvironmentFailureIsReportedOnUse) {
 TEST_F(PluginTest, MissingFile) {
   in_child(
       [] { return contains(load_error("/nonexistent/libnothing.so"), "'/nonexistent/libnothing.so' does not exist"); });
+}
+
+// dlopen of a FIFO would wait for a writer; a death test that hangs fails by its timeout.
+TEST_F(PluginTest, AFifoIsRefusedWithoutWaiting) {
+  in_child([] {
+    const std::string fifo = ::testing::TempDir() + "/fulgor_plugin_fifo_" + std::to_string(::getpid()) + ".so";
+    if (::mkfifo(fifo.c_str(), 0600) != 0) return false;
+    const std::string error = load_error(fifo);
+    ::unlink(fifo.c_str());
+    return contains(error, "accelerator plugin '" + fifo + "' is a FIFO, not a regular file");
+  });
 }
 
 TEST_F(PluginTest, NotASharedLibrary) {

@@ -212,10 +212,11 @@ TEST(UntrustedTarShards, AnIndexThatIsNoRegularFileOrTooLargeIsRefused) {
   auto index_error = [&] { return test::thrown_message<DataError>([&] { TarShards shards({tar.string()}); }); };
   const auto start = std::chrono::steady_clock::now();
   ASSERT_EQ(::mkfifo(index.c_str(), 0600), 0);
-  EXPECT_NE(index_error().find("s.tar.idx' is not a regular file"), std::string::npos) << index_error();
+  EXPECT_NE(index_error().find("s.tar.idx' is a FIFO, not a regular file"), std::string::npos) << index_error();
   fs::remove(index);
   fs::create_symlink("/dev/zero", index);
-  EXPECT_NE(index_error().find("s.tar.idx' is not a regular file"), std::string::npos) << index_error();
+  EXPECT_NE(index_error().find("s.tar.idx' is a character device, not a regular file"), std::string::npos)
+      << index_error();
   fs::remove(index);
   std::ofstream(index) << std::string(fs::file_size(tar) + 5000, ' ');
   EXPECT_NE(index_error().find("more than its shard's"), std::string::npos) << index_error();
@@ -231,7 +232,8 @@ TEST(UntrustedTarShards, AnEmptyShardIsAnErrorNotZeroSamples) {
 TEST(UntrustedTarShards, AFifoIsNoShard) {
   Scratch dir("fifo_shard");
   ASSERT_EQ(::mkfifo((dir.root / "x.tar").c_str(), 0600), 0);
-  EXPECT_NE(shard_error(dir.root / "x.tar").find("is not a regular file"), std::string::npos);
+  EXPECT_NE(shard_error(dir.root / "x.tar").find("x.tar' is a FIFO, not a regular file"), std::string::npos)
+      << shard_error(dir.root / "x.tar");
 }
 
 TEST(UntrustedTarShards, AnIndexOutOfRangeIsRefused) {

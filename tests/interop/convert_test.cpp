@@ -6,6 +6,9 @@
 #include <fulgor/interop/torch_load.h>
 #include <fulgor/interop/weights_file.h>
 
+#include <sys/stat.h>
+
+#include <fstream>
 #include <sstream>
 
 #include "interop_support.h"
@@ -108,6 +111,70 @@ TEST(FulgorConvert, ListsNamesDtypesShapesAndChecksumsXxhsumAgreesWith) {
             1);
   EXPECT_NE(output.find("accepted: .safetensors, .pt, .pth, .bin"), std::string::npos) << output;
   EXPECT_EQ(convert("--list", &output), 2);
+}
+
+// A file of `n` int16 tensors "t0" ... of one element each, t<i> holding i
+// (its low 16 bits), its header listing them in the reverse of their data's
+// order.
+fs::path many_tensors(const ScratchDir& dir, int n) {
+  std::string header = "{";
+  for (int i = n - 1; i >= 0; --i)
+    header += fmt::format(R"("t{}":{{"dtype":"I16","shape":[1],"data_offsets":[{},{}]}}{})", i, 2 * i, 2 * i + 2,
+                          i > 0 ? "," : "}");
+  header.append((8 - header.size() % 8) % 8, ' ');
+  const fs::path path = dir.path() / "many.safetensors";
+  std::ofstream out(path, std::ios::binary);
+  for (int i = 0; i < 8; ++i) out.put(static_cast<char>(header.size() >> (8 * i)));
+  out << header;
+  for (int i = 0; i < n; ++i) out.put(static_cast<char>(i & 0xff)).put(static_cast<char>((i >> 8) & 0xff));
+  return path;
+}
+
+// Listing 100,000 tensors once took 140 s: their header's parse scanned every
+// tensor before each one. In time linear in the header it takes a fraction of
+// a second; quadratic, minutes, which `timeout` ends as a failure (status 124).
+TEST(FulgorConvert, ListsAHundredThousandTensorsInTheOrderOfTheirData) {
+  ScratchDir dir("convert_many");
+  constexpr int n = 100'000;
+  const fs::path path = many_tensors(dir, n);
+  std::string output;
+  ASSERT_EQ(run(fmt::format("timeout 60 {} --list {}", FULGOR_CONVERT, path.string()), &output), 0)
+      << output.substr(0, 1000);
+  std::istringstream lines(output);
+  std::string line;
+  std::getline(lines, line);
+  EXPECT_EQ(line, fmt::format("# {}: safetensors, {} tensors", path.string(), n));
+  int listed = 0;
+  for (; std::getline(lines, line); ++listed)
+    if (line != fmt::format("t{}\tShort\t[1]", listed)) break;
+  EXPECT_EQ(listed, n) << "line " << listed + 2 << ": " << line;
+  StateDict state = read_weights(path);
+  ASSERT_EQ(state.size(), static_cast<size_t>(n));
+  for (int i : {0, 255, 256, 12'345, 40'000, n - 1})  // i's low 16 bits, as int16
+    EXPECT_EQ(state[fmt::format("t{}", i)].item<int64_t>(), static_cast<int16_t>(i));
+}
+
+// A FIFO once made --list wait for a writer forever; a device never ends.
+// `timeout` makes such a wait fail the test (status 124) rather than hang it.
+TEST(FulgorConvert, RefusesAFifoOrADeviceAsInputOrOutputWithoutWaiting) {
+  ScratchDir dir("convert_fifo");
+  const std::string fifo = (dir.path() / "in.safetensors").string(), out = (dir.path() / "out.pt").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  ASSERT_EQ(::mkfifo(out.c_str(), 0600), 0);
+  const std::string timed = "timeout 60 " + std::string(FULGOR_CONVERT);
+  std::string output;
+  EXPECT_EQ(run(fmt::format("{} --list {}", timed, fifo), &output), 1) << output;
+  EXPECT_NE(output.find("weights file '" + fifo + "' is a FIFO, not a regular file"), std::string::npos) << output;
+  EXPECT_EQ(run(fmt::format("{} {} {}", timed, fifo, (dir.path() / "x.pt").string()), &output), 1) << output;
+  EXPECT_NE(output.find("'" + fifo + "' is a FIFO, not a regular file"), std::string::npos) << output;
+  EXPECT_EQ(run(fmt::format("{} --list /dev/zero", timed), &output), 1) << output;
+  EXPECT_NE(output.find("'/dev/zero' is a character device, not a regular file"), std::string::npos) << output;
+  // An output that is no regular file would be replaced by the rename that ends a write.
+  const std::string source = (reference_dir() / "state_dict.pt").string();
+  EXPECT_EQ(run(fmt::format("{} {} {}", timed, source, out), &output), 1) << output;
+  EXPECT_NE(output.find("cannot write '" + out + "': it is a FIFO, not a regular file"), std::string::npos) << output;
+  EXPECT_TRUE(fs::is_fifo(out));
+  EXPECT_FALSE(fs::exists(dir.path() / "x.pt"));
 }
 
 }  // namespace

@@ -77,6 +77,14 @@ TEST(Safetensors, RefusesWhatTheFormatsReaderRefuses) {
   refuses(file_of(dir, "{" + a + R"(,"__metadata__":{"k":1}})", 8), "'k' is not a string");
   refuses(file_of(dir, R"({"a":{"dtype":"Q7","shape":[1],"data_offsets":[0,1]}})", 1), "dtype Q7");
   refuses(file_of(dir, R"({"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", 4), "non-negative");
+  // A name given twice with others between, found by sorting the names.
+  const std::string b = R"("b":{"dtype":"I8","shape":[4],"data_offsets":[8,12]})";
+  refuses(file_of(dir, "{" + a + "," + b + "," + a + "}", 12), "names 'a' twice");
+  // Names past the bound are refused as they are counted, before any tensor is built.
+  std::string many = "{";
+  for (int i = 0; i <= 1'000'000; ++i) many += fmt::format(R"("{}":0,)", i);
+  many.back() = '}';
+  refuses(file_of(dir, many, 0), "declares more than 1000000 tensors");
   if (!FULGOR_TORCH_AT_LEAST(2, 3))
     refuses(file_of(dir, R"({"a":{"dtype":"U16","shape":[2],"data_offsets":[0,4]}})", 4),
             "dtype U16, which this LibTorch");

@@ -182,7 +182,7 @@ TEST(UntrustedDestination, AFolderIsAnErrorAndNoTemporaryIsLeft) {
     while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) output.append(buffer, n);
     const int status = pclose(pipe);
     EXPECT_EQ(WIFEXITED(status) ? WEXITSTATUS(status) : -1, 1) << output;
-    EXPECT_NE(output.find("it is a folder; name a file"), std::string::npos) << output;
+    EXPECT_NE(output.find("it is a folder, not a regular file; name a file"), std::string::npos) << output;
   }
   for (const auto& entry : fs::directory_iterator(dir.path()))
     EXPECT_EQ(entry.path().string().find(".tmp"), std::string::npos) << entry.path();

@@ -25,7 +25,8 @@ METRICS = """step,epoch,lr-Adam,train_loss,val_acc,val_loss
 
 
 def run(*args):
-    return subprocess.run([PLOT, *args], capture_output=True, text=True)
+    # A timeout, so that a read or write that waits fails rather than hangs.
+    return subprocess.run([PLOT, *args], capture_output=True, text=True, timeout=60)
 
 
 class Plot(unittest.TestCase):
@@ -108,8 +109,17 @@ class Plot(unittest.TestCase):
 
     def test_a_missing_file_is_an_error(self):
         missing = os.path.join(self.dir.name, "nothing.csv")
-        self.assert_fails([missing], 1, "cannot open", missing)
+        self.assert_fails([missing], 1, "cannot be opened", missing)
         self.assertFalse(os.path.exists(os.path.join(self.dir.name, "nothing.svg")))
+
+    def test_a_fifo_is_refused_without_waiting(self):
+        fifo = os.path.join(self.dir.name, "metrics.csv")
+        os.mkfifo(fifo)
+        self.assert_fails([fifo], 1, fifo, "is a FIFO, not a regular file")
+        csv = self.write("m.csv", "step,loss\n0,1\n1,2\n")
+        svg = os.path.join(self.dir.name, "out.svg")
+        os.mkfifo(svg)
+        self.assert_fails([csv, "-o", svg], 1, svg, "is a FIFO, not a regular file")
 
     def test_a_csv_without_step_is_an_error(self):
         self.assert_fails([self.write("m.csv", "epoch,loss\n0,1.5\n")], 1, "no 'step' column", "epoch,loss")

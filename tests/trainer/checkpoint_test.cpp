@@ -219,7 +219,7 @@ TEST(Checkpoint, BrokenFilesFailCleanlyAndChangeNothing) {
       {write("corrupted.ckpt", corrupted), "corrupted"},
       {write("truncated.ckpt", bytes.substr(0, bytes.size() / 3)), "truncated"},
       {write("foreign.ckpt", "name,value\nloss,0.5\n"), "not a fulgor checkpoint"},
-      {(dir.path / "missing.ckpt").string(), "cannot read"}};
+      {(dir.path / "missing.ckpt").string(), "cannot be opened: No such file"}};
   const auto before = listing(dir.path);
   for (const auto& [path, what] : cases) {
     auto fresh = stateful_model();
@@ -367,8 +367,18 @@ TEST(Checkpoint, APathThatIsNotARegularFileIsAnErrorNamingIt) {
   };
   // Opening a FIFO for reading waits for a writer: run it aside, and be the
   // writer if it is still waiting, so that a failure ends.
-  auto reading = std::async(std::launch::async, [&] { expect_refused([&] { read_checkpoint_meta(fifo); }, fifo); });
-  if (reading.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
+  auto reading = std::async(std::launch::async, [&] {
+    expect_refused([&] { read_checkpoint_meta(fifo); }, fifo);
+    // fit(ckpt_path) tells the format from the file's first bytes, on the descriptor it then reads.
+    auto fresh = stateful_model();
+    auto train = sequential_loader(16, 8);
+    Trainer resumed(resumable(dir, 2));
+    const std::string message =
+        test::thrown_message<CheckpointError>([&] { resumed.fit(*fresh, train, {.ckpt_path = fifo}); });
+    EXPECT_NE(message.find("checkpoint '" + fifo + "' is a FIFO, not a regular file"), std::string::npos) << message;
+    EXPECT_EQ(fresh->training_steps, 0);
+  });
+  if (reading.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
     ADD_FAILURE() << "reading the FIFO " << fifo << " waits for a writer";
     const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
     if (fd >= 0) ::close(fd);

@@ -1,6 +1,12 @@
 // TrainerOptions to and from JSON and the command line.
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <fstream>
+#include <future>
 
 #include "tiny.h"
 
@@ -349,6 +355,23 @@ TEST(TrainerOptionsCommandLine, NamesAFolderGivenAsConfig) {
   const std::string m = rejection({"--config", dir.str()});
   EXPECT_NE(m.find("--config " + dir.str()), std::string::npos) << m;
   EXPECT_NE(m.find("folder"), std::string::npos) << m;
+}
+
+// A FIFO as --config once waited for a writer forever; a device read on.
+TEST(TrainerOptionsCommandLine, RefusesAFifoOrADeviceAsConfigWithoutWaiting) {
+  TempDir dir;
+  const std::string fifo = (dir.path / "run.json").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  auto refused = std::async(std::launch::async, [&] { return rejection({"--config", fifo}); });
+  if (refused.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
+    ADD_FAILURE() << "reading the FIFO " << fifo << " waits for a writer";
+    const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);  // the writer, so that the test ends
+    if (fd >= 0) ::close(fd);
+  }
+  const std::string m = refused.get();
+  EXPECT_NE(m.find("--config " + fifo + ": is a FIFO, not a regular file"), std::string::npos) << m;
+  const std::string zero = rejection({"--config", "/dev/zero"});
+  EXPECT_NE(zero.find("--config /dev/zero: is a character device, not a regular file"), std::string::npos) << zero;
 }
 
 // Invalid UTF-8 once let nlohmann's type_error.316 escape.
