@@ -408,6 +408,20 @@ TEST(Fabric, SaveAndLoadANamedState) {
   EXPECT_THROW(fabric.load(path, {{"model", wider}}), fulgor::CheckpointError);
 }
 
+// A folder or a missing file is named as what it is, with the system's reason.
+TEST(Fabric, LoadNamesAFolderAndAMissingFileAsWhatTheyAre) {
+  TempDir dir;
+  fulgor::Fabric fabric({.accelerator = "cpu"});
+  auto net = make_net();
+  const fulgor::FabricState state{{"model", net}};
+  EXPECT_NE(fulgor::test::thrown_message<fulgor::Error>([&] { fabric.load(dir.str(), state); })
+                .find("'" + dir.str() + "' is a folder, not a regular file"),
+            std::string::npos);
+  EXPECT_NE(fulgor::test::thrown_message<fulgor::Error>([&] { fabric.load(dir / "none.ckpt", state); })
+                .find("none.ckpt' cannot be opened: No such file or directory"),
+            std::string::npos);
+}
+
 TEST(Fabric, LoadsATorchSaveCheckpointThroughTheInteropReaders) {
   TempDir dir;
   const std::string script = dir / "make.py";
