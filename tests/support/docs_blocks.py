@@ -18,6 +18,11 @@ package (find_package(fulgor), no precompiled header, warnings as errors):
   load in the installed fulgor-info.
 - Python blocks: run with P (Debian's python3 and python3-torch) in the
   page's folder, after its programs, so that they read what those wrote.
+- C and Fortran blocks (the C API's): each must be a whole program (`int
+  main(`, `program NAME`), built against fulgor::fulgor_c or fulgor::fortran
+  (find_package(fulgor COMPONENTS Fortran)) and run without arguments in its
+  page's folder after the Python blocks, so that it trains the model one of
+  them wrote; it must exit with 0.
 - Shell blocks: parsed with `bash -n`, and every fulgor tool they call by
   name must be installed; they are not run, as they build, train, or name
   paths of the reader's machine.
@@ -78,8 +83,31 @@ project(fulgor_docs_blocks LANGUAGES CXX)
 find_package(fulgor REQUIRED)
 set(CMAKE_CXX_STANDARD 17)
 set(CMAKE_CXX_STANDARD_REQUIRED ON)
-add_compile_options(-Wall -Wextra -Werror -Wno-missing-field-initializers)
+add_compile_options(-Wall -Wextra -Werror $<$<COMPILE_LANGUAGE:CXX>:-Wno-missing-field-initializers>)
 """
+
+# The C API's programs: a language, how its whole programs begin, a suffix.
+NATIVE = {"c": (re.compile(r"^int main\(", re.M), ".c"),
+          "fortran": (re.compile(r"^program \w+", re.I | re.M), ".f90")}
+
+
+def native_project(programs):
+    """The CMake lines that build the C and Fortran programs."""
+    languages = {block.lang for block, _, _ in programs}
+    text = "enable_language(C)\n" if "c" in languages else ""
+    if "fortran" in languages:
+        text += "enable_language(Fortran)\nfind_package(fulgor REQUIRED COMPONENTS Fortran)\n"
+    for i, (block, folder, source) in enumerate(programs):
+        target = f"docs_native_{i}"
+        text += f"add_executable({target} {source})\n"
+        if block.lang == "c":
+            text += f"target_link_libraries({target} PRIVATE fulgor::fulgor_c)\n"
+        else:
+            # Each program compiles the module `fulgor` itself: one folder of modules each.
+            text += f"target_link_libraries({target} PRIVATE fulgor::fortran)\n"
+            text += (f"set_target_properties({target} PROPERTIES Fortran_MODULE_DIRECTORY "
+                     f"${{CMAKE_CURRENT_BINARY_DIR}}/{target}_modules)\n")
+    return text
 
 
 def shell_tools(code):
@@ -119,7 +147,7 @@ def main():
     pages = [options.source_dir / "README.md"] + sorted((options.source_dir / "docs").glob("*.md"))
     if options.only:
         pages = [p for p in pages if str(p.relative_to(options.source_dir)) in options.only]
-    module_sources, programs, projects, python_blocks = [], [], [], []
+    module_sources, programs, projects, python_blocks, native_programs = [], [], [], [], []
     for page in pages:
         folder = work / page_name(page)
         folder.mkdir(parents=True)
@@ -136,7 +164,16 @@ def main():
                     sys.exit(f"{where(block)}: calls {missing}, which the installed fulgor has not "
                              f"(installed: {', '.join(sorted(installed))})")
                 continue
-            if fragment or block.lang not in ("cpp", "cmake", "python"):
+            if fragment or block.lang not in ("cpp", "cmake", "python", *NATIVE):
+                continue
+            if block.lang in NATIVE:
+                start, suffix = NATIVE[block.lang]
+                if not start.search(block.code):
+                    sys.exit(f"{where(block)}: a {block.lang} block that is not a whole program must be marked "
+                             f"{FRAGMENT}")
+                source = folder / f"{page_name(page)}_{block.line}{suffix}"
+                source.write_text(block.code)
+                native_programs.append((block, folder, source))
                 continue
             if block.lang == "python":
                 python_blocks.append((block, folder))
@@ -174,11 +211,13 @@ def main():
         text += f"add_executable(docs_program_{i} {source})\n"
         text += f"target_include_directories(docs_program_{i} PRIVATE {folder})\n"
         text += f"target_link_libraries(docs_program_{i} PRIVATE fulgor::fulgor)\n"
+    text += native_project(native_programs)
     (project / "CMakeLists.txt").write_text(text)
-    print(f"compiling {len(module_sources)} blocks into a plugin and {len(programs)} programs "
-          f"against the installed fulgor")
+    print(f"compiling {len(module_sources)} blocks into a plugin, {len(programs)} programs and "
+          f"{len(native_programs)} C and Fortran programs against the installed fulgor")
     cmake_project(options.cmake, project, project / "build", options.cmake_arg, prefix)
-    if module_sources:
+    # (--only a page that registers no accelerator: its blocks compiled is all there is to check.)
+    if registered_names(module_sources):
         check_plugin(prefix, project / "build" / "libdocs_blocks.so", registered_names(module_sources))
 
     for i, (block, folder, source) in enumerate(programs):
@@ -196,10 +235,19 @@ def main():
 
     for block, folder in python_blocks:
         print(f"  {where(block)}: running it with {options.python}")
-        done = subprocess.run([options.python, "-c", block.code], cwd=folder, capture_output=True, text=True,
-                              timeout=300)
+        # From a file, as a reader runs it: torch.jit.script reads the source of what it scripts.
+        script = folder / f"{page_name(block.path)}_{block.line}.py"
+        script.write_text(block.code)
+        done = subprocess.run([options.python, script], cwd=folder, capture_output=True, text=True, timeout=300)
         if done.returncode != 0:
             sys.exit(f"{where(block)}: the Python block failed:\n{done.stdout}{done.stderr}")
+
+    for i, (block, folder, source) in enumerate(native_programs):
+        print(f"  {where(block)}: running the {block.lang} program")
+        done = subprocess.run([project / "build" / f"docs_native_{i}"], cwd=folder, capture_output=True, text=True,
+                              timeout=600)
+        if done.returncode != 0:
+            sys.exit(f"{where(block)}: the program exited with {done.returncode}:\n{done.stdout}{done.stderr}")
     print("every code block compiles and runs as shown")
 
 
