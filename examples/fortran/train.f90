@@ -3,10 +3,12 @@
 !
 !   fortran_train MODEL.pt [CHECKPOINT]
 !
-! MODEL.pt: a TorchScript network of 4 inputs and 1 output (torch.jit.save).
-! Exits 1 when a call fails or the loss does not fall.
+! MODEL.pt: a TorchScript network of 4 inputs and 1 output, as make_model
+! (C++) or make_model.py (Python) in this folder write it. Exits 2 after its
+! usage without a model, 1 when a call fails or the loss does not fall.
 program train
   use iso_c_binding
+  use iso_fortran_env, only: error_unit
   use fulgor
   implicit none
   integer, parameter :: rows = 32, features = 4, steps = 200
@@ -17,7 +19,10 @@ program train
   character(len=4096) :: path, checkpoint
   integer :: i, j, step
 
-  if (command_argument_count() < 1) stop "usage: fortran_train MODEL.pt [CHECKPOINT]"
+  if (command_argument_count() < 1) then
+    write (error_unit, '(a)') "usage: fortran_train MODEL.pt [CHECKPOINT]"
+    stop 2
+  end if
   call get_command_argument(1, path)
   checkpoint = "fortran_train.ckpt"
   if (command_argument_count() > 1) call get_command_argument(2, checkpoint)

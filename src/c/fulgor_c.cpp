@@ -4,14 +4,15 @@
 #include "fulgor/c/fulgor.h"
 
 #include <fmt/format.h>
-#include <fmt/ranges.h>
 #include <torch/torch.h>
 
-#include <algorithm>
 #include <memory>
 #include <string>
-#include <vector>
 
+#include "c/buffers.h"
+#include "c/configuration.h"
+#include "c/failure.h"
+#include "c/file_kind.h"
 #include "fulgor/config/seed.h"
 #include "fulgor/core/error.h"
 #include "fulgor/distributed/environment.h"
@@ -19,7 +20,22 @@
 #include "fulgor/jit/torchscript_module.h"
 #include "fulgor/optim/scheduler.h"
 
+namespace {
+
+// Note [Handle check]
+// Every call reads a handle's first member before anything else: a live
+// model holds kLiveModel there, and fulgor_model_destroy overwrites it before
+// the memory is freed. A destroyed handle, or a pointer to something else,
+// is then answered FULGOR_ERROR_ARGUMENT instead of used. The check reads
+// eight bytes the pointer points to, so it cannot help a pointer to memory
+// the program does not own, nor a destroyed handle whose memory a new model
+// has taken since: set a handle to NULL once destroyed.
+constexpr uint64_t kLiveModel = 0x31766c65646f6d66;  // "fmodelv1"
+
+}  // namespace
+
 struct fulgor_model {
+  uint64_t magic = kLiveModel;  // first: Note [Handle check]
   std::unique_ptr<fulgor::Fabric> fabric;
   std::unique_ptr<fulgor::TorchScriptModule> module;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
@@ -31,15 +47,15 @@ struct fulgor_model {
 
 namespace {
 
+using fulgor::c_api::fail;
+using fulgor::c_api::Failure;
+
 thread_local std::string last_error;
 
-// What a call failed with: its status and message.
-struct Failure {
-  fulgor_status status;
-  std::string message;
-};
-
-[[noreturn]] void fail(fulgor_status status, std::string message) { throw Failure{status, std::move(message)}; }
+fulgor_status failed(const char* function, fulgor_status status, const std::string& message) {
+  last_error = fmt::format("{}: {}", function, message);
+  return status;
+}
 
 // Runs `body`, turning every exception into a status and a message: none
 // crosses into the caller's language.
@@ -49,169 +65,39 @@ fulgor_status guarded(const char* function, Body&& body) {
     body();
     return FULGOR_OK;
   } catch (const Failure& f) {
-    last_error = fmt::format("{}: {}", function, f.message);
-    return f.status;
+    return failed(function, f.status, f.message);
   } catch (const fulgor::DeviceError& e) {
-    last_error = fmt::format("{}: {}", function, e.what());
-    return FULGOR_ERROR_DEVICE;
+    return failed(function, FULGOR_ERROR_DEVICE, e.what());
   } catch (const fulgor::CheckpointError& e) {
-    last_error = fmt::format("{}: {}", function, e.what());
-    return FULGOR_ERROR_CHECKPOINT;
+    return failed(function, FULGOR_ERROR_CHECKPOINT, e.what());
   } catch (const fulgor::ConfigError& e) {
-    last_error = fmt::format("{}: {}", function, e.what());
-    return FULGOR_ERROR_CONFIG;
+    return failed(function, FULGOR_ERROR_CONFIG, e.what());
+  } catch (const fulgor::RegistryError& e) {
+    // Unknown names are refused with the configuration: what is left is
+    // "auto" or "gpu" finding no accelerator available here.
+    return failed(function, FULGOR_ERROR_DEVICE, e.what());
+  } catch (const c10::OutOfMemoryError& e) {
+    return failed(function, FULGOR_ERROR_DEVICE, e.what_without_backtrace());
   } catch (const c10::Error& e) {
-    last_error = fmt::format("{}: {}", function, e.what_without_backtrace());
-    return FULGOR_ERROR_INTERNAL;
+    return failed(function, FULGOR_ERROR_INTERNAL, e.what_without_backtrace());
   } catch (const std::exception& e) {
-    last_error = fmt::format("{}: {}", function, e.what());
-    return FULGOR_ERROR_INTERNAL;
+    return failed(function, FULGOR_ERROR_INTERNAL, e.what());
   } catch (...) {
-    last_error = fmt::format("{}: an unknown exception", function);
-    return FULGOR_ERROR_INTERNAL;
+    return failed(function, FULGOR_ERROR_INTERNAL, "an unknown exception");
   }
 }
 
-// ---- The configuration ------------------------------------------------------
-
-void check_keys(const nlohmann::json& object, const std::string& where, const std::vector<std::string>& known) {
-  if (!object.is_object())
-    fail(FULGOR_ERROR_CONFIG, fmt::format("{} is a {}; expected a JSON object", where, object.type_name()));
-  for (auto it = object.begin(); it != object.end(); ++it)
-    if (std::find(known.begin(), known.end(), it.key()) == known.end())
-      fail(FULGOR_ERROR_CONFIG,
-           fmt::format("unknown key '{}' in {}; known keys: {}", it.key(), where, fmt::join(known, ", ")));
+template <typename Model>
+Model& checked(Model* model) {
+  if (model == nullptr) fail(FULGOR_ERROR_ARGUMENT, "the model is a null pointer");
+  if (model->magic != kLiveModel)
+    fail(FULGOR_ERROR_ARGUMENT,
+         "the model is not a live model: it was destroyed, or was not made by fulgor_model_create");
+  return *model;
 }
 
-template <typename T>
-T value_at(const nlohmann::json& object, const std::string& key, const std::string& where, T fallback) {
-  const auto it = object.find(key);
-  if (it == object.end()) return fallback;
-  const bool fits = std::is_same_v<T, std::string> ? it->is_string()
-                    : std::is_same_v<T, bool>      ? it->is_boolean()
-                    : std::is_integral_v<T>        ? it->is_number_integer()
-                                                   : it->is_number();
-  if (!fits)
-    fail(FULGOR_ERROR_CONFIG,
-         fmt::format("{} key '{}' is {} ({}); expected {}", where, key, it->dump(), it->type_name(),
-                     std::is_same_v<T, std::string> ? "a string"
-                     : std::is_same_v<T, bool>      ? "a boolean"
-                     : std::is_integral_v<T>        ? "an integer"
-                                                    : "a number"));
-  return it->get<T>();
-}
-
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(const nlohmann::json& config,
-                                                        std::vector<torch::Tensor> parameters) {
-  const std::string where = "the configuration's \"optimizer\"";
-  check_keys(config, where, {"type", "lr", "momentum", "weight_decay", "betas", "eps"});
-  const auto type = value_at<std::string>(config, "type", where, "adam");
-  const double lr = value_at<double>(config, "lr", where, type == "sgd" ? 0.01 : 0.001);
-  const double weight_decay = value_at<double>(config, "weight_decay", where, type == "adamw" ? 0.01 : 0.0);
-  if (type == "sgd") {
-    if (config.contains("betas") || config.contains("eps"))
-      fail(FULGOR_ERROR_CONFIG, where + ": \"betas\" and \"eps\" are Adam's; SGD takes lr, momentum, weight_decay");
-    return std::make_unique<torch::optim::SGD>(parameters,
-                                               torch::optim::SGDOptions(lr)
-                                                   .momentum(value_at<double>(config, "momentum", where, 0.0))
-                                                   .weight_decay(weight_decay));
-  }
-  if (type != "adam" && type != "adamw")
-    fail(FULGOR_ERROR_CONFIG, fmt::format("{} type '{}' is unknown; known types: sgd, adam, adamw", where, type));
-  if (config.contains("momentum")) fail(FULGOR_ERROR_CONFIG, where + ": \"momentum\" is SGD's");
-  std::tuple<double, double> betas{0.9, 0.999};
-  if (config.contains("betas")) {
-    const auto& b = config.at("betas");
-    if (!b.is_array() || b.size() != 2 || !b[0].is_number() || !b[1].is_number())
-      fail(FULGOR_ERROR_CONFIG, fmt::format("{} key 'betas' is {}; expected two numbers", where, b.dump()));
-    betas = {b[0].get<double>(), b[1].get<double>()};
-  }
-  const double eps = value_at<double>(config, "eps", where, 1e-8);
-  if (type == "adam")
-    return std::make_unique<torch::optim::Adam>(
-        parameters, torch::optim::AdamOptions(lr).betas(betas).eps(eps).weight_decay(weight_decay));
-  return std::make_unique<torch::optim::AdamW>(
-      parameters, torch::optim::AdamWOptions(lr).betas(betas).eps(eps).weight_decay(weight_decay));
-}
-
-std::unique_ptr<fulgor::LRScheduler> make_scheduler(const nlohmann::json& config, torch::optim::Optimizer& optimizer) {
-  const std::string where = "the configuration's \"lr_scheduler\"";
-  check_keys(config, where, {"type", "step_size", "gamma", "T_max", "eta_min"});
-  const auto type = value_at<std::string>(config, "type", where, "");
-  if (type == "step") {
-    check_keys(config, where + " of type step", {"type", "step_size", "gamma"});
-    return std::make_unique<fulgor::StepLR>(optimizer, value_at<int64_t>(config, "step_size", where, 1),
-                                            value_at<double>(config, "gamma", where, 0.1));
-  }
-  if (type == "cosine") {
-    check_keys(config, where + " of type cosine", {"type", "T_max", "eta_min"});
-    if (!config.contains("T_max")) fail(FULGOR_ERROR_CONFIG, where + " of type cosine needs \"T_max\"");
-    return std::make_unique<fulgor::CosineAnnealingLR>(optimizer, value_at<int64_t>(config, "T_max", where, 1),
-                                                       value_at<double>(config, "eta_min", where, 0.0));
-  }
-  fail(FULGOR_ERROR_CONFIG, fmt::format("{} type '{}' is unknown; known types: step, cosine", where, type));
-}
-
-// ---- Buffers -------------------------------------------------------------------
-
-torch::ScalarType scalar_type(fulgor_dtype dtype, const char* what) {
-  switch (dtype) {
-    case FULGOR_FLOAT32:
-      return torch::kFloat;
-    case FULGOR_FLOAT64:
-      return torch::kDouble;
-    case FULGOR_INT32:
-      return torch::kInt;
-    case FULGOR_INT64:
-      return torch::kLong;
-  }
-  fail(FULGOR_ERROR_ARGUMENT,
-       fmt::format("{} dtype {} is unknown; known: FULGOR_FLOAT32, FULGOR_FLOAT64, FULGOR_INT32, FULGOR_INT64", what,
-                   static_cast<int>(dtype)));
-}
-
-std::vector<int64_t> shape_of(const int64_t* shape, int32_t rank, const char* what) {
-  if (rank < 0 || rank > 16) fail(FULGOR_ERROR_ARGUMENT, fmt::format("{} rank {}: expected 0 to 16", what, rank));
-  if (rank > 0 && shape == nullptr) fail(FULGOR_ERROR_ARGUMENT, fmt::format("{} shape is a null pointer", what));
-  std::vector<int64_t> sizes(shape, shape + rank);
-  for (int64_t size : sizes)
-    if (size < 0)
-      fail(FULGOR_ERROR_ARGUMENT, fmt::format("{} shape [{}] has a negative size", what, fmt::join(sizes, ", ")));
-  return sizes;
-}
-
-// A view of the caller's buffer: on the host, or on the model's device when
-// the configuration says so; never written to.
-torch::Tensor view_of(const fulgor_model& model, const void* data, fulgor_dtype dtype, const int64_t* shape,
-                      int32_t rank, const char* what) {
-  if (data == nullptr) fail(FULGOR_ERROR_ARGUMENT, fmt::format("{} is a null pointer", what));
-  const auto options = torch::TensorOptions()
-                           .dtype(scalar_type(dtype, what))
-                           .device(model.device_buffers ? model.fabric->device() : torch::Device(torch::kCPU));
-  return torch::from_blob(const_cast<void*>(data), shape_of(shape, rank, what), options);
-}
-
-std::string describe(const torch::Tensor& t) {
-  return fmt::format("[{}] {}", fmt::join(t.sizes(), ", "), c10::toString(t.scalar_type()));
-}
-
-// The label must fit the loss: the output's shape and a floating type for a
-// regression loss, the output's shape without the class dimension and an
-// integer type for a classification loss.
-torch::Tensor checked_label(const std::string& loss, const torch::Tensor& output, torch::Tensor label) {
-  if (loss == "cross_entropy" || loss == "nll") {
-    if (label.is_floating_point() || output.dim() < 1 || label.dim() != output.dim() - 1 ||
-        (label.dim() > 0 && label.size(0) != output.size(0)))
-      fail(FULGOR_ERROR_SHAPE, fmt::format("label {} does not fit loss '{}' of output {}: expected class indices of an "
-                                           "integer dtype, one per row of the output",
-                                           describe(label), loss, describe(output)));
-    return label.to(torch::kLong);
-  }
-  if (label.sizes() != output.sizes() || !label.is_floating_point())
-    fail(FULGOR_ERROR_SHAPE, fmt::format("label {} does not fit loss '{}' of output {}: expected the output's shape "
-                                         "and a floating-point dtype",
-                                         describe(label), loss, describe(output)));
-  return label.to(output.scalar_type());
+torch::Device buffer_device(const fulgor_model& model) {
+  return model.device_buffers ? model.fabric->device() : torch::Device(torch::kCPU);
 }
 
 torch::Tensor forward(fulgor_model& model, const torch::Tensor& input) {
@@ -222,9 +108,60 @@ torch::Tensor forward(fulgor_model& model, const torch::Tensor& input) {
   }
 }
 
-fulgor_model& checked(fulgor_model* model) {
-  if (model == nullptr) fail(FULGOR_ERROR_ARGUMENT, "the model is a null pointer");
-  return *model;
+// Gradients set to none rather than zeroed in place, as PyTorch 2's
+// zero_grad() and Lightning do (LibTorch 1.13's zero_grad() only zeroes):
+// backward then writes each gradient afresh instead of adding it to zeros,
+// one pass over every gradient less per step.
+void clear_gradients(torch::optim::Optimizer& optimizer) {
+  for (auto& group : optimizer.param_groups())
+    for (auto& parameter : group.params()) parameter.mutable_grad().reset();
+}
+
+// The model file: refused, saying what it is, when it is no TorchScript.
+void check_model_file(const std::string& path) {
+  const auto file = fulgor::c_api::inspect_file(path);
+  using fulgor::c_api::FileKind;
+  if (file.kind == FileKind::unreadable) fail(FULGOR_ERROR_MODEL, fmt::format("'{}': {}", path, file.words));
+  if (file.kind != FileKind::torchscript && file.kind != FileKind::other)
+    fail(FULGOR_ERROR_MODEL, fmt::format("'{}' is {}, not a TorchScript file (torch.jit.save of a scripted or "
+                                         "traced module)",
+                                         path, file.words));
+}
+
+std::unique_ptr<fulgor_model> make_model(const std::string& path, const fulgor::c_api::Configuration& config) {
+  check_model_file(path);
+  if (config.seed) fulgor::seed_everything(*config.seed);
+  auto model = std::make_unique<fulgor_model>();
+  model->device_buffers = config.device_buffers;
+  model->loss = config.loss;
+  fulgor::FabricOptions options;
+  options.accelerator = config.accelerator;
+  options.precision = config.precision;
+  // One device per process: the launcher's processes, or this one alone.
+  options.devices =
+      fulgor::detect_distributed_environment().is_distributed() ? fulgor::Devices("auto") : fulgor::Devices(1);
+  model->fabric = std::make_unique<fulgor::Fabric>(options);
+  model->fabric->launch();
+  fulgor::TorchScriptOptions script_options;
+  script_options.loss = config.loss;
+  try {
+    model->module = std::make_unique<fulgor::TorchScriptModule>(path, script_options);
+  } catch (const fulgor::ConfigError& e) {
+    fail(std::string(e.what()).find("unknown loss") != std::string::npos ? FULGOR_ERROR_CONFIG : FULGOR_ERROR_MODEL,
+         e.what());
+  }
+  model->fabric->setup_module(*model->module);
+  model->optimizer = fulgor::c_api::make_optimizer(config.optimizer, model->module->parameters());
+  model->fabric->setup_optimizers(*model->optimizer);
+  if (!config.lr_scheduler.is_null())
+    model->scheduler = fulgor::c_api::make_scheduler(config.lr_scheduler, *model->optimizer);
+  return model;
+}
+
+fulgor::FabricState state_of(fulgor_model& model) {
+  fulgor::FabricState state{{"model", *model.module}, {"optimizer", *model.optimizer}, {"steps", model.steps}};
+  if (model.scheduler) state.emplace_back("lr_scheduler", *model.scheduler);
+  return state;
 }
 
 }  // namespace
@@ -238,46 +175,16 @@ fulgor_status fulgor_model_create(const char* torchscript_path, const char* conf
     if (out == nullptr || torchscript_path == nullptr)
       fail(FULGOR_ERROR_ARGUMENT, "torchscript_path and model must not be null pointers");
     *out = nullptr;
-    const nlohmann::json config =
-        config_json == nullptr ? nlohmann::json::object() : nlohmann::json::parse(config_json, nullptr, false);
-    if (config.is_discarded()) fail(FULGOR_ERROR_CONFIG, "the configuration is not JSON");
-    const std::string where = "the configuration";
-    check_keys(config, where, {"accelerator", "precision", "loss", "optimizer", "lr_scheduler", "seed", "buffers"});
-    const auto buffers = value_at<std::string>(config, "buffers", where, "host");
-    if (buffers != "host" && buffers != "device")
-      fail(FULGOR_ERROR_CONFIG,
-           fmt::format("the configuration's \"buffers\" is '{}'; expected host or device", buffers));
-    if (config.contains("seed")) fulgor::seed_everything(value_at<uint64_t>(config, "seed", where, 0));
-
-    auto model = std::make_unique<fulgor_model>();
-    model->device_buffers = buffers == "device";
-    fulgor::FabricOptions options;
-    options.accelerator = value_at<std::string>(config, "accelerator", where, "auto");
-    options.precision = value_at<std::string>(config, "precision", where, "32-true");
-    // One device per process: the launcher's processes, or this one alone.
-    options.devices =
-        fulgor::detect_distributed_environment().is_distributed() ? fulgor::Devices("auto") : fulgor::Devices(1);
-    model->fabric = std::make_unique<fulgor::Fabric>(options);
-    model->fabric->launch();
-    fulgor::TorchScriptOptions script_options;
-    script_options.loss = model->loss = value_at<std::string>(config, "loss", where, "mse");
-    try {
-      model->module = std::make_unique<fulgor::TorchScriptModule>(torchscript_path, script_options);
-    } catch (const fulgor::ConfigError& e) {
-      fail(std::string(e.what()).find("unknown loss") != std::string::npos ? FULGOR_ERROR_CONFIG : FULGOR_ERROR_MODEL,
-           e.what());
-    }
-    model->fabric->setup_module(*model->module);
-    model->optimizer = make_optimizer(config.value("optimizer", nlohmann::json::object()), model->module->parameters());
-    model->fabric->setup_optimizers(*model->optimizer);
-    if (config.contains("lr_scheduler"))
-      model->scheduler = make_scheduler(config.at("lr_scheduler"), *model->optimizer);
-    *out = model.release();
+    *out = make_model(torchscript_path, fulgor::c_api::read_configuration(config_json)).release();
   });
 }
 
 void fulgor_model_destroy(fulgor_model* model) {
-  guarded(__func__, [&] { delete model; });
+  guarded(__func__, [&] {
+    if (model == nullptr) return;
+    checked(model).magic = 0;
+    delete model;
+  });
 }
 
 fulgor_status fulgor_train(fulgor_model* handle, const void* input, fulgor_dtype input_dtype,
@@ -286,16 +193,20 @@ fulgor_status fulgor_train(fulgor_model* handle, const void* input, fulgor_dtype
   return guarded(__func__, [&] {
     fulgor_model& model = checked(handle);
     fulgor::Fabric& fabric = *model.fabric;
-    const torch::Tensor x = view_of(model, input, input_dtype, input_shape, input_rank, "input");
-    const torch::Tensor y = view_of(model, label, label_dtype, label_shape, label_rank, "label");
+    const auto device = buffer_device(model);
+    const torch::Tensor x = fulgor::c_api::view_of(input, input_dtype, input_shape, input_rank, device, "input");
+    const torch::Tensor y = fulgor::c_api::view_of(label, label_dtype, label_shape, label_rank, device, "label");
+    if (x.numel() == 0 || y.numel() == 0)
+      fail(FULGOR_ERROR_SHAPE, fmt::format("input {} and label {}: an empty batch, of which no loss can be taken",
+                                           fulgor::c_api::describe(x), fulgor::c_api::describe(y)));
     // Setting the script module's mode walks all its submodules: only on a change.
     if (!model.module->is_training()) model.module->train();
-    model.optimizer->zero_grad();
+    clear_gradients(*model.optimizer);
     torch::Tensor value;
     {
       auto autocast = fabric.autocast();
       const torch::Tensor output = forward(model, x);
-      value = model.module->loss(output, checked_label(model.loss, output, y.to(fabric.device())));
+      value = model.module->loss(output, fulgor::c_api::checked_label(model.loss, output, y.to(fabric.device())));
     }
     fabric.backward(value);
     fabric.step(*model.optimizer);
@@ -310,8 +221,9 @@ fulgor_status fulgor_predict(fulgor_model* handle, const void* input, fulgor_dty
                              const int64_t* output_shape, int32_t output_rank) {
   return guarded(__func__, [&] {
     fulgor_model& model = checked(handle);
-    const torch::Tensor x = view_of(model, input, input_dtype, input_shape, input_rank, "input");
-    torch::Tensor out = view_of(model, output, output_dtype, output_shape, output_rank, "output");
+    const auto device = buffer_device(model);
+    const torch::Tensor x = fulgor::c_api::view_of(input, input_dtype, input_shape, input_rank, device, "input");
+    torch::Tensor out = fulgor::c_api::view_of(output, output_dtype, output_shape, output_rank, device, "output");
     torch::NoGradGuard no_grad;
     if (model.module->is_training()) model.module->eval();
     torch::Tensor prediction;
@@ -320,8 +232,8 @@ fulgor_status fulgor_predict(fulgor_model* handle, const void* input, fulgor_dty
       prediction = forward(model, x);
     }
     if (prediction.sizes() != out.sizes())
-      fail(FULGOR_ERROR_SHAPE,
-           fmt::format("output buffer {} does not fit the model's output {}", describe(out), describe(prediction)));
+      fail(FULGOR_ERROR_SHAPE, fmt::format("output buffer {} does not fit the model's output {}",
+                                           fulgor::c_api::describe(out), fulgor::c_api::describe(prediction)));
     out.copy_(prediction);
   });
 }
@@ -330,9 +242,7 @@ fulgor_status fulgor_save(fulgor_model* handle, const char* path) {
   return guarded(__func__, [&] {
     fulgor_model& model = checked(handle);
     if (path == nullptr) fail(FULGOR_ERROR_ARGUMENT, "the path is a null pointer");
-    fulgor::FabricState state{{"model", *model.module}, {"optimizer", *model.optimizer}, {"steps", model.steps}};
-    if (model.scheduler) state.emplace_back("lr_scheduler", *model.scheduler);
-    model.fabric->save(path, state);
+    model.fabric->save(path, state_of(model));
   });
 }
 
@@ -340,17 +250,33 @@ fulgor_status fulgor_load(fulgor_model* handle, const char* path) {
   return guarded(__func__, [&] {
     fulgor_model& model = checked(handle);
     if (path == nullptr) fail(FULGOR_ERROR_ARGUMENT, "the path is a null pointer");
-    fulgor::FabricState state{{"model", *model.module}, {"optimizer", *model.optimizer}, {"steps", model.steps}};
-    if (model.scheduler) state.emplace_back("lr_scheduler", *model.scheduler);
-    model.fabric->load(path, state);
+    const auto file = fulgor::c_api::inspect_file(path);
+    if (file.kind == fulgor::c_api::FileKind::unreadable)
+      fail(FULGOR_ERROR_CHECKPOINT, fmt::format("'{}': {}", path, file.words));
+    if (file.kind != fulgor::c_api::FileKind::checkpoint)
+      fail(FULGOR_ERROR_CHECKPOINT,
+           fmt::format("'{}' is {}, not a checkpoint: fulgor_load reads what fulgor_save wrote", path, file.words));
+    try {
+      model.fabric->load(path, state_of(model));
+    } catch (const fulgor::CheckpointError& e) {
+      // Fabric's advice names an option of its own; the C API's answer is a
+      // checkpoint of a model configured alike.
+      std::string message = e.what();
+      const std::string advice = " (load with strict = false to skip it)";
+      if (const auto at = message.find(advice); at != std::string::npos)
+        message.replace(at, advice.size(),
+                        ": it was saved by a model configured otherwise (a \"lr_scheduler\" or none); load a "
+                        "checkpoint of a model configured alike");
+      fail(FULGOR_ERROR_CHECKPOINT, message);
+    }
   });
 }
 
-fulgor_status fulgor_model_rank(const fulgor_model* model, int64_t* rank, int64_t* world_size) {
+fulgor_status fulgor_model_rank(const fulgor_model* handle, int64_t* rank, int64_t* world_size) {
   return guarded(__func__, [&] {
-    if (model == nullptr) fail(FULGOR_ERROR_ARGUMENT, "the model is a null pointer");
-    if (rank != nullptr) *rank = model->fabric->global_rank();
-    if (world_size != nullptr) *world_size = model->fabric->world_size();
+    const fulgor_model& model = checked(handle);
+    if (rank != nullptr) *rank = model.fabric->global_rank();
+    if (world_size != nullptr) *world_size = model.fabric->world_size();
   });
 }
 

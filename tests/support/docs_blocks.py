@@ -25,6 +25,11 @@ package (find_package(fulgor), no precompiled header, warnings as errors):
   must exit with N, and must print (stdout, then stderr) the lines below it.
 - Python blocks: run with P (Debian's python3 and python3-torch) in the
   page's folder, after its programs, so that they read what those wrote.
+- C and Fortran blocks (the C API's): each must be a whole program (`int
+  main(`, `program NAME`), built against fulgor::fulgor_c or fulgor::fortran
+  (find_package(fulgor COMPONENTS Fortran)) and run without arguments in its
+  page's folder after the Python blocks, so that it trains the model one of
+  them wrote; it must exit with 0.
 - Shell blocks: parsed with `bash -n`, and every fulgor tool they call by
   name must be installed; they are not run, as they build, train, or name
   paths of the reader's machine.
@@ -92,6 +97,30 @@ WARNINGS = "-DCMAKE_CXX_FLAGS=-Wall -Wextra -Werror -Wno-missing-field-initializ
 RUN = re.compile(r"<!-- run: exit status (\d+) -->")
 EXECUTABLE = re.compile(r"add_executable\(\s*([\w.-]+)\s+([^)]*)\)")
 
+# The C API's programs: a language, how its whole programs begin, a suffix.
+NATIVE = {"c": (re.compile(r"^int main\(", re.M), ".c"),
+          "fortran": (re.compile(r"^program \w+", re.I | re.M), ".f90")}
+
+
+def native_project(programs):
+    """The CMake lines that build the C and Fortran programs."""
+    languages = {block.lang for block, _, _ in programs}
+    text = "enable_language(C)\nadd_compile_options($<$<COMPILE_LANGUAGE:C>:-Wall;-Wextra;-Werror>)\n" \
+        if "c" in languages else ""
+    if "fortran" in languages:
+        text += "enable_language(Fortran)\nfind_package(fulgor REQUIRED COMPONENTS Fortran)\n"
+    for i, (block, folder, source) in enumerate(programs):
+        target = f"docs_native_{i}"
+        text += f"add_executable({target} {source})\n"
+        if block.lang == "c":
+            text += f"target_link_libraries({target} PRIVATE fulgor::fulgor_c)\n"
+        else:
+            # Each program compiles the module `fulgor` itself: one folder of modules each.
+            text += f"target_link_libraries({target} PRIVATE fulgor::fortran)\n"
+            text += (f"set_target_properties({target} PROPERTIES Fortran_MODULE_DIRECTORY "
+                     f"${{CMAKE_CURRENT_BINARY_DIR}}/{target}_modules)\n")
+    return text
+
 
 def shell_tools(code):
     """The fulgor-* programs a shell block calls by bare name."""
@@ -116,6 +145,7 @@ class Blocks:
 
     def __init__(self):
         self.module_sources, self.programs, self.projects, self.runs, self.python = [], [], [], [], []
+        self.native = []  # the C API's C and Fortran programs
 
 
 def check_shell(block, installed):
@@ -140,9 +170,16 @@ def read_page(page, source_dir, folder, installed, found):
         if block.lang == "sh":
             check_shell(block, installed)
             continue
-        if FRAGMENT in block.markers or block.lang not in ("cpp", "cmake", "python"):
+        if FRAGMENT in block.markers or block.lang not in ("cpp", "cmake", "python", *NATIVE):
             continue
-        if block.lang == "python":
+        if block.lang in NATIVE:
+            start, suffix = NATIVE[block.lang]
+            if not start.search(block.code):
+                sys.exit(f"{where(block)}: a {block.lang} block that is not a whole program must be marked {FRAGMENT}")
+            source = folder / f"{page_name(page)}_{block.line}{suffix}"
+            source.write_text(block.code)
+            found.native.append((block, folder, source))
+        elif block.lang == "python":
             found.python.append((block, folder))
         elif block.lang == "cmake":
             if "project(" not in block.code:
@@ -189,7 +226,21 @@ def build_module_sources(options, work, prefix, sources):
     (project / "CMakeLists.txt").write_text(text)
     print(f"compiling {len(sources)} blocks into a plugin against the installed fulgor")
     cmake_project(options.cmake, project, project / "build", [*options.cmake_arg, WARNINGS], prefix)
-    check_plugin(prefix, project / "build" / "libdocs_blocks.so", registered_names(sources))
+    # (--only a page that registers no accelerator: its blocks compiled is all there is to check.)
+    if registered_names(sources):
+        check_plugin(prefix, project / "build" / "libdocs_blocks.so", registered_names(sources))
+
+
+def build_native_programs(options, work, prefix, programs):
+    """The C API's C and Fortran programs, built and run after the Python blocks that write their models."""
+    project = work / "native"
+    project.mkdir()
+    (project / "CMakeLists.txt").write_text(PROJECT + native_project(programs))
+    print(f"compiling {len(programs)} C and Fortran programs against the installed fulgor")
+    cmake_project(options.cmake, project, project / "build", options.cmake_arg, prefix)
+    for i, (block, folder, source) in enumerate(programs):
+        print(f"  {where(block)}: running the {block.lang} program")
+        run_in(block, folder, [project / "build" / f"docs_native_{i}"], "the program", 600)
 
 
 def check_run(block, folder, status):
@@ -255,7 +306,12 @@ def main():
         check_run(block, folder, status)
     for block, folder in found.python:
         print(f"  {where(block)}: running it with {options.python}")
-        run_in(block, folder, [options.python, "-c", block.code], "the Python block", 300)
+        # From a file, as a reader runs it: torch.jit.script reads the source of what it scripts.
+        script = folder / f"{page_name(block.path)}_{block.line}.py"
+        script.write_text(block.code)
+        run_in(block, folder, [options.python, script], "the Python block", 300)
+    if found.native:
+        build_native_programs(options, work, prefix, found.native)
     print("every code block compiles and runs as shown")
 
 

@@ -11,6 +11,12 @@
  *   - A model is used from one thread at a time. Buffers are host memory in
  *     row-major (C) order, or memory on the model's device when the
  *     configuration says "buffers": "device".
+ *   - A handle is checked at every call: a live model carries a magic number
+ *     that fulgor_model_destroy clears, so a destroyed handle or a pointer to
+ *     another object is FULGOR_ERROR_ARGUMENT. The check reads the memory the
+ *     handle points to: it cannot catch a pointer into memory the program
+ *     does not own, nor a destroyed handle whose memory a newer model has
+ *     taken. Set a handle to NULL once destroyed.
  *   - Loading a TorchScript file runs the program it holds, by design (the
  *     user's own model); checkpoints written by fulgor_save hold tensors and
  *     JSON only.
@@ -31,15 +37,27 @@
 extern "C" {
 #endif
 
+/* Each status has its causes (tests/c/c_api_test.c checks each one). */
 typedef enum fulgor_status {
   FULGOR_OK = 0,
-  FULGOR_ERROR_ARGUMENT = 1,   /* a null pointer, a negative rank or dimension */
-  FULGOR_ERROR_CONFIG = 2,     /* the JSON configuration: not JSON, an unknown key, a wrong type or value */
-  FULGOR_ERROR_MODEL = 3,      /* not a TorchScript file, or its forward failed on the given inputs */
-  FULGOR_ERROR_SHAPE = 4,      /* a buffer whose shape or dtype does not fit */
-  FULGOR_ERROR_CHECKPOINT = 5, /* a checkpoint that cannot be written or read, or does not fit */
-  FULGOR_ERROR_DEVICE = 6,     /* the accelerator is unavailable or failed */
-  FULGOR_ERROR_INTERNAL = 7    /* anything else */
+  /* a null pointer, a negative rank or size, an unknown dtype, a handle that is not a live model */
+  FULGOR_ERROR_ARGUMENT = 1,
+  /* the JSON configuration: not JSON, a key given twice, an unknown key or name (an
+   * accelerator, optimizer, schedule, loss), a value of the wrong type or out of range */
+  FULGOR_ERROR_CONFIG = 2,
+  /* a model file that is missing or not TorchScript (the message says what it is), or
+   * whose forward failed on the given inputs */
+  FULGOR_ERROR_MODEL = 3,
+  /* a buffer whose shape or dtype does not fit, an empty batch to train on, sizes whose
+   * bytes overflow */
+  FULGOR_ERROR_SHAPE = 4,
+  /* a checkpoint that cannot be written or read, that fulgor_save did not write (the
+   * message says what it is), or that a model configured otherwise saved */
+  FULGOR_ERROR_CHECKPOINT = 5,
+  /* the accelerator is unavailable here ("gpu" without a GPU), failed, or ran out of memory */
+  FULGOR_ERROR_DEVICE = 6,
+  /* anything else: a fault of fulgor or LibTorch */
+  FULGOR_ERROR_INTERNAL = 7
 } fulgor_status;
 
 typedef enum fulgor_dtype { FULGOR_FLOAT32 = 0, FULGOR_FLOAT64 = 1, FULGOR_INT32 = 2, FULGOR_INT64 = 3 } fulgor_dtype;
@@ -63,23 +81,27 @@ FULGOR_C_API const char* fulgor_last_error(void);
  *   "seed"          an integer: fulgor's seed_everything before anything is made
  *   "buffers"       "host" (default) or "device": where the train and predict buffers are
  * Sets *model on success. */
-FULGOR_C_API fulgor_status fulgor_model_create(const char* torchscript_path, const char* config_json, fulgor_model** model);
+FULGOR_C_API fulgor_status fulgor_model_create(const char* torchscript_path, const char* config_json,
+                                               fulgor_model** model);
 
-/* Frees the model; a null pointer is ignored. */
+/* Frees the model; a null pointer is ignored, a handle that is not a live
+ * model is left alone (fulgor_last_error() says so). */
 FULGOR_C_API void fulgor_model_destroy(fulgor_model* model);
 
-/* One training step: forward on `input`, the loss against `label`, backward
- * (averaged over the ranks when launched data-parallel), the optimizer's and
- * the scheduler's step. Writes the step's loss to *loss (may be null). */
-FULGOR_C_API fulgor_status fulgor_train(fulgor_model* model, const void* input, fulgor_dtype input_dtype, const int64_t* input_shape,
-                           int32_t input_rank, const void* label, fulgor_dtype label_dtype, const int64_t* label_shape,
-                           int32_t label_rank, double* loss);
+/* One training step: the gradients set to none, forward on `input`, the
+ * loss against `label`, backward (averaged over the ranks when launched
+ * data-parallel), the optimizer's and the scheduler's step. Writes the
+ * step's loss to *loss (may be null). An empty batch is FULGOR_ERROR_SHAPE. */
+FULGOR_C_API fulgor_status fulgor_train(fulgor_model* model, const void* input, fulgor_dtype input_dtype,
+                                        const int64_t* input_shape, int32_t input_rank, const void* label,
+                                        fulgor_dtype label_dtype, const int64_t* label_shape, int32_t label_rank,
+                                        double* loss);
 
 /* Forward without gradients in evaluation mode, written into `output`,
  * whose shape and dtype must be those of the model's output. */
 FULGOR_C_API fulgor_status fulgor_predict(fulgor_model* model, const void* input, fulgor_dtype input_dtype,
-                             const int64_t* input_shape, int32_t input_rank, void* output, fulgor_dtype output_dtype,
-                             const int64_t* output_shape, int32_t output_rank);
+                                          const int64_t* input_shape, int32_t input_rank, void* output,
+                                          fulgor_dtype output_dtype, const int64_t* output_shape, int32_t output_rank);
 
 /* The model's parameters, optimizer and scheduler states and step count, in
  * fulgor's checkpoint format (written atomically by rank 0), and back. */

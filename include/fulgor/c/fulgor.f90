@@ -1,12 +1,16 @@
 ! Fortran bindings of fulgor's C API (include/fulgor/c/fulgor.h), through
 ! iso_c_binding. Arrays are passed with their shape reversed: a Fortran
 ! array x(features, rows) is, in memory, the C array x[rows][features].
+!
+! Installed as source: a compiled module (.mod) is specific to the compiler
+! and its version, so each program compiles this file with its own compiler
+! (CMake: find_package(fulgor COMPONENTS Fortran) and link fulgor::fortran).
 module fulgor
   use iso_c_binding
   implicit none
   private
   public :: fulgor_model_create, fulgor_model_destroy, fulgor_train, fulgor_predict, &
-            fulgor_save, fulgor_load, fulgor_error, c_string
+            fulgor_save, fulgor_load, fulgor_model_rank, fulgor_error, c_string
 
   integer(c_int), parameter, public :: FULGOR_OK = 0, FULGOR_ERROR_ARGUMENT = 1, FULGOR_ERROR_CONFIG = 2, &
                                        FULGOR_ERROR_MODEL = 3, FULGOR_ERROR_SHAPE = 4, &
@@ -59,6 +63,13 @@ module fulgor
       import :: c_int, c_char, c_ptr
       type(c_ptr), value :: model
       character(kind=c_char), dimension(*), intent(in) :: path
+      integer(c_int) :: status
+    end function
+
+    function fulgor_model_rank(model, rank, world_size) result(status) bind(c, name="fulgor_model_rank")
+      import :: c_int, c_int64_t, c_ptr
+      type(c_ptr), value :: model
+      integer(c_int64_t), intent(out) :: rank, world_size
       integer(c_int) :: status
     end function
 
