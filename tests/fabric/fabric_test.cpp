@@ -145,18 +145,25 @@ TEST(Fabric, OneProcessNeedsNoLaunchAndItsCollectivesAreIdentities) {
   EXPECT_THROW(fabric.launch(), fulgor::Error) << "launch() was called by the first collective already";
 }
 
-TEST(Fabric, BatchesOfASetUpLoaderAreOnTheDevice) {
-  fulgor::Fabric fabric({.accelerator = "cpu"});
-  auto [x, y] = make_data();
-  auto loader = fabric.setup_dataloaders(fulgor::TensorLoader(x, y, {.batch_size = 32}));
-  EXPECT_EQ(loader.size(), 3);
+// How many batches of 32 rows of x a set-up loader gives, checking that each
+// is on the Fabric's device and in order.
+template <typename Loader>
+int64_t batches_in_order_on_device(Loader& loader, const fulgor::Fabric& fabric, const torch::Tensor& x) {
   int64_t batches = 0;
   for (auto& batch : loader) {
     EXPECT_EQ(batch.data.device(), fabric.device());
     EXPECT_TRUE(torch::equal(batch.data, x.narrow(0, 32 * batches, 32)));
     ++batches;
   }
-  EXPECT_EQ(batches, 3);
+  return batches;
+}
+
+TEST(Fabric, BatchesOfASetUpLoaderAreOnTheDevice) {
+  fulgor::Fabric fabric({.accelerator = "cpu"});
+  auto [x, y] = make_data();
+  auto loader = fabric.setup_dataloaders(fulgor::TensorLoader(x, y, {.batch_size = 32}));
+  EXPECT_EQ(loader.size(), 3);
+  EXPECT_EQ(batches_in_order_on_device(loader, fabric, x), 3);
 }
 
 // The loader a LibTorch program has: torch::data::make_data_loader's
@@ -168,13 +175,7 @@ TEST(Fabric, TakesLibTorchsOwnDataLoader) {
       torch::data::datasets::TensorDataset({x}).map(torch::data::transforms::Stack<torch::data::TensorExample>());
   auto loader = fabric.setup_dataloaders(
       torch::data::make_data_loader<torch::data::samplers::SequentialSampler>(std::move(dataset), 32));
-  int64_t batches = 0;
-  for (auto& batch : loader) {
-    EXPECT_EQ(batch.data.device(), fabric.device());
-    EXPECT_TRUE(torch::equal(batch.data, x.narrow(0, 32 * batches, 32)));
-    ++batches;
-  }
-  EXPECT_EQ(batches, 3);
+  EXPECT_EQ(batches_in_order_on_device(loader, fabric, x), 3);
 }
 
 TEST(Fabric, AutocastComputesInTheMixedPrecisionsType) {

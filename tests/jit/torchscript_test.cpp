@@ -13,7 +13,7 @@
 #include "../support/python_reference.h"
 #include "fulgor/fulgor.h"
 #include "fulgor/jit/torchscript_module.h"
-#include "torchscript_docs.h"  // docs/ways_in.md's train_script
+#include "torchscript.h"  // docs/ways_in.md's train_script
 
 namespace {
 

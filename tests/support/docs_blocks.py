@@ -105,8 +105,8 @@ NATIVE = {"c": (re.compile(r"^int main\(", re.M), ".c"),
 def native_project(programs):
     """The CMake lines that build the C and Fortran programs."""
     languages = {block.lang for block, _, _ in programs}
-    text = "enable_language(C)\nadd_compile_options($<$<COMPILE_LANGUAGE:C>:-Wall;-Wextra;-Werror>)\n" \
-        if "c" in languages else ""
+    warnings = " ".join(f"$<$<COMPILE_LANGUAGE:C>:{flag}>" for flag in ("-Wall", "-Wextra", "-Werror"))
+    text = f"enable_language(C)\nadd_compile_options({warnings})\n" if "c" in languages else ""
     if "fortran" in languages:
         text += "enable_language(Fortran)\nfind_package(fulgor REQUIRED COMPONENTS Fortran)\n"
     for i, (block, folder, source) in enumerate(programs):
