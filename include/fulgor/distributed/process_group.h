@@ -78,6 +78,12 @@ class FULGOR_API ProcessGroup {
   /// and dtype on every rank.
   std::vector<torch::Tensor> all_gather(const torch::Tensor& tensor);
 
+  /// The ranks' `input`s combined by `op`, then cut along the first dimension
+  /// into size() equal parts, of which this rank gets part rank(), as
+  /// PyTorch's reduce_scatter_tensor. input.size(0) must divide by size().
+  /// Backends without a reduce-scatter (Gloo) all_reduce the whole input.
+  torch::Tensor reduce_scatter(const torch::Tensor& input, ReduceOp op = ReduceOp::sum);
+
   /// Returns once every rank has called barrier.
   void barrier();
 
