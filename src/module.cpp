@@ -155,10 +155,17 @@ void ModuleBase::clip_gradients(torch::optim::Optimizer& optimizer, std::optiona
   for (auto& group : optimizer.param_groups())
     for (auto& p : group.params())
       if (p.grad().defined()) params.push_back(p);
-  if (algorithm == "norm")
+  if (algorithm == "norm" && sharded_gradient_norm_) {
+    // torch::nn::utils::clip_grad_norm_'s rule, with the norm over the ranks.
+    const double coefficient = *clip_val / (sharded_gradient_norm_(params) + 1e-6);
+    torch::NoGradGuard no_grad;
+    if (coefficient < 1)
+      for (auto& p : params) p.mutable_grad().mul_(coefficient);
+  } else if (algorithm == "norm") {
     torch::nn::utils::clip_grad_norm_(params, *clip_val);
-  else
+  } else {
     torch::nn::utils::clip_grad_value_(params, *clip_val);
+  }
 }
 
 namespace impl {

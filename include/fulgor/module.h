@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -218,6 +219,8 @@ class FULGOR_API ModuleBase : public torch::nn::Module {
   /// Clips the gradients of `optimizer`'s parameters: their total 2-norm
   /// (algorithm "norm") or each element ("value") to `clip_val`; nothing
   /// when clip_val is unset or 0. Throws ConfigError for another algorithm.
+  /// Under a sharded strategy the norm is that of the whole gradient, over
+  /// the ranks' shards.
   void clip_gradients(torch::optim::Optimizer& optimizer, std::optional<double> clip_val,
                       const std::string& algorithm = "norm");
 
@@ -290,6 +293,9 @@ class FULGOR_API ModuleBase : public torch::nn::Module {
   const OptimizerConfig* optim_ = nullptr;
   bool automatic_optimization_ = true;
   bool training_before_evaluation_ = true;
+  // Set under a sharded strategy: the norm over the ranks of the gradients of
+  // shards (an optimizer's parameters).
+  std::function<double(const std::vector<torch::Tensor>&)> sharded_gradient_norm_;
   // Set while a fit runs it: the ManualOptimizers handed out, and what they step with.
   detail::ManualSteps* manual_steps_ = nullptr;
   std::vector<ManualOptimizer> manual_optimizers_;

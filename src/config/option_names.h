@@ -6,6 +6,10 @@
 // The names some of TrainerOptions' strings accept (defined in
 // trainer_options.cpp, which checks them).
 
+namespace fulgor {
+struct TrainerOptions;
+}
+
 namespace fulgor::detail {
 
 /// The strategy names TrainerOptions::strategy accepts.
@@ -13,6 +17,13 @@ const std::vector<std::string>& strategy_names();
 
 /// Throws ConfigError listing the known names when `strategy` is not one.
 void check_strategy(const std::string& strategy);
+
+/// The sharding_strategy `name` in upper case, as Lightning reads it; throws
+/// ConfigError for an unknown name and for those fulgor does not offer.
+std::string sharding_strategy_name(std::string name);
+
+/// Throws ConfigError for sharding options that do not go together.
+void check_sharding(const TrainerOptions& options);
 
 /// Whether a TrainerOptions::profiler value names SimpleProfiler ("simple",
 /// in any case, as Lightning reads it).

@@ -237,6 +237,8 @@ const std::vector<Field>& fields() {
     f.push_back(field("seed", "a non-negative integer up to 4294967295 or null", &TrainerOptions::seed));
     f.push_back(field("ddp_timeout", "a number of seconds or null", &TrainerOptions::ddp_timeout));
     f.push_back(field("use_distributed_sampler", "a boolean", &TrainerOptions::use_distributed_sampler));
+    f.push_back(field("sharding_strategy", "a string", &TrainerOptions::sharding_strategy));
+    f.push_back(field("zero_redundancy_optimizer", "a boolean", &TrainerOptions::zero_redundancy_optimizer));
     return f;
   }();
   return all;
@@ -361,6 +363,7 @@ void from_json(const nlohmann::json& json, TrainerOptions& options) {
 
 void check_options(const TrainerOptions& o) {
   detail::check_strategy(o.strategy);
+  detail::check_sharding(o);
   auto at_least = [](int64_t value, int64_t min, const char* name) {
     if (value < min) throw ConfigError(fmt::format("{}={}: expected an integer >= {}", name, value, min));
   };
@@ -415,8 +418,38 @@ void set_option(TrainerOptions& options, const std::string& key, const std::stri
 namespace fulgor::detail {
 
 const std::vector<std::string>& strategy_names() {
-  static const std::vector<std::string> names = {"auto", "ddp", "single_device"};
+  static const std::vector<std::string> names = {"auto", "ddp", "fsdp", "single_device"};
   return names;
+}
+
+std::string sharding_strategy_name(std::string name) {
+  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::toupper(c); });
+  static const std::vector<std::string> known = {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"};
+  if (std::find(known.begin(), known.end(), name) == known.end())
+    throw ConfigError(fmt::format("unknown sharding_strategy '{}'; known: {}", name, fmt::join(known, ", ")));
+  if (name == "FULL_SHARD" || name == "HYBRID_SHARD")
+    throw ConfigError(fmt::format(
+        "sharding_strategy={} shards the parameters too (ZeRO-3), which fulgor does not: every rank keeps whole "
+        "parameters. Use sharding_strategy=SHARD_GRAD_OP (gradients and optimizer state sharded, ZeRO-2) or "
+        "NO_SHARD (ddp)",
+        name));
+  return name;
+}
+
+void check_sharding(const TrainerOptions& o) {
+  const bool fsdp = o.strategy == "fsdp";
+  if (fsdp) sharding_strategy_name(o.sharding_strategy);
+  if (o.zero_redundancy_optimizer && o.strategy != "ddp" && o.strategy != "auto")
+    throw ConfigError(fmt::format(
+        "zero_redundancy_optimizer=true shards the optimizers' state under strategy \"ddp\", not \"{}\"{}",
+        o.strategy, fsdp ? " (fsdp shards it already)" : ""));
+  // Lightning's FSDP scales the loss with a ShardedGradScaler; fulgor's
+  // scaler sees one rank's shards and could skip a step on some ranks only.
+  if ((fsdp || o.zero_redundancy_optimizer) && (o.precision == "16-mixed" || o.precision == "16"))
+    throw ConfigError(fmt::format(
+        "precision={} scales the loss, and a sharded strategy ({}) has no sharded loss scaler yet: use "
+        "precision=bf16-mixed or 32-true",
+        o.precision, fsdp ? "strategy=fsdp" : "zero_redundancy_optimizer=true"));
 }
 
 void check_strategy(const std::string& strategy) {

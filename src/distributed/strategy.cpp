@@ -11,6 +11,7 @@
 #include "fulgor/core/error.h"
 #include "fulgor/distributed/backend.h"
 #include "fulgor/distributed/strategy.h"
+#include "parameter_shards.h"
 
 namespace fulgor::detail {
 
@@ -84,31 +85,81 @@ std::optional<ProcessGroup> default_process_group() {
   return *shared_group_instance;
 }
 
+Sharding sharding_of(const TrainerOptions& options) {
+  if (options.zero_redundancy_optimizer) return Sharding::optimizer_state;
+  if (options.strategy != "fsdp") return Sharding::none;
+  return sharding_strategy_name(options.sharding_strategy) == "NO_SHARD" ? Sharding::none : Sharding::gradients;
+}
+
 DdpStrategy::DdpStrategy(const DistributedEnvironment& environment, const Accelerator& accelerator,
-                         torch::Device device, ProcessGroupOptions options)
-    : environment_(environment), group_(shared_group(environment, accelerator, device, options)) {}
+                         torch::Device device, ProcessGroupOptions options, Sharding sharding)
+    : environment_(environment), group_(shared_group(environment, accelerator, device, options)), sharding_(sharding) {}
 
 DdpStrategy::~DdpStrategy() = default;
 
 void DdpStrategy::attach(torch::nn::Module& module) {
   synchronizer_.reset();
+  shards_.reset();
   module_ = &module;
-  synchronizer_ = std::make_unique<GradientSynchronizer>(group_, module);
+  // Under Sharding::gradients the gradients are reduce-scattered after
+  // backward, not all_reduced during it.
+  if (sharding_ != Sharding::gradients) synchronizer_ = std::make_unique<GradientSynchronizer>(group_, module);
+  if (sharding_ != Sharding::none)
+    shards_ = std::make_unique<ParameterShards>(group_, module, /*gradients_reduced=*/synchronizer_ != nullptr);
+}
+
+void DdpStrategy::shard(const std::vector<std::shared_ptr<torch::optim::Optimizer>>& optimizers) {
+  if (shards_)
+    for (const auto& optimizer : optimizers) shards_->shard(*optimizer);
+}
+
+void DdpStrategy::after_optimizer_step() {
+  if (shards_) shards_->gather_parameters();
+}
+
+double DdpStrategy::gradient_norm(const std::vector<torch::Tensor>& params) {
+  return shards_->gradient_norm(params);
+}
+
+void DdpStrategy::with_whole_state(torch::optim::Optimizer& optimizer, const std::function<void()>& save) {
+  if (shards_)
+    shards_->with_whole_state(optimizer, save);
+  else
+    save();
+}
+
+void DdpStrategy::load_whole_state(torch::optim::Optimizer& optimizer, const std::function<void()>& load) {
+  if (shards_)
+    shards_->load_whole_state(optimizer, load);
+  else
+    load();
 }
 
 void DdpStrategy::detach() {
+  // The shards stay until the next attach: the optimizers hold them, and a
+  // checkpoint saved after the fit gathers their whole states.
   synchronizer_.reset();
   module_ = nullptr;
 }
 
 void DdpStrategy::before_forward(bool sync) {
+  synchronized_ = sync;
+  if (!synchronizer_) return;
   synchronizer_->set_sync(sync);
   synchronizer_->before_forward();
 }
 
-void DdpStrategy::after_backward() { synchronizer_->finish_backward(); }
+void DdpStrategy::after_backward() {
+  if (synchronizer_) synchronizer_->finish_backward();
+  if (shards_ && synchronized_) shards_->reduce_gradients();
+}
 
 void DdpStrategy::reduce_gradients() {
+  if (synchronizer_) average_gradients();
+  if (shards_) shards_->reduce_gradients();
+}
+
+void DdpStrategy::average_gradients() {
   // One flat all_reduce. Every rank reduces every parameter, in the same
   // order; one that got no gradient here contributes zeros and, as with the
   // GradientSynchronizer, gets a grad only where the mean is not zero.
@@ -175,10 +226,10 @@ void silence_off_rank_zero(std::vector<std::shared_ptr<Logger>>& loggers, const 
 }
 
 std::unique_ptr<DdpStrategy> join_ddp(const DistributedEnvironment& environment, const Accelerator& accelerator,
-                                      torch::Device device, std::optional<double> ddp_timeout) {
+                                      torch::Device device, std::optional<double> ddp_timeout, Sharding sharding) {
   ProcessGroupOptions options;
   if (ddp_timeout) options.timeout = std::chrono::milliseconds(static_cast<int64_t>(std::ceil(*ddp_timeout * 1000)));
-  auto ddp = std::make_unique<DdpStrategy>(environment, accelerator, device, options);
+  auto ddp = std::make_unique<DdpStrategy>(environment, accelerator, device, options, sharding);
   if (launched_ranks()) launched_ranks_joined();
   return ddp;
 }

@@ -35,6 +35,10 @@ BackwardSyncGuard::~BackwardSyncGuard() {
 Fabric::Fabric(FabricOptions options)
     : options_(std::move(options)), accelerator_(make_accelerator(options_.accelerator)) {
   detail::check_strategy(options_.strategy);
+  if (options_.strategy == "fsdp")
+    throw ConfigError(
+        "strategy 'fsdp' is the Trainer's for now: Fabric offers \"auto\", \"ddp\" and \"single_device\" "
+        "(docs/distributed.md, Sharded training)");
   precision_ = Precision::parse(options_.precision, *accelerator_);
   selected_ = accelerator_->parse_devices(options_.devices);
   environment_ = detect_distributed_environment();

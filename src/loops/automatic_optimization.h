@@ -133,6 +133,7 @@ struct AutomaticOptimization {
       ProfileScope timed(s.hooks.strategy("optimizer_step"));
       s.precision.step(optimizer);
       s.precision.update();
+      if (FULGOR_UNLIKELY(s.ddp != nullptr)) s.ddp->after_optimizer_step();
     }
     window = 0;
     return true;

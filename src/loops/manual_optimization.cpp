@@ -34,6 +34,12 @@ void ManualOptimization::check(const ModuleBase& module) const {
           module.name(), s.optim.optimizers.size()));
     return;
   }
+  if (s.ddp && s.ddp->sharding() != Sharding::none)
+    throw ConfigError(fmt::format(
+        "{} optimizes manually, which a sharded strategy (strategy=fsdp, or zero_redundancy_optimizer) does not "
+        "support: it gathers the parameters after the optimizer steps that the Trainer takes. Use strategy=ddp, or "
+        "automatic optimization",
+        module.name()));
   if (o.gradient_clip_val && *o.gradient_clip_val > 0)
     throw ConfigError(
         fmt::format("automatic gradient clipping is not supported for manual optimization: remove gradient_clip_val={} "

@@ -25,6 +25,10 @@ struct ModuleAccess {
     module.manual_optimizers_ = std::move(optimizers);
     module.toggled_.clear();
   }
+  static void set_sharded_gradient_norm(ModuleBase& module,
+                                        std::function<double(const std::vector<torch::Tensor>&)> norm) {
+    module.sharded_gradient_norm_ = std::move(norm);
+  }
   static void record_mode(ModuleBase& module) { module.training_before_evaluation_ = module.is_training(); }
   static bool mode_before_evaluation(const ModuleBase& module) { return module.training_before_evaluation_; }
 };

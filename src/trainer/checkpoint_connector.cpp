@@ -133,6 +133,23 @@ void CheckpointConnector::restore_callback_tensors(LoadedCheckpoint& ckpt) {
   }
 }
 
+namespace {
+
+// Runs `body` with optimizers[i...] unsharded: whole states to save, or to
+// load and shard (Note [Parameter shards]). A checkpoint holds whole states,
+// so that any number of ranks, or one process, can load it.
+void unsharded(DdpStrategy* ddp, const std::vector<std::shared_ptr<torch::optim::Optimizer>>& optimizers, bool load,
+               const std::function<void()>& body, size_t i = 0) {
+  if (ddp == nullptr || i == optimizers.size()) return body();
+  auto rest = [&] { unsharded(ddp, optimizers, load, body, i + 1); };
+  if (load)
+    ddp->load_whole_state(*optimizers[i], rest);
+  else
+    ddp->with_whole_state(*optimizers[i], rest);
+}
+
+}  // namespace
+
 // Lightning's restore_training_state, after on_fit_start: the precision's
 // state, the loops' progress, the optimizers and schedulers. The
 // generators are set by restore_rng when the first epoch begins.
@@ -140,7 +157,8 @@ void CheckpointConnector::restore_training_state(LoadedCheckpoint& ckpt) {
   s.precision.load(*ckpt.archive, ckpt.path);
   s.fit_loop.load_state_dict(ckpt.meta.at("loop"));
   s.fit_loop.resume_from(ckpt);
-  ckpt.restore_optimizers(s.optim.optimizers, *s.accelerator, s.device_setup->device);
+  unsharded(s.ddp.get(), s.optim.optimizers, /*load=*/true,
+            [&] { ckpt.restore_optimizers(s.optim.optimizers, *s.accelerator, s.device_setup->device); });
   const auto& schedulers = ckpt.meta.at("schedulers");
   if (schedulers.size() != s.optim.schedulers.size())
     throw CheckpointError(fmt::format("checkpoint '{}' holds {} scheduler states; configure_optimizers returned {}",
@@ -230,11 +248,13 @@ torch::serialize::OutputArchive CheckpointConnector::archive(std::vector<torch::
   archive.write("model", model_archive);
   for (size_t i = 0; i < callback_tensors.size(); ++i)
     archive.write("callback_tensors_" + std::to_string(i), callback_tensors[i]);
-  for (size_t i = 0; i < s.optim.optimizers.size(); ++i) {
-    torch::serialize::OutputArchive o;
-    s.optim.optimizers[i]->save(o);
-    archive.write("optimizer_" + std::to_string(i), o);
-  }
+  unsharded(s.ddp.get(), s.optim.optimizers, /*load=*/false, [&] {
+    for (size_t i = 0; i < s.optim.optimizers.size(); ++i) {
+      torch::serialize::OutputArchive o;
+      s.optim.optimizers[i]->save(o);
+      archive.write("optimizer_" + std::to_string(i), o);
+    }
+  });
   archive.write("rng_cpu", cpu_rng_state());
   if (s.accelerator && s.device_setup) {
     torch::Tensor device_state = s.accelerator->get_rng_state(s.device_setup->device);

@@ -79,7 +79,7 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
     s.manual_optimization.attach(model, true);
     s.fit_loop.reset_for_fit(train, val);
     s.metrics.log_step = 0;
-    if (s.ddp) s.ddp->attach(model);
+    if (s.ddp) s.attach_ddp(model);
     detail::SignalTrap trap;
     s.hooks.both("on_fit_start", &Callback::on_fit_start, &ModuleBase::on_fit_start);
     const nlohmann::json hparams = s.logged_hparams(model);

@@ -184,6 +184,7 @@ void TrainerState::end() {
     manual_optimization.attach(*module, false);
   }
   if (ddp) ddp->detach();
+  if (module) ModuleAccess::set_sharded_gradient_norm(*module, nullptr);
   if (module && options.sync_batchnorm) revert_sync_batchnorm(*module);
   running = RunningStage::none;
   metrics.context = LogContext::none;
@@ -243,10 +244,21 @@ void TrainerState::on_exception(ModuleBase& model, const std::exception& e) {
   for (auto& logger : loggers) logger->finalize("failed");
 }
 
+// Lightning's DDPStrategy.setup and FSDPStrategy.setup, after
+// configure_optimizers: the gradients synchronized, and under sharding the
+// optimizers put on the shards.
+void TrainerState::attach_ddp(ModuleBase& model) {
+  ddp->attach(model);
+  ddp->shard(optim.optimizers);
+  if (ddp->sharding() != Sharding::none)
+    ModuleAccess::set_sharded_gradient_norm(
+        model, [strategy = ddp.get()](const std::vector<torch::Tensor>& params) { return strategy->gradient_norm(params); });
+}
+
 // Joins the job. Only rank 0 prints (progress, model summary) and writes logs.
 void TrainerState::start_ddp(const DistributedEnvironment& environment, const DeviceSetup& setup) {
   accelerator->setup_device(setup);
-  ddp = join_ddp(environment, *accelerator, setup.device, options.ddp_timeout);
+  ddp = join_ddp(environment, *accelerator, setup.device, options.ddp_timeout, sharding_of(options));
   silence_off_rank_zero(loggers, environment);
   if (ddp->is_global_zero()) return;
   callbacks.erase(std::remove_if(callbacks.begin(), callbacks.end(),

@@ -80,6 +80,8 @@ struct TrainerState final : LoopContext {
   // The hyper-parameters the loggers get: the module's, and the data module's
   // (Lightning's _log_hyperparams).
   nlohmann::json logged_hparams(const ModuleBase& model) const;
+  /// Synchronizes (and shards) `model` and its optimizers under the ddp strategy.
+  void attach_ddp(ModuleBase& model);
 
  private:
   void attach_model_callbacks(ModuleBase& model);

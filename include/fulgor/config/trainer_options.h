@@ -65,9 +65,22 @@ class FULGOR_API Limit {
 struct FULGOR_API TrainerOptions {
   /// A registered accelerator, "auto" (highest priority available) or "gpu".
   std::string accelerator = "auto";
-  /// "auto", "single_device" or "ddp" (one process per device, started by
-  /// fulgor-run, torchrun or srun; "auto" is "ddp" under such a launcher).
+  /// "auto", "single_device", "ddp" (one process per device, started by
+  /// fulgor-run, torchrun or srun; "auto" is "ddp" under such a launcher) or
+  /// "fsdp" (ddp's processes, with the gradients and the optimizers' state
+  /// sharded over the ranks: sharding_strategy; docs/distributed.md).
   std::string strategy = "auto";
+  /// Under strategy "fsdp", what is sharded, by Lightning's (and PyTorch
+  /// FSDP's) names, in any case: "SHARD_GRAD_OP" (the gradients and the
+  /// optimizers' state, ZeRO-2) or "NO_SHARD" (nothing: ddp). "FULL_SHARD"
+  /// (ZeRO-3, the parameters too; Lightning's default) and "HYBRID_SHARD"
+  /// are refused with a ConfigError: fulgor keeps whole parameters on every
+  /// rank.
+  std::string sharding_strategy = "FULL_SHARD";
+  /// Under strategy "ddp", the optimizers' state sharded over the ranks
+  /// (ZeRO-1, as PyTorch's ZeroRedundancyOptimizer): each rank steps its
+  /// piece of every parameter and the pieces are gathered after each step.
+  bool zero_redundancy_optimizer = false;
   Devices devices = "auto";
   /// The machines of a ddp job. Under a launcher (torchrun, fulgor-run,
   /// srun) it must be the launcher's: its world size over the processes of

@@ -1,8 +1,10 @@
 #pragma once
 
 #include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
 #include <torch/types.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -42,9 +44,24 @@ FULGOR_API DeviceSetup device_setup(const Accelerator& accelerator, const Device
 
 namespace fulgor::detail {
 
-/// Whether `strategy` ("auto", "single_device" or "ddp") runs data-parallel in
-/// the job `environment` describes: "ddp" when the job has more than one
-/// process, and "auto" likewise.
+class ParameterShards;
+
+/// What a data-parallel strategy shards over the ranks (Note [Parameter
+/// shards] in src/distributed/parameter_shards.h); the parameters stay whole
+/// on every rank.
+enum class Sharding {
+  none,             // ddp, and fsdp's NO_SHARD
+  optimizer_state,  // ZeRO-1: ddp's zero_redundancy_optimizer
+  gradients,        // ZeRO-2, fsdp's SHARD_GRAD_OP: the gradients and the optimizer state
+};
+
+/// The sharding that `options` ask for (strategy, sharding_strategy,
+/// zero_redundancy_optimizer), checked as check_options does.
+Sharding sharding_of(const TrainerOptions& options);
+
+/// Whether `strategy` ("auto", "single_device", "ddp" or "fsdp") runs
+/// data-parallel in the job `environment` describes: "ddp" and "fsdp" when
+/// the job has more than one process, and "auto" likewise.
 bool runs_data_parallel(const std::string& strategy, const DistributedEnvironment& environment);
 
 /// The process group the ddp strategy made in this process (Note [One
@@ -62,7 +79,9 @@ using impl::launches_ranks;
 /// is a job of one node. Throws ConfigError naming both numbers otherwise.
 void check_job_size(const Devices& devices, size_t selected, int64_t num_nodes, const DistributedEnvironment& env);
 
-/// Strategy "ddp": one process per device, joined in a c10d process group.
+/// Strategies "ddp" and "fsdp": one process per device, joined in a c10d
+/// process group, the gradients averaged over the ranks, and with `sharding`
+/// the optimizers' state (and the gradients) sharded.
 ///
 /// Contract:
 ///   - The first construction in a process is a collective over the job's
@@ -70,7 +89,10 @@ void check_job_size(const Devices& devices, size_t selected, int64_t num_nodes, 
 ///     distributed_backend() and `options`, which later ones share (see Note
 ///     [One process group per process]). One per Trainer, kept across its loops.
 ///   - attach() starts gradient synchronization for a module, copying rank 0's
-///     parameters and buffers to every rank; detach() ends it.
+///     parameters and buffers to every rank; detach() ends it. With sharding,
+///     shard() then puts the optimizers on the shards, and after each
+///     optimizer step after_optimizer_step() gathers the parameters; the
+///     optimizers keep the shards after detach(), until the next attach().
 ///   - Each training batch: before_forward(sync), forward, the backward pass,
 ///     after_backward().
 ///     With sync false the gradients only accumulate locally, without any
@@ -82,14 +104,19 @@ void check_job_size(const Devices& devices, size_t selected, int64_t num_nodes, 
 class DdpStrategy {
  public:
   DdpStrategy(const DistributedEnvironment& environment, const Accelerator& accelerator, torch::Device device,
-              ProcessGroupOptions options = {});
+              ProcessGroupOptions options = {}, Sharding sharding = Sharding::none);
   ~DdpStrategy();
 
   const DistributedEnvironment& environment() const { return environment_; }
   bool is_global_zero() const { return environment_.rank == 0; }
   ProcessGroup& group() { return group_; }
 
+  Sharding sharding() const { return sharding_; }
+
   void attach(torch::nn::Module& module);
+  /// Under sharding: `optimizers` step the shards (ConfigError for one that
+  /// cannot, Note [Parameter shards]).
+  void shard(const std::vector<std::shared_ptr<torch::optim::Optimizer>>& optimizers);
   void detach();
   void before_forward(bool sync);
   /// Waits for the gradients' averaging that the backward pass began.
@@ -97,6 +124,16 @@ class DdpStrategy {
   /// Averages the gradients over the ranks now (a window that ended without
   /// a synchronized backward pass).
   void reduce_gradients();
+  /// Under sharding, the shards' values into the parameters.
+  void after_optimizer_step();
+  /// Under sharding: the 2-norm over the ranks of the gradients of `params`
+  /// (an optimizer's shards).
+  double gradient_norm(const std::vector<torch::Tensor>& params);
+  /// Runs `save` with `optimizer` holding whole parameters and states (a
+  /// collective under sharding).
+  void with_whole_state(torch::optim::Optimizer& optimizer, const std::function<void()>& save);
+  /// Runs `load` of a whole state into `optimizer`, then shards it.
+  void load_whole_state(torch::optim::Optimizer& optimizer, const std::function<void()>& load);
   /// A logged value combined over the ranks.
   double reduce(double value, Reduce reduce);
   /// The largest of the ranks' values: the ranks agree on whether to stop
@@ -107,8 +144,13 @@ class DdpStrategy {
  private:
   DistributedEnvironment environment_;
   ProcessGroup group_;
+  void average_gradients();
+
+  Sharding sharding_;
   torch::nn::Module* module_ = nullptr;
-  std::unique_ptr<GradientSynchronizer> synchronizer_;
+  std::unique_ptr<GradientSynchronizer> synchronizer_;  // none under Sharding::gradients
+  std::unique_ptr<ParameterShards> shards_;
+  bool synchronized_ = true;  // whether the current backward pass synchronizes
 };
 
 /// Strategy "ddp" for this process: joins the job (a collective, Note [One
@@ -116,7 +158,8 @@ class DdpStrategy {
 /// (Lightning's default where nullopt), and tells the ranks this process
 /// started itself that the job has met (Note [The Trainer's own launcher]).
 std::unique_ptr<DdpStrategy> join_ddp(const DistributedEnvironment& environment, const Accelerator& accelerator,
-                                      torch::Device device, std::optional<double> ddp_timeout);
+                                      torch::Device device, std::optional<double> ddp_timeout,
+                                      Sharding sharding = Sharding::none);
 
 /// Off rank 0, each of `loggers` replaced by one that writes nothing (only
 /// rank 0 logs, as in Lightning).
