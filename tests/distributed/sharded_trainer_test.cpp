@@ -1,0 +1,176 @@
+// Trainer.fit under the sharded strategies (fsdp's SHARD_GRAD_OP and
+// NO_SHARD, ddp's zero_redundancy_optimizer) on 2 and 4 CPU ranks, checked
+// against the same fit under ddp, against itself interrupted and resumed, and
+// through its checkpoints in one process.
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "support/sharded_scenario.h"
+#include "support/spawn.h"
+
+namespace {
+
+using namespace fulgor::test;
+
+// Float64 fits of 6 (adam) or 12 (sgd) steps. The ranks' mean gradient is
+// the one ddp computes (halving and quartering are exact), and the shards
+// are stepped elementwise, so what is left is the clipping norm summed in
+// another order and vectorized kernels rounding a piece's elements apart
+// from the whole parameter's: a few units in the last place.
+constexpr double kRelative = 1e-12;
+
+std::vector<std::string> two_rank_variants() {
+  return {"ddp_adam",           "ddp_sgd",           "zero1_adam",         "zero1_sgd",
+          "shard_grad_op_adam", "shard_grad_op_sgd", "no_shard_adam",      "zero1_adam_resumed",
+          "shard_grad_op_adam_resumed", "shard_grad_op_sgd_resumed"};
+}
+
+std::map<std::string, torch::Tensor> run_ranks(int ranks, const TempDir& dir, const std::vector<std::string>& variants,
+                                               std::string& failure) {
+  std::vector<std::string> argv = {FULGOR_RUN_PATH, "--nproc-per-node", std::to_string(ranks), "--",
+                                   FULGOR_SHARDED_WORKER, dir.str()};
+  argv.insert(argv.end(), variants.begin(), variants.end());
+  Child launcher(argv, {}, dir / "log");
+  const auto status = launcher.wait(std::chrono::seconds(300));
+  std::map<std::string, torch::Tensor> params;
+  if (!exited_with(status, 0)) {
+    failure = launcher.log();
+    return params;
+  }
+  for (int rank = 0; rank < ranks; ++rank) {
+    torch::serialize::InputArchive archive;
+    archive.load_from(dir / ("params_rank" + std::to_string(rank) + ".pt"));
+    for (const std::string& full : variants) {
+      const std::string name = parse_variant(full).name;
+      archive.read(name, params[name + "@" + std::to_string(rank)]);
+    }
+  }
+  return params;
+}
+
+::testing::AssertionResult close(const torch::Tensor& actual, const torch::Tensor& expected) {
+  const double scale = expected.abs().max().item<double>();
+  const double difference = (actual - expected).abs().max().item<double>();
+  if (difference <= kRelative * scale) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "largest difference " << difference << " of values up to " << scale;
+}
+
+// One 2-rank job and one 4-rank job, whose results the tests below check.
+class ShardedTrainer : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    two_ = std::make_unique<TempDir>();
+    four_ = std::make_unique<TempDir>();
+    params_ = run_ranks(2, *two_, two_rank_variants(), failure_);
+    if (!failure_.empty()) return;
+    const std::string mid = *two_ / "mid_shard_grad_op_adam_resumed.ckpt";
+    auto four = run_ranks(4, *four_, {"ddp_adam", "shard_grad_op_adam", "zero1_sgd", "shard_grad_op_adam_from=" + mid},
+                          failure_);
+    for (auto& [name, value] : four) params_["4:" + name] = value;
+  }
+  static void TearDownTestSuite() {
+    two_.reset();
+    four_.reset();
+  }
+  void SetUp() override { ASSERT_TRUE(failure_.empty()) << failure_; }
+
+  static torch::Tensor at(const std::string& name) { return params_.at(name); }
+
+  static inline std::unique_ptr<TempDir> two_, four_;
+  static inline std::map<std::string, torch::Tensor> params_;
+  static inline std::string failure_;
+};
+
+TEST_F(ShardedTrainer, EveryRankEndsWithTheSameParameters) {
+  for (const std::string& variant : two_rank_variants()) {
+    const std::string name = parse_variant(variant).name;
+    EXPECT_TRUE(torch::equal(at(name + "@0"), at(name + "@1"))) << name;
+  }
+  for (const char* name : {"ddp_adam", "shard_grad_op_adam", "zero1_sgd", "shard_grad_op_adam_from"})
+    for (const char* rank : {"@1", "@2", "@3"})
+      EXPECT_TRUE(torch::equal(at(std::string("4:") + name + "@0"), at(std::string("4:") + name + rank))) << name;
+}
+
+TEST_F(ShardedTrainer, EndsWithDdpsParametersOnTwoRanks) {
+  ShardedNet untrained(kShardedSeed, "adam");
+  for (const char* optimizer : {"adam", "sgd"}) {
+    const torch::Tensor ddp = at(std::string("ddp_") + optimizer + "@0");
+    EXPECT_FALSE(close(ddp, flat_parameters(untrained))) << "training changed nothing";
+    for (const char* strategy : {"zero1_", "shard_grad_op_"})
+      EXPECT_TRUE(close(at(strategy + std::string(optimizer) + "@0"), ddp)) << strategy << optimizer;
+  }
+  // NO_SHARD is ddp itself.
+  EXPECT_TRUE(torch::equal(at("no_shard_adam@0"), at("ddp_adam@0")));
+}
+
+TEST_F(ShardedTrainer, EndsWithDdpsParametersOnFourRanks) {
+  EXPECT_TRUE(close(at("4:shard_grad_op_adam@0"), at("4:ddp_adam@0")));
+  // The four ranks' batches together are the two ranks' (make_loader).
+  EXPECT_TRUE(close(at("4:shard_grad_op_adam@0"), at("ddp_adam@0")));
+  EXPECT_TRUE(close(at("4:zero1_sgd@0"), at("ddp_sgd@0")));
+}
+
+TEST_F(ShardedTrainer, ResumedFitEqualsTheUninterruptedOne) {
+  for (const char* name : {"zero1_adam", "shard_grad_op_adam", "shard_grad_op_sgd"})
+    for (const char* rank : {"@0", "@1"})
+      EXPECT_TRUE(torch::equal(at(std::string(name) + "_resumed" + rank), at(name + std::string(rank)))) << name << rank;
+}
+
+// The checkpoint holds whole optimizer states (Note [Parameter shards]): 4
+// ranks, and one process without a process group, continue the 2 ranks' fit.
+TEST_F(ShardedTrainer, CheckpointOfTwoRanksContinuesOnFourAndInOneProcess) {
+  EXPECT_TRUE(close(at("4:shard_grad_op_adam_from@0"), at("shard_grad_op_adam@0")));
+  ShardedNet model(kShardedSeed + 1, "adam");
+  auto loader = make_loader(1, 0);
+  auto options = sharded_options(parse_variant("ddp_adam"), *two_ / "alone");
+  options.strategy = "auto";
+  fulgor::Trainer trainer(options);
+  trainer.fit(model, loader, fulgor::FitOptions{*two_ / "mid_shard_grad_op_adam_resumed.ckpt"});
+  EXPECT_TRUE(close(flat_parameters(model), at("shard_grad_op_adam@0")));
+}
+
+fulgor::TrainerOptions one_process(const std::string& strategy) {
+  fulgor::TrainerOptions o = quiet(ddp_options("", 1, 1));
+  o.strategy = strategy;
+  return o;
+}
+
+std::string fit_error(const fulgor::TrainerOptions& options) {
+  ShardedNet model(kShardedSeed, "sgd");
+  auto loader = make_loader(1, 0);
+  try {
+    fulgor::Trainer trainer(options);
+    trainer.fit(model, loader);
+  } catch (const fulgor::ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ShardedOptions, SayWhatIsRefusedAndWhatIsAccepted) {
+  auto o = one_process("fsdp");
+  EXPECT_NE(fit_error(o).find("sharding_strategy=FULL_SHARD shards the parameters too"), std::string::npos)
+      << fit_error(o);
+  o.sharding_strategy = "zero3";
+  EXPECT_NE(fit_error(o).find("unknown sharding_strategy 'ZERO3'; known: FULL_SHARD, SHARD_GRAD_OP, NO_SHARD"),
+            std::string::npos)
+      << fit_error(o);
+  o.sharding_strategy = "shard_grad_op";  // any case, as Lightning reads it
+  EXPECT_EQ(fit_error(o), "");
+  o.precision = "16-mixed";
+  EXPECT_NE(fit_error(o).find("precision=16-mixed scales the loss"), std::string::npos) << fit_error(o);
+  auto z = one_process("single_device");
+  z.zero_redundancy_optimizer = true;
+  EXPECT_NE(fit_error(z).find("under strategy \"ddp\", not \"single_device\""), std::string::npos) << fit_error(z);
+  z.strategy = "fsdp";
+  z.sharding_strategy = "NO_SHARD";
+  EXPECT_NE(fit_error(z).find("(fsdp shards it already)"), std::string::npos) << fit_error(z);
+}
+
+}  // namespace

@@ -1,0 +1,76 @@
+#pragma once
+
+// The module and options the sharded-strategy workers train with, shared with
+// the tests that resume their checkpoints in one process.
+
+#include <torch/torch.h>
+
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+#include "ddp_trainer_scenario.h"
+#include "fulgor/optim/adam.h"
+
+namespace fulgor::test {
+
+constexpr int64_t kShardedEpochs = 3;
+constexpr uint64_t kShardedSeed = 5;
+// With 4 batches an epoch and 2 accumulated (adam), the middle of the second
+// epoch; with sgd, which steps every batch, the end of its first batch.
+constexpr int64_t kShardedMidStep = 3;
+
+/// Linear(4, 5), Tanh, Linear(5, 1) in float64: 20 + 5 + 5 + 1 elements, so
+/// that 2 and 4 ranks pad three of the parameters, and the last is a single
+/// element (three of four ranks hold only padding of it).
+struct ShardedNet : fulgor::Module {
+  torch::nn::Sequential net{nullptr};
+  std::string optimizer;
+
+  ShardedNet(uint64_t seed, std::string optimizer_name) : optimizer(std::move(optimizer_name)) {
+    torch::manual_seed(seed);
+    net = register_module("net", torch::nn::Sequential(torch::nn::Linear(kFeatures, 5), torch::nn::Tanh(),
+                                                       torch::nn::Linear(5, 1)));
+    to(torch::kFloat64);
+  }
+  torch::Tensor training_step(torch::data::Example<> batch, int64_t) override {
+    return torch::mse_loss(net->forward(batch.data.to(torch::kFloat64)), batch.target.to(torch::kFloat64));
+  }
+  fulgor::OptimizerConfig configure_optimizers() override {
+    if (optimizer == "adam")
+      return std::make_shared<fulgor::Adam>(parameters(), torch::optim::AdamOptions(0.05).weight_decay(0.01));
+    return std::make_shared<torch::optim::SGD>(parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  }
+};
+
+/// A worker's VARIANT argument (sharded_worker.cpp).
+struct ShardedVariant {
+  std::string name, strategy, optimizer, from;
+  bool resumed = false;
+};
+
+inline ShardedVariant parse_variant(const std::string& text) {
+  ShardedVariant v;
+  const auto equals = text.find('=');
+  v.name = text.substr(0, equals);
+  if (equals != std::string::npos) v.from = text.substr(equals + 1);
+  v.resumed = v.name.size() > 8 && v.name.compare(v.name.size() - 8, 8, "_resumed") == 0;
+  for (const char* strategy : {"ddp", "zero1", "shard_grad_op", "no_shard"})
+    if (v.name.rfind(std::string(strategy) + "_", 0) == 0) v.strategy = strategy;
+  v.optimizer = v.name.find("_adam") != std::string::npos ? "adam" : "sgd";
+  if (v.strategy.empty()) throw std::invalid_argument("unknown variant " + text);
+  return v;
+}
+
+/// The Trainer's options for `variant`: quiet, float64, 3 epochs.
+inline fulgor::TrainerOptions sharded_options(const ShardedVariant& variant, const std::string& root) {
+  fulgor::TrainerOptions o = quiet(ddp_options(root, kShardedEpochs, variant.optimizer == "adam" ? 2 : 1));
+  o.strategy = variant.strategy == "shard_grad_op" || variant.strategy == "no_shard" ? "fsdp" : "ddp";
+  o.sharding_strategy = variant.strategy == "no_shard" ? "NO_SHARD" : "SHARD_GRAD_OP";
+  o.zero_redundancy_optimizer = variant.strategy == "zero1";
+  o.gradient_clip_algorithm = variant.optimizer == "adam" ? "norm" : "value";
+  o.gradient_clip_val = variant.optimizer == "adam" ? 0.3 : 0.05;
+  return o;
+}
+
+}  // namespace fulgor::test

@@ -1,0 +1,100 @@
+// The program the sharded-strategy tests start as every rank (through
+// fulgor-run):
+//
+//   fulgor_sharded_worker OUTDIR VARIANT...
+//
+// Each VARIANT is STRATEGY_OPTIMIZER, where STRATEGY is ddp, zero1 (ddp with
+// zero_redundancy_optimizer), shard_grad_op or no_shard (fsdp with that
+// sharding_strategy) and OPTIMIZER is adam (fulgor::Adam with weight decay,
+// gradients clipped by norm, accumulating 2 batches) or sgd
+// (torch::optim::SGD with momentum, clipped by value). For each, the rank
+// fits ShardedNet kEpochs epochs in float64 and saves a checkpoint at the
+// end; a VARIANT ending in "_resumed" instead fits until the middle of the
+// second epoch, saves OUTDIR/mid_VARIANT.ckpt there, and fits to the end from
+// it with a new Trainer and model; "_from=PATH" resumes from the mid-fit
+// checkpoint PATH (written by another run, of another world size). Rank 0
+// writes every variant's final parameters to OUTDIR/params_rank0.pt under the
+// variant's name, and so does every rank to its own file. Exits 0 on
+// success, 3 with the message on a fulgor::Error, 4 on any other exception.
+
+#include <torch/torch.h>
+
+#include <iostream>
+#include <memory>
+#include <string>
+
+#include "ddp_trainer_scenario.h"
+#include "fulgor/distributed/environment.h"
+#include "fulgor/optim/adam.h"
+#include "sharded_scenario.h"
+
+namespace {
+
+using namespace fulgor::test;
+
+class SaveAtStep final : public fulgor::Callback {
+ public:
+  SaveAtStep(int64_t step, std::string path) : step_(step), path_(std::move(path)) {}
+  void on_train_batch_end(fulgor::Trainer& trainer, fulgor::ModuleBase&, const torch::Tensor&, int64_t) override {
+    if (trainer.global_step() == step_) trainer.save_checkpoint(path_);
+  }
+
+ private:
+  int64_t step_;
+  std::string path_;
+};
+
+torch::Tensor fit(const ShardedVariant& variant, const std::string& out, const std::string& resume_from,
+                  std::optional<int64_t> stop_at, const std::string& save_to) {
+  ShardedNet model(kShardedSeed, variant.optimizer);
+  const auto env = fulgor::detect_distributed_environment();
+  const int64_t rank = env.rank;
+  auto loader = make_loader(env.world_size, rank);
+  auto options = sharded_options(variant, out + "/rank" + std::to_string(rank));
+  if (stop_at) {
+    options.max_steps = *stop_at;
+    options.callbacks = {std::make_shared<SaveAtStep>(*stop_at, save_to)};
+  }
+  fulgor::Trainer trainer(options);
+  trainer.fit(model, loader, fulgor::FitOptions{resume_from});
+  if (!stop_at) trainer.save_checkpoint(out + "/" + variant.name + ".ckpt");
+  return flat_parameters(model);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int64_t rank = 0;
+  try {
+    torch::set_num_threads(1);
+    rank = fulgor::detect_distributed_environment().rank;
+    if (argc < 3) {
+      std::cerr << "usage: fulgor_sharded_worker OUTDIR VARIANT...\n";
+      return 2;
+    }
+    const std::string out = argv[1];
+    torch::serialize::OutputArchive archive;
+    for (int i = 2; i < argc; ++i) {
+      const ShardedVariant variant = parse_variant(argv[i]);
+      torch::Tensor params;
+      if (!variant.from.empty()) {
+        params = fit(variant, out, variant.from, std::nullopt, "");
+      } else if (variant.resumed) {
+        const std::string mid = out + "/mid_" + variant.name + ".ckpt";
+        fit(variant, out, "", kShardedMidStep, mid);
+        params = fit(variant, out, mid, std::nullopt, "");
+      } else {
+        params = fit(variant, out, "", std::nullopt, "");
+      }
+      archive.write(variant.name, params);
+    }
+    archive.save_to(out + "/params_rank" + std::to_string(rank) + ".pt");
+  } catch (const fulgor::Error& e) {
+    std::cerr << "worker rank " << rank << ": " << e.what() << std::endl;
+    return 3;
+  } catch (const std::exception& e) {
+    std::cerr << "worker rank " << rank << ": unexpected " << e.what() << std::endl;
+    return 4;
+  }
+  return 0;
+}
