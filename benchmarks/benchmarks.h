@@ -1,5 +1,6 @@
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "harness.h"
@@ -23,6 +24,9 @@ void interop_benchmark(Report& report, const Settings& settings);
 void instructions_benchmark(Report& report, const Settings& settings);
 void precision_benchmark(Report& report, const Settings& settings);
 void c_api_benchmark(Report& report, const Settings& settings);
+void sharded_benchmark(Report& report, const Settings& settings);
+/// The sharded benchmark's child mode: one rank, started by fulgor-run.
+int sharded_child(const std::string& variant, int64_t width, int64_t steps, const std::string& out);
 /// The instructions benchmark's child mode, run under callgrind.
 int instructions_child();
 /// The overhead benchmark's child mode: prints one process's pairs of run times.

@@ -44,6 +44,8 @@ int main(int argc, char** argv) {
   Settings settings;
   std::vector<std::string> only;
   if (argc == 2 && std::strcmp(argv[1], "--instructions-child") == 0) return instructions_child();
+  if (argc == 6 && std::strcmp(argv[1], "--sharded-child") == 0)
+    return sharded_child(argv[2], std::stoll(argv[3]), std::stoll(argv[4]), argv[5]);
   if (argc == 6 && std::strcmp(argv[1], "--overhead-child") == 0)
     return overhead_child(argv[2], std::stoul(argv[3]), std::stoi(argv[4]), std::strcmp(argv[5], "1") == 0);
   for (int i = 1; i < argc; ++i) {
@@ -58,14 +60,14 @@ int main(int argc, char** argv) {
       only.push_back(argv[++i]);
     } else {
       std::cerr << "usage: fulgor-benchmarks [--quick] "
-                   "[--only overhead|instructions|data|checkpoint|interop|precision|c_api|gpu]... [--device NAME]\n";
+                   "[--only overhead|instructions|data|checkpoint|interop|precision|c_api|sharded|gpu]... [--device NAME]\n";
       return 2;
     }
   }
   const std::vector<std::pair<std::string, void (*)(Report&, const Settings&)>> benchmarks = {
       {"overhead", overhead_benchmark},     {"instructions", instructions_benchmark}, {"data", data_benchmark},
       {"checkpoint", checkpoint_benchmark}, {"interop", interop_benchmark},           {"precision", precision_benchmark},
-      {"c_api", c_api_benchmark},          {"gpu", gpu_benchmark},
+      {"c_api", c_api_benchmark},          {"sharded", sharded_benchmark},           {"gpu", gpu_benchmark},
   };
   fulgor::BlasInfo blas = fulgor::blas_info();
   std::cout << fmt::format("fulgor {}, LibTorch {}, BLAS {}, {} LibTorch thread(s)\n", fulgor::version(),
