@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cerrno>
 #include <filesystem>
 #include <sstream>
 
@@ -98,13 +99,125 @@ TEST(FulgorRun, ForwardsSigterm) {
   ASSERT_TRUE(fulgor::test::exited_with(status, 128 + SIGTERM)) << run.log();
 }
 
+// Note [Restarts] (src/tools/fulgor_run.cpp). The ranks run a shell script,
+// which starts at once. Each start of rank N appends "RESTART_COUNT
+// MAX_RESTARTS PID" (torchrun's variables and its own pid) to starts_rankN in
+// the test's folder. Rank 0 then runs `rank0`, which must not end before it is
+// stopped; rank 1 waits for rank 0 of the same start, so that rank 0 is
+// stopped and not merely seen to have ended, and then runs `rank1`. With
+// `first_start_only`, later starts end at once with status 0.
+std::string ranks_script(const std::string& rank0, const std::string& rank1, bool first_start_only) {
+  return std::string(R"(
+echo "$TORCHELASTIC_RESTART_COUNT $TORCHELASTIC_MAX_RESTARTS $$" >> "$1/starts_rank$RANK"
+touch "$1/started${TORCHELASTIC_RESTART_COUNT}_rank$RANK"
+)") + (first_start_only ? "[ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ] || exit 0\n" : "") +
+         "if [ \"$RANK\" = 0 ]; then " + rank0 + "; fi\n" +
+         "while [ ! -e \"$1/started${TORCHELASTIC_RESTART_COUNT}_rank0\" ]; do sleep 0.05; done\n" + rank1 + "\n";
+}
+
+// fulgor-run with `options` starting `script` as 2 ranks, with `dir` as its $1.
+Child start_script(const fulgor::test::TempDir& dir, std::vector<std::string> options, const std::string& script) {
+  std::vector<std::string> argv = {FULGOR_RUN_PATH, "--nproc-per-node", "2"};
+  argv.insert(argv.end(), options.begin(), options.end());
+  argv.insert(argv.end(), {"--", "/bin/sh", "-c", script, "sh", dir.str()});
+  return Child(argv, {}, dir / "log");
+}
+
+// What one start of a rank wrote (ranks_script).
+struct Start {
+  long restart_count = -1;
+  long max_restarts = -1;
+  pid_t pid = 0;
+};
+
+std::vector<Start> starts_of(const fulgor::test::TempDir& dir, int rank) {
+  std::istringstream lines(fulgor::test::read_text(dir / ("starts_rank" + std::to_string(rank))));
+  std::vector<Start> starts;
+  for (Start s; lines >> s.restart_count >> s.max_restarts >> s.pid;) starts.push_back(s);
+  return starts;
+}
+
+// Bounds a whole run: the scripts end or are stopped within seconds.
+constexpr std::chrono::seconds kScriptLimit{60};
+
+TEST(FulgorRun, RestartsEveryRankAfterAFailure) {
+  fulgor::test::TempDir dir;
+  Child run = start_script(dir, {"--max-restarts", "1"}, ranks_script("exec sleep 30", "exit 7", true));
+  const auto status = run.wait(kScriptLimit);
+  const std::string log = run.log();
+  ASSERT_TRUE(fulgor::test::exited_with(status, 0)) << log;
+  EXPECT_NE(log.find("restarting the 2 ranks of this node (restart 1 of --max-restarts 1)"), std::string::npos) << log;
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::vector<Start> starts = starts_of(dir, rank);
+    ASSERT_EQ(starts.size(), 2u) << "rank " << rank << " runs again, as in torchrun, even if it did not fail";
+    for (long restart = 0; restart < 2; ++restart) {
+      EXPECT_EQ(starts[restart].restart_count, restart) << "TORCHELASTIC_RESTART_COUNT of rank " << rank;
+      EXPECT_EQ(starts[restart].max_restarts, 1) << "TORCHELASTIC_MAX_RESTARTS of rank " << rank;
+    }
+  }
+}
+
+TEST(FulgorRun, WithoutRestartsEndsWithTheFailedRank) {
+  fulgor::test::TempDir dir;
+  Child run = start_script(dir, {"--max-restarts", "0"}, ranks_script("exec sleep 30", "exit 7", true));
+  const auto status = run.wait(kScriptLimit);
+  const std::string log = run.log();
+  ASSERT_TRUE(fulgor::test::exited_with(status, 7)) << log;
+  EXPECT_NE(log.find("giving up after 0 restarts (--max-restarts 0): rank 1 (local rank 1, pid "), std::string::npos)
+      << log;
+  EXPECT_NE(log.find("exited with status 7\n"), std::string::npos) << log;
+  EXPECT_EQ(starts_of(dir, 0).size(), 1u);
+  EXPECT_EQ(starts_of(dir, 1).size(), 1u);
+}
+
+TEST(FulgorRun, NamesTheSignalThatKilledTheLastStart) {
+  fulgor::test::TempDir dir;
+  Child run = start_script(dir, {"--max-restarts", "1"}, ranks_script("exec sleep 30", "kill -KILL $$", false));
+  const auto status = run.wait(kScriptLimit);
+  const std::string log = run.log();
+  ASSERT_TRUE(fulgor::test::exited_with(status, 128 + SIGKILL)) << log;
+  EXPECT_NE(log.find("giving up after 1 restart (--max-restarts 1): rank 1 (local rank 1, pid "), std::string::npos)
+      << log;
+  EXPECT_NE(log.find("was killed by signal 9 (Killed)\n"), std::string::npos) << log;
+  EXPECT_EQ(starts_of(dir, 1).size(), 2u);
+}
+
+TEST(FulgorRun, KillsARankThatIgnoresSigtermBeforeRestarting) {
+  fulgor::test::TempDir dir;
+  const auto began = std::chrono::steady_clock::now();
+  Child run = start_script(dir, {"--max-restarts", "1", "--grace-period", "1"},
+                           ranks_script("trap '' TERM; exec sleep 30", "exit 3", false));
+  const auto status = run.wait(kScriptLimit);
+  const std::string log = run.log();
+  ASSERT_TRUE(fulgor::test::exited_with(status, 3)) << log;
+  EXPECT_LT(std::chrono::steady_clock::now() - began, std::chrono::seconds(25))
+      << "rank 0 was killed after the grace period, not left to sleep for 30 s";
+  EXPECT_NE(log.find("1 rank still running after the 1 s grace period; killing"), std::string::npos) << log;
+  const std::vector<Start> starts = starts_of(dir, 0);
+  ASSERT_EQ(starts.size(), 2u) << log;
+  for (const Start& start : starts)
+    EXPECT_TRUE(kill(start.pid, 0) != 0 && errno == ESRCH) << "rank 0 of start " << start.restart_count << " is left";
+}
+
+TEST(FulgorRun, RefusesRestartsOnSeveralNodes) {
+  fulgor::test::TempDir dir;
+  Child run({FULGOR_RUN_PATH, "--nproc-per-node", "2", "--nnodes", "2", "--node-rank", "0", "--master-port", "4000",
+             "--max-restarts", "1", "--", "/bin/true"},
+            {}, dir / "log");
+  EXPECT_TRUE(fulgor::test::exited_with(run.wait(std::chrono::seconds(20)), 2));
+  EXPECT_NE(run.log().find("--max-restarts 1 is not accepted with --nnodes 2: expected 0"), std::string::npos)
+      << run.log();
+}
+
 TEST(FulgorRun, RejectsBadCommandLines) {
   fulgor::test::TempDir dir;
   for (std::vector<std::string> args : {std::vector<std::string>{"--", "/bin/true"},
                                         {"--nproc-per-node", "0", "--", "/bin/true"},
                                         {"--nproc-per-node", "2"},
                                         {"--nproc-per-node", "2", "--nnodes", "2", "--", "/bin/true"},
-                                        {"--nproc-per-node", "2", "--bogus", "1", "--", "/bin/true"}}) {
+                                        {"--nproc-per-node", "2", "--bogus", "1", "--", "/bin/true"},
+                                        {"--nproc-per-node", "2", "--max-restarts", "-1", "--", "/bin/true"},
+                                        {"--nproc-per-node", "2", "--max-restarts", "many", "--", "/bin/true"}}) {
     args.insert(args.begin(), FULGOR_RUN_PATH);
     Child run(args, {}, dir / "log");
     EXPECT_TRUE(fulgor::test::exited_with(run.wait(std::chrono::seconds(20)), 2)) << run.log();
