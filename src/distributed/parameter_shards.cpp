@@ -239,9 +239,12 @@ void ParameterShards::with_whole_state(torch::optim::Optimizer& optimizer, const
     const Piece& piece = pieces_[i];
     auto it = states.find(state_key(piece.shard, states));
     if (it == states.end()) continue;
+    // Rank 0 writes the checkpoint; the others hold no whole state.
     auto whole = converted(*it->second, [&](const torch::Tensor& t) {
       if (t.dim() != 1 || t.size(0) != piece.size) return t;
-      return torch::cat(group_.all_gather(t)).narrow(0, 0, piece.numel).view(piece.param.sizes());
+      const auto parts = group_.gather(t, 0);
+      if (parts.empty()) return torch::empty({0}, t.options());
+      return torch::cat(parts).narrow(0, 0, piece.numel).view(piece.param.sizes());
     });
     kept[i] = std::move(it->second);
     states.erase(it);

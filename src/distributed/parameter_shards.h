@@ -51,8 +51,9 @@ class ParameterShards {
   double gradient_norm(const std::vector<torch::Tensor>& shards);
 
   /// A collective: runs `body` (a save) with `optimizer` as an unsharded one:
-  /// the module's parameters in its groups and whole states gathered from
-  /// the ranks' shards; the shards are back in place afterwards.
+  /// the module's parameters in its groups and, on rank 0, whole states
+  /// gathered from the ranks' shards (the other ranks' are empty: rank 0
+  /// alone writes checkpoints); the shards are back in place afterwards.
   void with_whole_state(torch::optim::Optimizer& optimizer, const std::function<void()>& body);
   /// Runs `load` (which loads a whole state) with the module's parameters in
   /// `optimizer`'s groups, then cuts the loaded states to this rank's shards.

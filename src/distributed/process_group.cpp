@@ -202,6 +202,24 @@ std::vector<torch::Tensor> ProcessGroup::all_gather(const torch::Tensor& tensor)
   return output[0];
 }
 
+std::vector<torch::Tensor> ProcessGroup::gather(const torch::Tensor& tensor, int64_t root) {
+  if (root < 0 || root >= state_->size)
+    throw ConfigError(
+        fmt::format("gather root {} is not accepted: expected a rank from 0 to {}", root, state_->size - 1));
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> input{tensor.contiguous()};
+  std::vector<std::vector<torch::Tensor>> output;
+  if (state_->rank == root) {
+    output.emplace_back();
+    for (int64_t r = 0; r < state_->size; ++r) output[0].push_back(torch::empty_like(input[0]));
+  }
+  c10d::GatherOptions options;
+  options.rootRank = root;
+  options.timeout = state_->timeout;
+  state_->run("gather", [&] { state_->wait(state_->group->gather(output, input, options)); });
+  return output.empty() ? std::vector<torch::Tensor>{} : output[0];
+}
+
 torch::Tensor ProcessGroup::reduce_scatter(const torch::Tensor& input, ReduceOp op) {
   const int64_t n = state_->size;
   if (input.dim() == 0 || input.size(0) % n != 0)

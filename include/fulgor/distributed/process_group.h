@@ -78,6 +78,10 @@ class FULGOR_API ProcessGroup {
   /// and dtype on every rank.
   std::vector<torch::Tensor> all_gather(const torch::Tensor& tensor);
 
+  /// On rank `root`, every rank's `tensor` in rank order; elsewhere nothing.
+  /// The tensors have the same shape and dtype on every rank.
+  std::vector<torch::Tensor> gather(const torch::Tensor& tensor, int64_t root = 0);
+
   /// The ranks' `input`s combined by `op`, then cut along the first dimension
   /// into size() equal parts, of which this rank gets part rank(), as
   /// PyTorch's reduce_scatter_tensor. input.size(0) must divide by size().

@@ -130,7 +130,7 @@ class DdpStrategy {
   /// (an optimizer's shards).
   double gradient_norm(const std::vector<torch::Tensor>& params);
   /// Runs `save` with `optimizer` holding whole parameters and states (a
-  /// collective under sharding).
+  /// collective under sharding; the states are whole on rank 0 only).
   void with_whole_state(torch::optim::Optimizer& optimizer, const std::function<void()>& save);
   /// Runs `load` of a whole state into `optimizer`, then shards it.
   void load_whole_state(torch::optim::Optimizer& optimizer, const std::function<void()>& load);
