@@ -27,7 +27,7 @@
 namespace fulgor::bench {
 namespace {
 
-constexpr int64_t kBatch = 8;
+constexpr int64_t kRankBatch = 8;
 
 // Three square layers: 50.3M parameters at width 4096.
 struct Stack : fulgor::Module {
@@ -54,7 +54,7 @@ int64_t bytes_of(const torch::Tensor& t) {
 class Meter final : public fulgor::Callback {
  public:
   Meter(int64_t warmup, int64_t steps) : warmup_(warmup), steps_(steps) {}
-  void on_train_batch_start(fulgor::Trainer&, fulgor::ModuleBase&, const torch::Tensor&, int64_t batch) override {
+  void on_train_batch_start(fulgor::Trainer&, fulgor::ModuleBase&, int64_t batch) override {
     if (batch == warmup_) start_ = std::chrono::steady_clock::now();
   }
   void on_train_batch_end(fulgor::Trainer& trainer, fulgor::ModuleBase& module, const torch::Tensor&,
@@ -143,10 +143,9 @@ int sharded_child(const std::string& variant, int64_t width, int64_t steps, cons
   torch::manual_seed(0);
   Stack model(width);
   TensorLoaderOptions loader_options;
-  loader_options.batch_size = kBatch;
-  const auto world = fulgor::detect_distributed_environment().world_size;
-  TensorLoader loader(torch::randn({kBatch * world * steps, width}), torch::randn({kBatch * world * steps, width}),
-                      loader_options);
+  loader_options.batch_size = kRankBatch;
+  const int64_t samples = kRankBatch * fulgor::detect_distributed_environment().world_size * steps;
+  TensorLoader loader(torch::randn({samples, width}), torch::randn({samples, width}), loader_options);
   auto meter = std::make_shared<Meter>(1, steps);
   auto options = options_for(variant, steps);
   options.callbacks = {meter};
