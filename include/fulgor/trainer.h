@@ -28,19 +28,23 @@ namespace fulgor {
 class ModelCheckpoint;
 
 struct FitOptions {
-  /// A checkpoint to resume from: a path, "last" (the checkpoint folder's
-  /// last.ckpt, else its newest checkpoint) or "best" (the ModelCheckpoint's
-  /// best_model_path). Empty: start fresh. A path may also name a file
-  /// Python's torch.save wrote, told from its content: a Lightning .ckpt or
-  /// a {"model": ..., "optimizer": ...} checkpoint, whose weights,
-  /// torch.optim states (SGD, Adam, AdamW), torch schedulers' states and
-  /// Lightning loop counters the fit continues from (Note [Resuming a Python
-  /// run] in src/interop/python_checkpoint.cpp).
+  /// A checkpoint to resume from: a path, "last" or "best" (the
+  /// ModelCheckpoint's best_model_path). Empty: start fresh. "last" is the
+  /// most recently modified of the last checkpoints (ModelCheckpoint's
+  /// last*.ckpt, OnExceptionCheckpoint's file), else of the checkpoint
+  /// folder's .ckpt files, never a save's temporary; with none, a warning
+  /// and a fresh start, as in Lightning (see docs/training.md). A path may
+  /// also name a file Python's torch.save wrote, told from its content: a
+  /// Lightning .ckpt or a {"model": ..., "optimizer": ...} checkpoint, whose
+  /// weights, torch.optim states (SGD, Adam, AdamW), torch schedulers'
+  /// states and Lightning loop counters the fit continues from (Note
+  /// [Resuming a Python run] in src/interop/python_checkpoint.cpp).
   std::string ckpt_path;
 };
 
 struct EvalOptions {
-  /// A checkpoint whose weights to evaluate (a path, "last" or "best").
+  /// A checkpoint whose weights to evaluate (a path, "last" or "best", as
+  /// FitOptions::ckpt_path; "last" with none evaluates the module as it is).
   std::string ckpt_path;
 };
 

@@ -47,7 +47,10 @@ struct Rank {
 struct Launcher {
   std::mutex mutex;
   std::condition_variable changed;
-  std::vector<Rank> ranks;  // index: rank; rank 0 is this process
+  std::vector<Rank> ranks;  // index: rank
+  // The first rank this process started: 1, as it is rank 0 itself, or 0 when
+  // it supervises restarts (Note [Restarting the Trainer's own ranks]).
+  size_t first_child = 1;
   std::vector<std::thread> threads;
   bool joined = false;
   bool stopping = false;
@@ -167,7 +170,7 @@ void on_rank_end(int64_t rank, int status) {
 }
 
 bool all_ended(const Launcher& l) {
-  for (size_t r = 1; r < l.ranks.size(); ++r)
+  for (size_t r = l.first_child; r < l.ranks.size(); ++r)
     if (!l.ranks[r].ended) return false;
   return true;
 }
@@ -186,10 +189,9 @@ void stop_others_locked(Launcher& l) {
   });
 }
 
-// At exit rank 0 waits for the ranks it started; a rank's failure is the
-// job's exit status, as with fulgor-run and torchrun.
-void wait_for_ranks() {
-  auto& l = state();
+// Returns once every rank started has ended and every thread waiting for
+// one (or for the grace period) is done.
+void join_threads(Launcher& l) {
   for (;;) {
     std::vector<std::thread> threads;
     {
@@ -199,6 +201,13 @@ void wait_for_ranks() {
     if (threads.empty()) break;
     for (auto& t : threads) t.join();
   }
+}
+
+// At exit rank 0 waits for the ranks it started; a rank's failure is the
+// job's exit status, as with fulgor-run and torchrun.
+void wait_for_ranks() {
+  auto& l = state();
+  join_threads(l);
   if (l.failure_code != 0) {
     std::cout.flush();
     _exit(l.failure_code);
@@ -241,6 +250,120 @@ pid_t start_rank(int64_t rank, std::vector<std::string> argv, std::vector<std::s
   return pid.get();
 }
 
+// Note [Restarting the Trainer's own ranks]
+// fulgor-run's --max-restarts (Note [Restarts] in src/tools/fulgor_run.cpp)
+// for the ranks a program starts itself: with FULGOR_MAX_RESTARTS=N (N > 0)
+// in its environment, the process that would become rank 0 supervises the
+// job instead. It runs the program again as every rank, rank 0 included,
+// each with TORCHELASTIC_RESTART_COUNT (the restarts made before it started)
+// and TORCHELASTIC_MAX_RESTARTS; when a rank fails it stops the others as
+// without restarts (SIGTERM, then SIGKILL after the grace period) and starts
+// them all again, up to N times, each start on a port of its own unless
+// MASTER_PORT was given. Then it exits with the job's status: 0, the failed
+// rank's after the last restart, or 128 + the signal that ended the job. It
+// never returns to the program, whose every rank ran the rest of it. Rank 0
+// cannot stay in this process, as it does without restarts: a failure may
+// leave its process group and its module unusable, and only a new process
+// starts clean. A SIGINT or SIGTERM sent to the supervisor is passed on to
+// the ranks and ends the job without a restart, as in fulgor-run.
+
+constexpr const char* kMaxRestartsVariable = "FULGOR_MAX_RESTARTS";
+
+// The signal (SIGINT or SIGTERM) that ended the supervised job; 0 for none.
+std::atomic<int> g_supervisor_signal{0};
+
+extern "C" void on_supervisor_signal(int signal, siginfo_t* info, void*) {
+  g_supervisor_signal = signal;
+  forward_signal_to_launched_ranks(signal, info);
+}
+
+// A handler rather than a blocked mask: LibTorch's threads, which the mask
+// of this one does not cover, may be the ones the kernel hands a signal to.
+void trap_supervisor_signals() {
+  struct sigaction action {};
+  action.sa_sigaction = on_supervisor_signal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART | SA_SIGINFO;
+  ::sigaction(SIGINT, &action, nullptr);
+  ::sigaction(SIGTERM, &action, nullptr);
+}
+
+[[noreturn]] void exit_job(int code) {
+  std::cout.flush();
+  std::cerr.flush();
+  _exit(code);
+}
+
+// FULGOR_MAX_RESTARTS, 0 when unset.
+int64_t self_launch_max_restarts() {
+  const char* value = std::getenv(kMaxRestartsVariable);
+  if (value == nullptr || *value == '\0') return 0;
+  char* end = nullptr;
+  errno = 0;
+  const long long restarts = std::strtoll(value, &end, 10);
+  if (*end != '\0' || errno != 0 || restarts < 0)
+    throw ConfigError(
+        fmt::format("{}='{}' is not accepted: expected how many times to restart the ranks after a "
+                    "failure, a whole number from 0 (unset: 0)",
+                    kMaxRestartsVariable, value));
+  return restarts;
+}
+
+// Starts every rank of the job for its start after `restarts` restarts.
+void start_every_rank(int64_t processes, int64_t restarts, const std::vector<std::string>& argv, bool port_given) {
+  auto& l = state();
+  {
+    std::lock_guard<std::mutex> lock(l.mutex);
+    l.ranks.assign(static_cast<size_t>(processes), Rank{});
+    l.first_child = 0;
+    // No rank of this process waits in the rendezvous for a failed one.
+    l.joined = true;
+    l.stopping = false;
+    l.failure.clear();
+    l.failure_code = 0;
+  }
+  // Nothing holds a chosen port between two starts: another program may have taken it.
+  const int port = port_given ? 0 : free_port();
+  if (port > 0) setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+  setenv("TORCHELASTIC_RESTART_COUNT", std::to_string(restarts).c_str(), 1);
+  for (int64_t rank = 0; rank < processes; ++rank) {
+    const pid_t pid = start_rank(rank, argv, environment_of(rank));
+    if (pid > 0) continue;
+    std::cerr << fmt::format("fulgor: cannot start rank {} of {}: {}\n", rank, processes, std::strerror(-pid));
+    stop_launched_ranks();
+    join_threads(l);
+    exit_job(1);
+  }
+}
+
+// Names the failure that ends the job and the restarts made, as fulgor-run does.
+void say_giving_up(int64_t restarts, int64_t max_restarts, int signal, const std::string& failure) {
+  const std::string why_not_more =
+      signal != 0 ? fmt::format("; no restart after signal {} ({})", signal, strsignal(signal)) : "";
+  std::cerr << fmt::format("fulgor: giving up after {} restart{} ({}={}{}): {}\n", restarts, restarts == 1 ? "" : "s",
+                           kMaxRestartsVariable, max_restarts, why_not_more, failure);
+}
+
+// Note [Restarting the Trainer's own ranks].
+[[noreturn]] void supervise_restarts(int64_t processes, int64_t max_restarts, const std::vector<std::string>& argv,
+                                     bool port_given) {
+  trap_supervisor_signals();
+  setenv("TORCHELASTIC_MAX_RESTARTS", std::to_string(max_restarts).c_str(), 1);
+  auto& l = state();
+  for (int64_t restarts = 0;; ++restarts) {
+    start_every_rank(processes, restarts, argv, port_given);
+    join_threads(l);
+    const int signal = g_supervisor_signal;
+    if (l.failure.empty()) exit_job(signal != 0 ? 128 + signal : 0);
+    if (signal != 0 || restarts == max_restarts) {
+      say_giving_up(restarts, max_restarts, signal, l.failure);
+      exit_job(l.failure_code);
+    }
+    std::cerr << fmt::format("fulgor: restarting the {} ranks (restart {} of {}={})\n", processes, restarts + 1,
+                             kMaxRestartsVariable, max_restarts);
+  }
+}
+
 }  // namespace
 
 DistributedEnvironment launch_ranks(int64_t processes) {
@@ -248,6 +371,7 @@ DistributedEnvironment launch_ranks(int64_t processes) {
   if (processes < 2 || static_cast<size_t>(processes) > kMaxRanks)
     throw DistributedError(fmt::format("cannot start {} ranks: expected 2 to {}", processes, kMaxRanks));
   if (launched_ranks()) throw DistributedError("this process has already started the ranks of a job");
+  const int64_t max_restarts = self_launch_max_restarts();
   const auto argv = command_line();
   const char* address = std::getenv("MASTER_ADDR");
   const char* port = std::getenv("MASTER_PORT");
@@ -257,6 +381,7 @@ DistributedEnvironment launch_ranks(int64_t processes) {
         fmt::format("cannot start the other ranks: no free port for rank 0: {}", std::strerror(errno)));
   set_rank_zero_variables(processes, address ? address : "127.0.0.1", port ? port : std::to_string(chosen));
   share_cores(processes);
+  if (max_restarts > 0) supervise_restarts(processes, max_restarts, argv, port != nullptr);
   {
     std::lock_guard<std::mutex> lock(l.mutex);
     l.ranks.assign(static_cast<size_t>(processes), Rank{});

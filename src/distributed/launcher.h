@@ -32,7 +32,10 @@ namespace fulgor::detail {
 
 // Starts ranks 1..processes-1 of a job on this machine and returns rank 0's
 // environment (also set in this process's variables). Throws DistributedError
-// when the program cannot be run again.
+// when the program cannot be run again. With FULGOR_MAX_RESTARTS above 0 it
+// starts every rank, supervises them and exits with the job's status instead
+// of returning (Note [Restarting the Trainer's own ranks] in the .cpp); a
+// value that is not a whole number from 0 is a ConfigError naming it.
 DistributedEnvironment launch_ranks(int64_t processes);
 
 // Whether this process started ranks.

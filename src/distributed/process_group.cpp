@@ -170,6 +170,23 @@ void ProcessGroup::broadcast_module(torch::nn::Module& module, int64_t root) {
   broadcast(tensors, root);
 }
 
+std::string ProcessGroup::broadcast_text(const std::string& text, int64_t root) {
+  const auto on_device = torch::TensorOptions().device(state_->device);
+  // The length first, so that every rank makes room for the bytes; an empty
+  // text then needs no second message.
+  torch::Tensor length = torch::full({1}, static_cast<int64_t>(text.size()), on_device.dtype(torch::kInt64));
+  broadcast(length, root);
+  const int64_t size = length.item<int64_t>();
+  if (size == 0) return "";
+  torch::Tensor bytes = torch::zeros({size}, torch::kUInt8);
+  if (state_->rank == root) std::copy(text.begin(), text.end(), bytes.data_ptr<uint8_t>());
+  torch::Tensor sent = bytes.to(state_->device);
+  broadcast(sent, root);
+  bytes = sent.cpu();
+  const auto* data = bytes.data_ptr<uint8_t>();
+  return std::string(data, data + size);
+}
+
 void ProcessGroup::all_reduce(torch::Tensor& tensor, ReduceOp op) {
   if (op == ReduceOp::mean && !tensor.is_floating_point())
     throw ConfigError(fmt::format("all_reduce mean of a {} tensor is not accepted: it needs a floating-point tensor",

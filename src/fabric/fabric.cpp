@@ -215,14 +215,7 @@ torch::Tensor Fabric::broadcast(torch::Tensor tensor, int64_t src, ProcessGroup*
 nlohmann::json Fabric::broadcast(const nlohmann::json& value, int64_t src) {
   require_launched("broadcast");
   if (!group_) return value;
-  const std::string text = value.dump();
-  torch::Tensor length = torch::tensor({static_cast<int64_t>(text.size())});
-  length = broadcast(length, src);
-  torch::Tensor bytes = torch::zeros({length.item<int64_t>()}, torch::kUInt8);
-  if (global_rank() == src) std::copy(text.begin(), text.end(), bytes.data_ptr<uint8_t>());
-  bytes = broadcast(bytes, src);
-  const auto* data = bytes.data_ptr<uint8_t>();
-  return nlohmann::json::parse(std::string(data, data + bytes.numel()));
+  return nlohmann::json::parse(group_->broadcast_text(value.dump(), src));
 }
 
 void Fabric::barrier(ProcessGroup* group) {

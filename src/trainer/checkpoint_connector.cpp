@@ -7,11 +7,14 @@
 
 #include <filesystem>
 #include <optional>
+#include <set>
 #include <vector>
 
 #include "callback_connector.h"
 #include "checkpoint/meta.h"
 #include "checkpoint/rng.h"
+#include "fulgor/callbacks/model_checkpoint.h"
+#include "fulgor/callbacks/on_exception_checkpoint.h"
 #include "fulgor/checkpoint/checkpoint.h"
 #include "fulgor/core/version.h"
 #include "fulgor/distributed/strategy.h"
@@ -60,8 +63,68 @@ struct CheckpointWeights {
 
 }  // namespace
 
+// Note [Resolving "last"]
+// Lightning's _parse_ckpt_path: "last" is the newest, by modification time,
+// of the files a resume from where training got to could mean: in each
+// ModelCheckpoint's folder the names that begin with "last" and end in
+// ".ckpt" (Lightning's _find_last_checkpoints), and each
+// OnExceptionCheckpoint's file. fulgor adds the checkpoint folder
+// (Trainer::checkpoint_dir), where a stop by a signal saves last.ckpt even
+// without a ModelCheckpoint; and when none of those exists, the newest
+// ".ckpt" in that folder, so that a run whose ModelCheckpoint keeps only its
+// top k still resumes. Equal times go to the path that sorts first.
+// No incomplete file is chosen: a save writes a temporary whose name begins
+// with "." (Note [Temporary checkpoint files]) and renames it to its own name
+// only once it is complete and on disk, and names beginning with "." are never
+// candidates. With no candidate there is nothing to resume: Lightning's
+// warning, and the stage starts from the module as it is, so that "last" can
+// be set for a job's first start as well as its restarts.
+// Under ddp rank 0 chooses and tells the others, so every rank loads the same
+// file even where ranks on several machines see a shared folder differently
+// (a network file system's cached listings).
+
+namespace {
+
+namespace fs = std::filesystem;
+
+bool may_be_last_checkpoint(const fs::path& file) {
+  const std::string name = file.filename().string();
+  return !name.empty() && name[0] != '.' && file.extension() == ".ckpt";
+}
+
+bool is_named_last(const fs::path& file) {
+  return file.filename().string().rfind(ModelCheckpoint::kCheckpointNameLast, 0) == 0;
+}
+
+bool is_any_checkpoint(const fs::path&) { return true; }
+
+// The regular files of `dir` that may be a "last" checkpoint and that `keep` accepts.
+template <typename Keep>
+void add_last_candidates(const fs::path& dir, Keep&& keep, std::set<fs::path>& files) {
+  std::error_code ec;
+  for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    std::error_code type_ec;
+    if (may_be_last_checkpoint(it->path()) && keep(it->path()) && it->is_regular_file(type_ec))
+      files.insert(it->path().lexically_normal());
+  }
+}
+
+// The most recently modified of `files` ("" for none); a file removed since
+// it was listed is passed over.
+std::string most_recently_modified(const std::set<fs::path>& files) {
+  std::optional<fs::path> newest;
+  fs::file_time_type newest_time;
+  for (const auto& file : files) {
+    std::error_code ec;
+    const auto time = fs::last_write_time(file, ec);
+    if (!ec && (!newest || time > newest_time)) newest = file, newest_time = time;
+  }
+  return newest ? newest->string() : "";
+}
+
+}  // namespace
+
 std::string CheckpointConnector::resolve(const std::string& path) const {
-  namespace fs = std::filesystem;
   if (path == "best") {
     std::string best = best_model_path(s.trainer.checkpoint_callback());
     if (best.empty())
@@ -69,24 +132,37 @@ std::string CheckpointConnector::resolve(const std::string& path) const {
     return best;
   }
   if (path != "last") return path;
-  const fs::path dir = s.trainer.checkpoint_dir();
-  if (fs::exists(dir / "last.ckpt")) return (dir / "last.ckpt").string();
-  std::error_code ec;
-  std::optional<fs::path> newest;
-  fs::file_time_type newest_time;
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    if (entry.path().extension() != ".ckpt" || !entry.is_regular_file()) continue;
-    auto t = entry.last_write_time();
-    if (!newest || t > newest_time) newest = entry.path(), newest_time = t;
+  std::string last = !s.ddp || s.ddp->is_global_zero() ? find_last() : "";
+  if (s.ddp) last = s.ddp->group().broadcast_text(last);
+  if (last.empty())
+    s.warn(
+        fmt::format(".{}(ckpt_path=\"last\") is set, but there is no last checkpoint available. No checkpoint will "
+                    "be loaded. HINT: Set `ModelCheckpoint(..., save_last=True)`.",
+                    s.stage));
+  return last;
+}
+
+// Note [Resolving "last"].
+std::string CheckpointConnector::find_last() const {
+  const fs::path folder = s.trainer.checkpoint_dir();
+  std::set<fs::path> files;
+  add_last_candidates(folder, is_named_last, files);
+  for (const auto& cb : s.callbacks) {
+    if (const auto* checkpoint = dynamic_cast<const ModelCheckpoint*>(cb.get());
+        checkpoint && !checkpoint->dirpath().empty())
+      add_last_candidates(checkpoint->dirpath(), is_named_last, files);
+    std::error_code ec;
+    if (const auto* on_exception = dynamic_cast<const OnExceptionCheckpoint*>(cb.get());
+        on_exception && fs::is_regular_file(on_exception->ckpt_path(), ec))
+      files.insert(fs::path(on_exception->ckpt_path()).lexically_normal());
   }
-  if (!newest) throw CheckpointError(fmt::format("ckpt_path=\"last\": no checkpoint in '{}'", dir.string()));
-  return newest->string();
+  if (files.empty()) add_last_candidates(folder, is_any_checkpoint, files);
+  return most_recently_modified(files);
 }
 
 // The one place a checkpoint's format is told: each reader gives the same
 // loaded form (Note [The loaded checkpoint]).
-LoadedCheckpoint CheckpointConnector::read(const std::string& requested) const {
-  const std::string path = resolve(requested);
+LoadedCheckpoint CheckpointConnector::read(const std::string& path) const {
   const RegularFile file = open_regular<CheckpointError>(path, "checkpoint");  // Note [Opening a user's path]
   return is_python_checkpoint(file) ? load_python_checkpoint(file, path) : load_checkpoint(file, path);
 }

@@ -24,13 +24,14 @@ struct TrainerState;
 struct CheckpointConnector {
   explicit CheckpointConnector(TrainerState& state) : s(state) {}
 
-  // A path as given, or "last" (the checkpoint folder's last.ckpt, else its
-  // newest checkpoint) or "best" (the ModelCheckpoint's best_model_path).
+  // A path as given, or "last" (the newest last checkpoint; "" with a
+  // warning when there is none: Note [Resolving "last"] in the .cpp) or
+  // "best" (the ModelCheckpoint's best_model_path). A collective under ddp.
   std::string resolve(const std::string& path) const;
-  // The checkpoint at the resolved path, fulgor's or one Python wrote, in
+  // The checkpoint at `path` (resolved), fulgor's or one Python wrote, in
   // the one loaded form the restores below take (Note [The loaded
   // checkpoint] in src/checkpoint/loaded.h).
-  LoadedCheckpoint read(const std::string& requested) const;
+  LoadedCheckpoint read(const std::string& path) const;
   // Saves synchronously: returns once the file is on disk, after the
   // asynchronous write in flight, if any.
   void save(const std::string& path);
@@ -62,6 +63,8 @@ struct CheckpointConnector {
   // states]).
   void check_rng_states(LoadedCheckpoint& ckpt) const;
  private:
+  // This process's choice for "last" ("" for none).
+  std::string find_last() const;
   nlohmann::json meta();
   // The archive of the state now; with `snapshot`, of copies in host memory,
   // and the copies to keep with it (snapshot_to_host).

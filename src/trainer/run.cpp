@@ -36,9 +36,10 @@ void stop_job(const std::exception& e) {
 }
 
 // Lightning's _run around one stage ("fit", "validate", ...): the options,
-// accelerator and strategy; the checkpoint at `ckpt_path` read before anything
-// is written, so that a bad one changes nothing; the module launched and the
-// checkpoint's weights and callback states restored. `stage` then runs with
+// accelerator and strategy; the checkpoint at `ckpt_path` (none when "last"
+// finds none) read before anything is written, so that a bad one changes
+// nothing; the module launched and the checkpoint's weights and callback
+// states restored. `stage` then runs with
 // the checkpoint (nullptr: none); an exception reaches the callbacks and the
 // loggers before it goes on.
 template <typename Stage>
@@ -47,7 +48,7 @@ void run_stage(detail::TrainerState& s, const char* name, ModuleBase& model, Dat
   s.begin(name);
   s.datamodule = datamodule;
   std::optional<detail::LoadedCheckpoint> ckpt;
-  if (!ckpt_path.empty()) ckpt = s.checkpoints.read(ckpt_path);
+  if (const std::string path = s.checkpoints.resolve(ckpt_path); !path.empty()) ckpt = s.checkpoints.read(path);
   EndScope scope{s};
   try {
     s.launch(model);

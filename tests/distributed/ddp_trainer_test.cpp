@@ -312,20 +312,28 @@ TEST(DdpTrainer, CheckpointSavesAreDecidedTogether) {
   EXPECT_EQ(files, (std::set<std::string>{"epoch=0.ckpt"}));
 }
 
+// From a path, and from "last" (Note [Resolving "last"]), which rank 0
+// resolves for every rank: in "resume_last" only rank 0's folder holds it.
 TEST(DdpTrainer, ResumingMidEpochContinuesExactly) {
   constexpr int64_t kEpochs = 3;
-  TempDir uninterrupted, resumed;
+  TempDir uninterrupted;
   auto [status, log] =
       run_with_fulgor_run({"fit", uninterrupted.str(), std::to_string(kEpochs), "1"}, uninterrupted / "log");
   ASSERT_TRUE(exited_with(status, 0)) << log;
-  auto [status2, log2] = run_with_fulgor_run({"resume", resumed.str(), std::to_string(kEpochs), "1"}, resumed / "log");
-  ASSERT_TRUE(exited_with(status2, 0)) << log2;
-  for (const char* rank : {"0", "1"}) {
-    const std::string name = std::string("params_rank") + rank + ".pt";
-    EXPECT_TRUE(torch::equal(read_tensor(uninterrupted / name, "final"), read_tensor(resumed / name, "final")))
-        << "rank " << rank;
-    // The resumed Trainer ran the rest of epoch 2 (2 batches) and epoch 3 (4).
-    EXPECT_EQ(read_tensor(resumed / name, "gradients").size(0), kStepsPerEpoch / 2 + kStepsPerEpoch) << "rank " << rank;
+  for (const char* mode : {"resume", "resume_last"}) {
+    SCOPED_TRACE(mode);
+    TempDir resumed;
+    auto [status2, log2] = run_with_fulgor_run({mode, resumed.str(), std::to_string(kEpochs), "1"}, resumed / "log");
+    ASSERT_TRUE(exited_with(status2, 0)) << log2;
+    for (const char* rank : {"0", "1"}) {
+      const std::string name = std::string("params_rank") + rank + ".pt";
+      EXPECT_TRUE(torch::equal(read_tensor(uninterrupted / name, "final"), read_tensor(resumed / name, "final")))
+          << "rank " << rank;
+      // The resumed Trainer ran the rest of epoch 2 (2 batches) and epoch 3 (4).
+      EXPECT_EQ(read_tensor(resumed / name, "gradients").size(0), kStepsPerEpoch / 2 + kStepsPerEpoch)
+          << "rank " << rank;
+    }
+    EXPECT_EQ(log2.find("no last checkpoint"), std::string::npos) << log2;
   }
 }
 

@@ -19,10 +19,11 @@ namespace {
 using fulgor::test::Child;
 using fulgor::test::TempDir;
 
-// Starts the worker once, as a user starts a program.
-std::unique_ptr<Child> start_program(const std::string& mode, const TempDir& dir) {
-  return std::make_unique<Child>(std::vector<std::string>{FULGOR_SELF_LAUNCH_WORKER, mode, dir.str()},
-                                 std::map<std::string, std::string>{}, dir / "log");
+// Starts the worker once, as a user starts a program, with `env` added to its environment.
+std::unique_ptr<Child> start_program(const std::string& mode, const TempDir& dir,
+                                     const std::map<std::string, std::string>& env = {}) {
+  return std::make_unique<Child>(std::vector<std::string>{FULGOR_SELF_LAUNCH_WORKER, mode, dir.str()}, env,
+                                 dir / "log");
 }
 
 // The value after `key` in a file of "key value" lines, or "".
@@ -83,8 +84,9 @@ TEST(SelfLaunch, UnderALauncherStartsNothing) {
 
 // Returns the log of a program whose rank 1 fails in `mode`, after checking
 // that the job ended within seconds with a non-zero status and left no rank.
-std::string failed_job(const std::string& mode, const TempDir& dir) {
-  auto program = start_program(mode, dir);
+std::string failed_job(const std::string& mode, const TempDir& dir,
+                       const std::map<std::string, std::string>& env = {}) {
+  auto program = start_program(mode, dir, env);
   const auto started = std::chrono::steady_clock::now();
   const auto status = program->wait(std::chrono::seconds(90));
   const std::string log = program->log();
@@ -128,6 +130,76 @@ TEST(SelfLaunch, SigtermToTheProgramStopsEveryRankWithACheckpoint) {
   const std::string checkpoint = field(dir / "rank0.txt", "checkpoint");
   EXPECT_EQ(checkpoint.substr(checkpoint.size() - 9), "last.ckpt") << log;
   EXPECT_TRUE(std::filesystem::exists(checkpoint)) << checkpoint;
+}
+
+// Note [Restarting the Trainer's own ranks]: rank 1 is killed in the second
+// epoch of the first start; the program started again as both ranks resumes
+// from "last", the first epoch's checkpoint, which the first start (finding
+// none) saved.
+TEST(SelfLaunch, WithMaxRestartsAFailureRestartsEveryRankFromTheLastCheckpoint) {
+  TempDir dir;
+  auto program = start_program("restart", dir, {{"FULGOR_MAX_RESTARTS", "2"}});
+  const auto status = program->wait(std::chrono::seconds(180));
+  const std::string log = program->log();
+  ASSERT_TRUE(fulgor::test::exited_with(status, 0)) << log;
+  EXPECT_TRUE(std::regex_search(log, std::regex(R"(rank 1 \(pid \d+\) was killed by signal 9 \(Killed\))"))) << log;
+  EXPECT_EQ(count(log, "fulgor: restarting the 2 ranks (restart 1 of FULGOR_MAX_RESTARTS=2)"), 1u) << log;
+  EXPECT_EQ(count(log, "restarting"), 1u) << log;
+  EXPECT_EQ(count(log, ".fit(ckpt_path=\"last\") is set, but there is no last checkpoint available"), 1u) << log;
+  EXPECT_EQ(count(log, "summary "), 1u) << log;
+  EXPECT_NE(log.find("summary 32"), std::string::npos) << log;
+  // Both ranks are the supervising program's children, and resumed.
+  EXPECT_EQ(field(dir / "rank0.txt", "parent"), std::to_string(program->pid()));
+  EXPECT_EQ(field(dir / "rank1.txt", "parent"), std::to_string(program->pid()));
+  for (const char* rank : {"rank0.txt", "rank1.txt"}) {
+    EXPECT_EQ(field(dir / rank, "restart_count"), "1") << rank;
+    EXPECT_EQ(field(dir / rank, "steps"), "16") << rank << ": the second epoch only";
+  }
+}
+
+TEST(SelfLaunch, WithMaxRestartsAJobThatKeepsFailingGivesUpWithTheRanksStatus) {
+  TempDir dir;
+  auto program = start_program("kill", dir, {{"FULGOR_MAX_RESTARTS", "1"}});
+  const auto status = program->wait(std::chrono::seconds(120));
+  const std::string log = program->log();
+  EXPECT_TRUE(fulgor::test::exited_with(status, 128 + SIGKILL)) << log;
+  EXPECT_EQ(count(log, "fulgor: restarting the 2 ranks (restart 1 of FULGOR_MAX_RESTARTS=1)"), 1u) << log;
+  EXPECT_TRUE(std::regex_search(
+      log, std::regex(R"(fulgor: giving up after 1 restart \(FULGOR_MAX_RESTARTS=1\): rank 1 \(pid \d+\) was )"
+                      R"(killed by signal 9 \(Killed\))")))
+      << log;
+}
+
+TEST(SelfLaunch, WithMaxRestartsSigtermToTheProgramStopsEveryRankWithoutARestart) {
+  TempDir dir;
+  auto program = start_program("sigterm", dir, {{"FULGOR_MAX_RESTARTS", "1"}});
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!std::filesystem::exists(dir / "training") && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_TRUE(std::filesystem::exists(dir / "training")) << program->log();
+  program->signal(SIGTERM);
+  const auto status = program->wait(std::chrono::seconds(30));
+  const std::string log = program->log();
+  EXPECT_TRUE(fulgor::test::exited_with(status, 128 + SIGTERM)) << log;
+  EXPECT_EQ(count(log, "restarting"), 0u) << log;
+  EXPECT_EQ(field(dir / "rank0.txt", "message"), "stopped");
+  EXPECT_EQ(field(dir / "rank1.txt", "message"), "stopped");
+  const std::string checkpoint = field(dir / "rank0.txt", "checkpoint");
+  EXPECT_TRUE(std::filesystem::exists(checkpoint)) << checkpoint << "\n" << log;
+}
+
+TEST(SelfLaunch, AMaxRestartsThatIsNotACountIsRefusedNamingIt) {
+  for (const std::string value : {"two", "-1", "1.5"}) {
+    TempDir dir;
+    auto program = start_program("fit", dir, {{"FULGOR_MAX_RESTARTS", value}});
+    const auto status = program->wait(std::chrono::seconds(60));
+    const std::string log = program->log();
+    EXPECT_TRUE(fulgor::test::exited_with(status, 3)) << log;
+    EXPECT_NE(log.find("FULGOR_MAX_RESTARTS='" + value + "' is not accepted: expected how many times to restart"),
+              std::string::npos)
+        << log;
+    EXPECT_FALSE(std::filesystem::exists(dir / "setup_rank1.txt")) << "a rank was started";
+  }
 }
 
 TEST(SelfLaunch, SingleDeviceStrategyRefusesTwoDevices) {

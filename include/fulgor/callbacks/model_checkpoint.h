@@ -106,9 +106,12 @@ class FULGOR_API ModelCheckpoint : public Callback {
   /// its value (`{val_loss:d}`).
   std::string format_checkpoint_name(const std::map<std::string, double>& metrics) const;
 
+  /// Lightning's CHECKPOINT_NAME_LAST: the name of save_last's file, and how
+  /// ckpt_path "last" knows a last checkpoint (a name beginning with it).
+  static constexpr const char* kCheckpointNameLast = "last";
+
  private:
   static constexpr int64_t kStartingVersion = 1;
-  static constexpr const char* kCheckpointNameLast = "last";
 
   using Clock = std::chrono::steady_clock;
 

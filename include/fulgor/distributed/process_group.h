@@ -67,6 +67,9 @@ class FULGOR_API ProcessGroup {
   /// Copies every parameter and buffer of `module` (recursively) from rank
   /// `root`, so all ranks start from the same state.
   void broadcast_module(torch::nn::Module& module, int64_t root = 0);
+  /// Rank `root`'s `text` (the others' is not read), on every rank: a
+  /// decision one rank makes for all, such as a file's name.
+  std::string broadcast_text(const std::string& text, int64_t root = 0);
 
   /// Replaces `tensor` on every rank by the ranks' tensors combined by `op`.
   /// `mean` needs a floating-point tensor.

@@ -1,18 +1,22 @@
 // The program the tests of the Trainer's own launcher run (Note [The
 // Trainer's own launcher]), once, without a launcher:
 //
-//   fulgor_self_launch_worker fit|kill|throw|sigterm OUTDIR
+//   fulgor_self_launch_worker fit|kill|throw|sigterm|restart OUTDIR
 //
 // It registers "twodevices", a CPU-backed accelerator with two devices and a
 // priority above the built-ins, which records in OUTDIR/setup_rankR.txt what
 // setup_device is told, and fits a small regression with a Trainer at its
 // defaults: "auto" picks twodevices, whose two devices make the Trainer start
 // rank 1. Each rank writes OUTDIR/rankR.txt (its pid, its parent's pid, the
-// checkpoint saved on a signal and the fit's stop message); rank 0 alone prints "summary" at the end.
-// "kill": rank 1 kills itself with SIGKILL at its third batch; "throw": rank 1
-// throws from its third training step; "sigterm": trains until stopped,
-// rank 0 writing OUTDIR/training once it is under way. Exits 0 on success, 3
-// with the message on a fulgor::Error, 4 on any other exception.
+// checkpoint saved on a signal, its TORCHELASTIC_RESTART_COUNT, the training
+// steps it ran and, last, the fit's stop message); rank 0 alone
+// prints "summary" at the end. "kill": rank 1 kills itself with SIGKILL at its
+// third batch; "throw": rank 1 throws from its third training step;
+// "sigterm": trains until stopped, rank 0 writing OUTDIR/training once it is
+// under way; "restart": fits from ckpt_path "last", and rank 1 kills itself
+// with SIGKILL at the third batch of the second epoch when
+// TORCHELASTIC_RESTART_COUNT is 0. Exits 0 on success, 3 with the message on
+// a fulgor::Error, 4 on any other exception.
 
 #include <fulgor/fulgor.h>
 #include <unistd.h>
@@ -28,10 +32,16 @@ namespace {
 
 std::string g_mode;
 std::string g_out;
+int64_t g_steps = 0;  // training steps run by this process
 
 int64_t rank_from_environment() {
   const char* rank = std::getenv("RANK");
   return rank ? std::atoll(rank) : 0;
+}
+
+std::string restart_count() {
+  const char* count = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  return count ? count : "none";
 }
 
 class TwoDevices final : public fulgor::Accelerator {
@@ -56,6 +66,10 @@ struct Regression : fulgor::Module {
   Regression() { lin = register_module("lin", torch::nn::Linear(4, 1)); }
 
   torch::Tensor training_step(torch::data::Example<> batch, int64_t index) override {
+    ++g_steps;
+    // 16 steps an epoch: 256 samples, 8 a batch, half to each rank.
+    if (g_mode == "restart" && rank_from_environment() == 1 && restart_count() == "0" && g_steps == 16 + 3)
+      raise(SIGKILL);
     if (rank_from_environment() == 1 && index == 2) {
       if (g_mode == "kill") raise(SIGKILL);
       if (g_mode == "throw") throw std::runtime_error("rank 1 fails on purpose");
@@ -77,7 +91,7 @@ REGISTER_ACCELERATOR("twodevices", TwoDevices);
 
 int main(int argc, char** argv) {
   if (argc != 3) {
-    std::cerr << "usage: fulgor_self_launch_worker fit|kill|throw|sigterm OUTDIR\n";
+    std::cerr << "usage: fulgor_self_launch_worker fit|kill|throw|sigterm|restart OUTDIR\n";
     return 2;
   }
   g_mode = argv[1];
@@ -91,11 +105,12 @@ int main(int argc, char** argv) {
     options.default_root_dir = g_out;
     options.enable_progress_bar = false;
     fulgor::Trainer trainer(options);
-    const auto result = trainer.fit(model, data);
+    const auto result = trainer.fit(model, data, {.ckpt_path = g_mode == "restart" ? "last" : ""});
     const int64_t rank = trainer.global_rank();
     std::ofstream(g_out + "/rank" + std::to_string(rank) + ".txt")
         << "pid " << getpid() << "\nparent " << getppid() << "\nworld_size " << trainer.world_size() << "\ncheckpoint "
-        << (result.checkpoint_path.empty() ? "none" : result.checkpoint_path) << "\nmessage " << result.message << "\n";
+        << (result.checkpoint_path.empty() ? "none" : result.checkpoint_path) << "\nrestart_count " << restart_count()
+        << "\nsteps " << g_steps << "\nmessage " << result.message << "\n";
     if (trainer.is_global_zero()) std::cout << "summary " << result.global_step << std::endl;
     return 0;
   } catch (const fulgor::Error& e) {

@@ -4,6 +4,7 @@
 //   fulgor_ddp_trainer_worker fit OUTDIR EPOCHS ACCUMULATE
 //   fulgor_ddp_trainer_worker manual OUTDIR EPOCHS 1
 //   fulgor_ddp_trainer_worker resume OUTDIR EPOCHS ACCUMULATE
+//   fulgor_ddp_trainer_worker resume_last OUTDIR EPOCHS ACCUMULATE
 //   fulgor_ddp_trainer_worker die OUTDIR kill|stop
 //   fulgor_ddp_trainer_worker disagree OUTDIR
 //   fulgor_ddp_trainer_worker shard OUTDIR on|off
@@ -13,7 +14,10 @@
 // "manual" the same with the model optimizing manually.
 // "resume" trains until the middle of the second epoch, saves a checkpoint there,
 // and fits EPOCHS epochs from it with a new Trainer and a differently
-// initialised model. "die" trains with a ddp_timeout of 10 s; rank 1 kills or
+// initialised model. "resume_last" does the same with the checkpoint saved
+// as last.ckpt in the checkpoint folder of each rank's own OUTDIR/rankR, where
+// rank 0 alone writes, and the fit from ckpt_path "last": rank 1's folder
+// holds none, so rank 1 resumes only by rank 0's choice. "die" trains with a ddp_timeout of 10 s; rank 1 kills or
 // stops itself at batch 2. "disagree" trains 3 epochs with a ddp_timeout of
 // 10 s, both ranks in OUTDIR, keeping the best checkpoint by a metric the
 // ranks log unsynchronized (RegressionNet::log_disagreeing) in
@@ -159,9 +163,10 @@ int main(int argc, char** argv) {
     const auto env = fulgor::detect_distributed_environment();
     rank = env.rank;
     const std::string mode = argc > 1 ? argv[1] : "";
-    if (!((mode == "fit" || mode == "manual" || mode == "resume") && argc == 5) && !(mode == "die" && argc == 4) &&
-        !(mode == "disagree" && argc == 3) && !((mode == "shard" || mode == "syncbn") && argc == 4)) {
-      std::cerr << "usage: fulgor_ddp_trainer_worker fit|manual|resume OUTDIR EPOCHS ACCUMULATE\n"
+    if (!((mode == "fit" || mode == "manual" || mode == "resume" || mode == "resume_last") && argc == 5) &&
+        !(mode == "die" && argc == 4) && !(mode == "disagree" && argc == 3) &&
+        !((mode == "shard" || mode == "syncbn") && argc == 4)) {
+      std::cerr << "usage: fulgor_ddp_trainer_worker fit|manual|resume|resume_last OUTDIR EPOCHS ACCUMULATE\n"
                    "       fulgor_ddp_trainer_worker die OUTDIR kill|stop\n"
                    "       fulgor_ddp_trainer_worker disagree OUTDIR\n"
                    "       fulgor_ddp_trainer_worker shard OUTDIR on|off\n"
@@ -227,7 +232,8 @@ int main(int argc, char** argv) {
       trainer.fit(model, loader);
       write_results(out, rank, trainer, model);
     } else {
-      const std::string checkpoint = out + "/rank0/mid.ckpt";
+      const bool last = mode == "resume_last";
+      const std::string checkpoint = last ? root + "/checkpoints/last.ckpt" : out + "/rank0/mid.ckpt";
       {
         RegressionNet model(init_seed(env.rank));
         auto options = ddp_options(root, epochs, accumulate);
@@ -239,7 +245,7 @@ int main(int argc, char** argv) {
       RegressionNet model(init_seed(env.rank) + 1000);
       auto again = make_loader(env.world_size, env.rank);
       fulgor::Trainer trainer(ddp_options(root, epochs, accumulate));
-      trainer.fit(model, again, fulgor::FitOptions{checkpoint});
+      trainer.fit(model, again, fulgor::FitOptions{last ? "last" : checkpoint});
       write_results(out, rank, trainer, model);
     }
   } catch (const fulgor::Error& e) {

@@ -3,14 +3,15 @@
 //   fulgor_checkpoint_writer ROOT MAX_STEPS [KILL_AT_STEP]
 //
 // Fits WriterModel in ROOT, saving a checkpoint after every step (the three
-// lowest train_loss and last.ckpt, in ROOT/checkpoints) until MAX_STEPS, and
-// resumes from ckpt_path "last" when that folder holds a checkpoint. Prints
-// "training from step N" once training has begun (after the resume). Exits 0 on success, 3 with the message
-// on a fulgor::Error, 4 on any other exception. Saves synchronously, the
-// Trainer's default, unless KILL_AT_STEP is given: then asynchronously, and
-// from that step on it kills itself with SIGKILL once it sees the background
-// write of last.ckpt under way (its temporary file created), after printing
-// "killed at step N".
+// lowest train_loss and last.ckpt, in ROOT/checkpoints) until MAX_STEPS,
+// always with ckpt_path "last", as a job that is restarted passes it: the
+// first run finds no checkpoint and starts fresh. Prints "training from step
+// N" once training has begun (after the resume). Exits 0 on success, 3 with
+// the message on a fulgor::Error, 4 on any other exception. Saves
+// synchronously, the Trainer's default, unless KILL_AT_STEP is given: then
+// asynchronously, and from that step on it kills itself with SIGKILL once it
+// sees the background write of last.ckpt under way (its temporary file
+// created), after printing "killed at step N".
 
 #include <torch/torch.h>
 
@@ -59,13 +60,6 @@ struct KillDuringWrite final : fulgor::Callback {
   }
 };
 
-bool holds_a_checkpoint(const fs::path& dir) {
-  std::error_code ec;
-  for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::directory_iterator(); it.increment(ec))
-    if (it->path().extension() == ".ckpt") return true;
-  return false;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -103,8 +97,7 @@ int main(int argc, char** argv) {
       options.callbacks.push_back(std::make_shared<KillDuringWrite>(std::stoll(argv[3])));
     }
     fulgor::Trainer trainer(options);
-    const bool resume = holds_a_checkpoint(trainer.checkpoint_dir());
-    trainer.fit(model, loader, fulgor::FitOptions{resume ? "last" : ""});
+    trainer.fit(model, loader, fulgor::FitOptions{"last"});
   } catch (const fulgor::Error& e) {
     std::cerr << "fulgor_checkpoint_writer: " << e.what() << std::endl;
     return 3;
