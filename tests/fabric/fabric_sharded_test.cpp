@@ -22,13 +22,15 @@ torch::Tensor parameters_of(const TempDir& dir, int rank, const std::string& var
 }
 
 // The ddp loop, then the sharded ones, each resumed from its first epoch's
-// checkpoint too: one launch, as the variants' ranks share a process group.
+// checkpoint too, and each with both passes of a step synchronized: one
+// launch, as the variants' ranks share a process group.
 TEST(FabricSharded, LoopsEndAsUnderDdpAndResumeExactly) {
   TempDir dir;
   auto [status, log] = fulgor::test::run_two_ranks(
       FULGOR_FABRIC_WORKER,
-      {"sharded", dir.str(), "ddp,zero1,shard_grad_op,zero1_resumed,shard_grad_op_resumed", "run"}, dir / "sharded.log",
-      std::chrono::seconds(180));
+      {"sharded", dir.str(),
+       "ddp,zero1,shard_grad_op,zero1_resumed,shard_grad_op_resumed,ddp_twice,zero1_twice,shard_grad_op_twice", "run"},
+      dir / "sharded.log", std::chrono::seconds(180));
   ASSERT_TRUE(fulgor::test::exited_with(status, 0)) << log;
   for (int rank = 0; rank < 2; ++rank) {
     const torch::Tensor ddp = parameters_of(dir, rank, "ddp");
@@ -39,6 +41,10 @@ TEST(FabricSharded, LoopsEndAsUnderDdpAndResumeExactly) {
       const torch::Tensor resumed = parameters_of(dir, rank, variant + "_resumed");
       EXPECT_TRUE(torch::equal(resumed, sharded))
           << variant << ", rank " << rank << ": max difference " << (resumed - sharded).abs().max().item<double>();
+      // Two synchronized passes before a step add up, as under ddp.
+      const torch::Tensor twice = parameters_of(dir, rank, variant + "_twice");
+      const torch::Tensor ddp_twice = parameters_of(dir, rank, "ddp_twice");
+      EXPECT_LE((twice - ddp_twice).abs().max().item<double>(), 1e-12 * scale) << variant << "_twice, rank " << rank;
     }
   }
 }

@@ -23,7 +23,8 @@
 // (ddp's zero_redundancy_optimizer) or shard_grad_op (fsdp, SHARD_GRAD_OP);
 // a VARIANT ending in "_resumed" saves OUTDIR/VARIANT.ckpt after its first
 // epoch and trains the other epochs with a new Fabric, model and optimizer
-// loaded from it. Every rank writes each variant's final parameters to
+// loaded from it; one ending in "_twice" synchronizes both passes of each
+// step, whose gradients then add up. Every rank writes each variant's final parameters to
 // OUTDIR/sharded_rankR.pt under the variant's name. "bare_step" steps the
 // bare optimizer instead of the FabricOptimizer. Exits 0 on success, 3 with
 // the message on a fulgor::Error, 4 on any other exception.
@@ -147,16 +148,23 @@ void run_plain_backward() {
 
 constexpr int64_t kShardedEpochs = 3;
 
-// One run of a "sharded" variant, from `epoch` (after loading `resume_from`
-// where not empty) to `until`; saves its state to `save_to` at the end where
+// One run of a "sharded" variant: from epoch `from` (after loading
+// `resume_from` where not empty) to `until`, then saved to `save_to` where
 // not empty.
-torch::Tensor train_sharded(const std::string& strategy, int64_t epoch, int64_t until, const std::string& resume_from,
-                            const std::string& save_to, bool bare_step) {
+struct ShardedRun {
+  std::string strategy;
+  int64_t from = 0, until = kShardedEpochs;
+  std::string resume_from, save_to;
+  bool bare_step = false;
+  bool sync_every_pass = false;  // the accumulated passes synchronized too
+};
+
+torch::Tensor train_sharded(const ShardedRun& run) {
   fulgor::Fabric fabric({.accelerator = "cpu",
                          .devices = 2,
-                         .strategy = strategy == "shard_grad_op" ? "fsdp" : "ddp",
+                         .strategy = run.strategy == "shard_grad_op" ? "fsdp" : "ddp",
                          .sharding_strategy = "SHARD_GRAD_OP",
-                         .zero_redundancy_optimizer = strategy == "zero1"});
+                         .zero_redundancy_optimizer = run.strategy == "zero1"});
   fabric.launch();
   torch::manual_seed(init_seed(fabric.global_rank()));
   torch::nn::Sequential model(torch::nn::Linear(kFeatures, 5), torch::nn::Tanh(), torch::nn::Linear(5, 1));
@@ -165,47 +173,54 @@ torch::Tensor train_sharded(const std::string& strategy, int64_t epoch, int64_t 
   fabric.setup_module(*model);
   torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(0.05).weight_decay(0.01));
   auto optimizer = fabric.setup_optimizers(adam);
+  int64_t epoch = run.from;
   const fulgor::FabricState state{{"model", model}, {"optimizer", adam}, {"epoch", epoch}};
-  if (!resume_from.empty()) fabric.load(resume_from, state);
+  if (!run.resume_from.empty()) fabric.load(run.resume_from, state);
   auto loader = fabric.setup_dataloaders(make_loader(fabric.world_size(), fabric.global_rank()));
-  for (; epoch < until; ++epoch) {
+  for (; epoch < run.until; ++epoch) {
     loader.set_epoch(epoch);
     int64_t batch_idx = 0;
     for (auto& batch : loader) {
       const bool steps = ++batch_idx % 2 == 0;
       {
-        auto no_sync = fabric.no_backward_sync(*model, /*enabled=*/!steps);
+        auto no_sync = fabric.no_backward_sync(*model, /*enabled=*/!steps && !run.sync_every_pass);
         const torch::Tensor prediction = model->forward(batch.data.to(torch::kFloat64));
         fabric.backward(torch::mse_loss(prediction, batch.target.to(torch::kFloat64)) / 2.0);
       }
       if (!steps) continue;
       fabric.clip_gradients(*model, optimizer, {.max_norm = 0.3});
-      if (bare_step)
+      if (run.bare_step)
         optimizer->step();
       else
         optimizer.step();
       optimizer.zero_grad();
     }
   }
-  if (!save_to.empty()) fabric.save(save_to, state);
+  if (!run.save_to.empty()) fabric.save(run.save_to, state);
   return flat_parameters(*model);
+}
+
+bool ends_with(const std::string& text, const std::string& end) {
+  return text.size() >= end.size() && text.compare(text.size() - end.size(), end.size(), end) == 0;
 }
 
 void run_sharded(const std::string& out, const std::string& variants, const std::string& how) {
   torch::serialize::OutputArchive archive;
   std::stringstream list(variants);
   for (std::string variant; std::getline(list, variant, ',');) {
-    const auto resumed = variant.find("_resumed");
-    const std::string strategy = variant.substr(0, resumed);
-    torch::Tensor params;
-    if (resumed == std::string::npos) {
-      params = train_sharded(strategy, 0, kShardedEpochs, "", "", how == "bare_step");
-    } else {
-      const std::string mid = out + "/" + variant + ".ckpt";
-      train_sharded(strategy, 0, 1, "", mid, false);
-      params = train_sharded(strategy, 1, kShardedEpochs, mid, "", false);
+    ShardedRun run;
+    run.strategy = variant.substr(0, variant.find(ends_with(variant, "_resumed") ? "_resumed" : "_twice"));
+    run.bare_step = how == "bare_step";
+    run.sync_every_pass = ends_with(variant, "_twice");
+    if (ends_with(variant, "_resumed")) {
+      ShardedRun first = run;
+      first.until = 1;
+      first.save_to = out + "/" + variant + ".ckpt";
+      train_sharded(first);
+      run.from = 1;
+      run.resume_from = first.save_to;
     }
-    archive.write(variant, params);
+    archive.write(variant, train_sharded(run));
   }
   archive.save_to(out + "/sharded_rank" + std::to_string(fulgor::detect_distributed_environment().rank) + ".pt");
 }
