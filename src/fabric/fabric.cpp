@@ -160,6 +160,8 @@ FabricOptimizer Fabric::wrap_optimizer(torch::optim::Optimizer& optimizer) {
   require_launched("setup");
   if (std::find(optimizers_.begin(), optimizers_.end(), &optimizer) != optimizers_.end())
     throw ConfigError("an optimizer was set up already: set up each optimizer once");
+  // An optimizer set up before its module, or over a module that is not set
+  // up, would step whole parameters whose gradients backward never reduces.
   if (group_ && sharding_of(options_) != detail::Sharding::none) {
     size_t pieces = 0, trainable = 0;
     for (auto& m : modules_) {
@@ -229,6 +231,8 @@ bool Fabric::step(torch::optim::Optimizer& optimizer) {
   } else {
     optimizer.step();
   }
+  // Under sharding it stepped this rank's pieces, which every rank needs in
+  // the parameters it computes with.
   for (auto& m : modules_)
     if (m->parallel.shards && !m->parallel.shards->shards_in(optimizer).empty())
       m->parallel.shards->gather_parameters();
