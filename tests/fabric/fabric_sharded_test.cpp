@@ -63,4 +63,18 @@ TEST(FabricSharded, StepOfTheBareOptimizerIsNamed) {
       << log;
 }
 
+// Set up before its module, the optimizer would step whole parameters whose
+// gradients backward frees: refused.
+TEST(FabricSharded, OptimizerSetUpBeforeItsModuleIsRefused) {
+  TempDir dir;
+  auto [status, log] = fulgor::test::run_two_ranks(
+      FULGOR_FABRIC_WORKER, {"sharded", dir.str(), "zero1", "optimizer_first"}, dir / "log", std::chrono::seconds(180));
+  EXPECT_TRUE(fulgor::test::exited_with(status, 3)) << log;
+  EXPECT_NE(log.find("under zero_redundancy_optimizer an optimizer steps the ranks' pieces of the set-up modules' "
+                     "parameters, and this one holds 4 trainable parameters of no set-up module: set the module up "
+                     "first"),
+            std::string::npos)
+      << log;
+}
+
 }  // namespace

@@ -5,7 +5,7 @@
 //   fulgor_fabric_worker trainer OUTDIR EPOCHS ACCUMULATE
 //   fulgor_fabric_worker adam OUTDIR EPOCHS LOAD
 //   fulgor_fabric_worker plain_backward OUTDIR 1 1
-//   fulgor_fabric_worker sharded OUTDIR VARIANT,... run|bare_step
+//   fulgor_fabric_worker sharded OUTDIR VARIANT,... run|bare_step|optimizer_first
 //
 // Both train the distributed tests' regression network with SGD on two
 // ranks of the CPU, each rank on its DistributedSampler shard of batches of
@@ -26,7 +26,8 @@
 // loaded from it; one ending in "_twice" synchronizes both passes of each
 // step, whose gradients then add up. Every rank writes each variant's final parameters to
 // OUTDIR/sharded_rankR.pt under the variant's name. "bare_step" steps the
-// bare optimizer instead of the FabricOptimizer. Exits 0 on success, 3 with
+// bare optimizer instead of the FabricOptimizer; "optimizer_first" only sets
+// the optimizer up before the module. Exits 0 on success, 3 with
 // the message on a fulgor::Error, 4 on any other exception.
 
 #include <torch/torch.h>
@@ -159,16 +160,35 @@ struct ShardedRun {
   bool sync_every_pass = false;  // the accumulated passes synchronized too
 };
 
-torch::Tensor train_sharded(const ShardedRun& run) {
-  fulgor::Fabric fabric({.accelerator = "cpu",
-                         .devices = 2,
-                         .strategy = run.strategy == "shard_grad_op" ? "fsdp" : "ddp",
-                         .sharding_strategy = "SHARD_GRAD_OP",
-                         .zero_redundancy_optimizer = run.strategy == "zero1"});
-  fabric.launch();
-  torch::manual_seed(init_seed(fabric.global_rank()));
+fulgor::FabricOptions sharded_options(const std::string& strategy) {
+  return {.accelerator = "cpu",
+          .devices = 2,
+          .strategy = strategy == "shard_grad_op" ? "fsdp" : "ddp",
+          .sharding_strategy = "SHARD_GRAD_OP",
+          .zero_redundancy_optimizer = strategy == "zero1"};
+}
+
+torch::nn::Sequential sharded_model(int64_t rank) {
+  torch::manual_seed(init_seed(rank));
   torch::nn::Sequential model(torch::nn::Linear(kFeatures, 5), torch::nn::Tanh(), torch::nn::Linear(5, 1));
   model->to(torch::kFloat64);
+  return model;
+}
+
+// Lightning's order reversed: the optimizer set up before its module.
+void set_up_optimizer_first(const std::string& strategy) {
+  fulgor::Fabric fabric(sharded_options(strategy));
+  fabric.launch();
+  torch::nn::Sequential model = sharded_model(fabric.global_rank());
+  torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(0.05));
+  fabric.setup_optimizers(adam);
+  fabric.setup_module(*model);
+}
+
+torch::Tensor train_sharded(const ShardedRun& run) {
+  fulgor::Fabric fabric(sharded_options(run.strategy));
+  fabric.launch();
+  torch::nn::Sequential model = sharded_model(fabric.global_rank());
   // As with Lightning's FSDP: the module first, then its optimizer.
   fabric.setup_module(*model);
   torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(0.05).weight_decay(0.01));
@@ -205,6 +225,7 @@ bool ends_with(const std::string& text, const std::string& end) {
 }
 
 void run_sharded(const std::string& out, const std::string& variants, const std::string& how) {
+  if (how == "optimizer_first") return set_up_optimizer_first(variants);
   torch::serialize::OutputArchive archive;
   std::stringstream list(variants);
   for (std::string variant; std::getline(list, variant, ',');) {
@@ -241,7 +262,7 @@ int main(int argc, char** argv) {
     std::cerr << "usage: fulgor_fabric_worker fabric|trainer OUTDIR EPOCHS ACCUMULATE\n"
                  "       fulgor_fabric_worker adam OUTDIR EPOCHS none|after_setup|before_setup|apart\n"
                  "       fulgor_fabric_worker plain_backward OUTDIR 1 1\n"
-                 "       fulgor_fabric_worker sharded OUTDIR VARIANT,... run|bare_step\n";
+                 "       fulgor_fabric_worker sharded OUTDIR VARIANT,... run|bare_step|optimizer_first\n";
     return 2;
   }
   const std::string mode = argv[1], out = argv[2];
