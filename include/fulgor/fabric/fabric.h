@@ -334,8 +334,8 @@ class [[nodiscard]] BackwardSyncGuard {
 ///     FabricOptimizer::step or step(optimizer), which gather the pieces
 ///     into the parameters, and read the gradients from the optimizer's
 ///     parameters: backward frees the module's. A step of the bare
-///     optimizer (optimizer->step()) is found at the next backward or step,
-///     which throw Error naming fabric.step.
+///     optimizer (optimizer->step()) is found at the next synchronized
+///     backward or step, which throws Error naming fabric.step.
 ///   - The modules and optimizers given to setup must outlive the Fabric.
 class FULGOR_API Fabric {
  public:
@@ -417,10 +417,10 @@ class FULGOR_API Fabric {
   /// Replaces loss.backward(): scales the loss under "16-mixed" and, under
   /// ddp, waits until the set-up modules' gradients are averaged over the
   /// ranks (unless a no_backward_sync guard is alive); under sharding, the
-  /// averages land on the optimizers' pieces, and the modules' own
-  /// gradients are freed. Under a mixed
-  /// precision, warns once when no autocast() scope was opened since the
-  /// last backward (the forward pass then ran in float32).
+  /// averages are added to the optimizers' pieces' gradients, and the
+  /// modules' own are freed. Under a mixed precision, warns once when no
+  /// autocast() scope was opened since the last backward (the forward pass
+  /// then ran in float32).
   void backward(const torch::Tensor& loss);
   /// Clips the gradients of `module`'s parameters (unscaling `optimizer`'s
   /// first under "16-mixed"); returns the total norm when clipping by norm.
