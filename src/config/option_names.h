@@ -22,8 +22,10 @@ void check_strategy(const std::string& strategy);
 /// ConfigError for an unknown name and for those fulgor does not offer.
 std::string sharding_strategy_name(std::string name);
 
-/// Throws ConfigError for sharding options that do not go together.
-void check_sharding(const TrainerOptions& options);
+/// Throws ConfigError for sharding options that do not go together: the
+/// Trainer's and Fabric's fields of those names.
+void check_sharding(const std::string& strategy, const std::string& sharding_strategy, bool zero_redundancy_optimizer,
+                    const std::string& precision);
 
 /// Whether a TrainerOptions::profiler value names SimpleProfiler ("simple",
 /// in any case, as Lightning reads it).

@@ -5,11 +5,13 @@
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <sstream>
 #include <type_traits>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "fulgor/core/error.h"
 
@@ -69,6 +71,16 @@ std::unique_ptr<ParamState> converted(const ParamState& state,
   return copy;
 }
 
+// Adds `gradient` to `shard`'s, as backward accumulates into a parameter's:
+// two synchronized passes before one step add up, as under ddp, until the
+// optimizer's zero_grad.
+void accumulate(torch::Tensor& shard, const torch::Tensor& gradient) {
+  if (shard.grad().defined())
+    shard.mutable_grad().add_(gradient);
+  else
+    shard.mutable_grad() = gradient.clone();
+}
+
 }  // namespace
 
 ParameterShards::ParameterShards(ProcessGroup group, torch::nn::Module& module, bool gradients_reduced)
@@ -109,6 +121,7 @@ ParameterShards::ParameterShards(ProcessGroup group, torch::nn::Module& module, 
     buckets_.back().pieces.push_back(i);
     buckets_.back().row += piece.size;
   }
+  version_ = shards_version();
 }
 
 torch::Tensor ParameterShards::padded_flat(const torch::Tensor& t, int64_t size) const {
@@ -128,8 +141,9 @@ void ParameterShards::shard(torch::optim::Optimizer& optimizer) {
         "zero_redundancy_optimizer, or an elementwise optimizer (SGD, Adam, AdamW, RMSprop, Adagrad)");
   if (!optimizer.state().empty())
     throw ConfigError(
-        "the optimizer has a state already (it has stepped): a sharded strategy shards optimizers that "
-        "configure_optimizers made and that have not stepped");
+        "the optimizer has a state already (it has stepped, or loaded one): a sharded strategy shards optimizers "
+        "that have none, as configure_optimizers makes them; under Fabric, set the optimizer up before "
+        "fabric.load restores its state");
   swap_in(optimizer, /*shards=*/true);
 }
 
@@ -160,9 +174,9 @@ void ParameterShards::reduce_gradients() {
   for (size_t i = 0; i < pieces_.size(); ++i) {
     Piece& piece = pieces_[i];
     piece.shard.detach().copy_(own_piece(piece, piece.param));
-    if (!had[i]) piece.shard.mutable_grad().reset();
     piece.param.mutable_grad().reset();
   }
+  version_ = shards_version();
 }
 
 void ParameterShards::reduce_bucket(const Bucket& bucket, std::vector<char>& had) {
@@ -173,7 +187,7 @@ void ParameterShards::reduce_bucket(const Bucket& bucket, std::vector<char>& had
   };
   if (gradients_reduced_) {  // the means are there: each rank keeps its piece
     for (size_t i : bucket.pieces)
-      if (had[i]) pieces_[i].shard.mutable_grad() = own_piece(pieces_[i], gradient_of(pieces_[i])).clone();
+      if (had[i]) accumulate(pieces_[i].shard, own_piece(pieces_[i], gradient_of(pieces_[i])));
     return;
   }
   // Row r: rank r's pieces of every gradient, then whether this rank has
@@ -193,7 +207,7 @@ void ParameterShards::reduce_bucket(const Bucket& bucket, std::vector<char>& had
   for (int64_t j = 0; j < k; ++j) {
     const size_t i = bucket.pieces[static_cast<size_t>(j)];
     had[i] = any[j].item<double>() > 0;
-    if (had[i]) pieces_[i].shard.mutable_grad() = mine.narrow(0, pieces_[i].offset, pieces_[i].size).clone();
+    if (had[i]) accumulate(pieces_[i].shard, mine.narrow(0, pieces_[i].offset, pieces_[i].size));
   }
 }
 
@@ -209,6 +223,7 @@ void ParameterShards::gather_parameters() {
       piece.param.detach().copy_(whole.view(piece.param.sizes()));
     }
   }
+  version_ = shards_version();
 }
 
 double ParameterShards::gradient_norm(const std::vector<torch::Tensor>& shards) {
@@ -218,6 +233,29 @@ double ParameterShards::gradient_norm(const std::vector<torch::Tensor>& shards) 
     if (s.grad().defined()) squares += s.grad().to(torch::kFloat64).pow(2).sum().to(squares.device());
   group_.all_reduce(squares, ReduceOp::sum);
   return std::sqrt(squares.item<double>());
+}
+
+std::vector<torch::Tensor> ParameterShards::shards_in(const torch::optim::Optimizer& optimizer) const {
+  std::unordered_set<const void*> mine;
+  for (const Piece& piece : pieces_) mine.insert(piece.shard.unsafeGetTensorImpl());
+  std::vector<torch::Tensor> found;
+  for (const auto& group : optimizer.param_groups())
+    for (const auto& p : group.params())
+      if (mine.count(p.unsafeGetTensorImpl())) found.push_back(p);
+  return found;
+}
+
+int64_t ParameterShards::shards_version() const {
+  // Version counters only grow, so their sum moves when any of them does.
+  int64_t sum = 0;
+  for (const Piece& piece : pieces_) sum += static_cast<int64_t>(piece.shard._version());
+  return sum;
+}
+
+bool ParameterShards::stepped_ungathered() const { return shards_version() != version_; }
+
+bool ParameterShards::gradients_pending() const {
+  return std::any_of(pieces_.begin(), pieces_.end(), [](const Piece& piece) { return piece.param.grad().defined(); });
 }
 
 void ParameterShards::with_whole_state(torch::optim::Optimizer& optimizer, const std::function<void()>& body) {

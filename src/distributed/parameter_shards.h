@@ -39,16 +39,25 @@ class ParameterShards {
   /// parameters (LBFGS) or that has a state already.
   void shard(torch::optim::Optimizer& optimizer);
 
-  /// A collective: the mean over the ranks of the module's gradients into the
-  /// shards' (a parameter that no rank has a gradient for leaves its shard
-  /// without one), the shards refreshed from the parameters' values, and the
-  /// parameters' gradients freed.
+  /// A collective: the mean over the ranks of the module's gradients added
+  /// to the shards' (a parameter that no rank has a gradient for leaves its
+  /// shard's as it was), the shards refreshed from the parameters' values,
+  /// and the parameters' gradients freed.
   void reduce_gradients();
   /// A collective: the shards' values into the module's parameters.
   void gather_parameters();
   /// A collective: the 2-norm of the gradients of `shards` (tensors of the
   /// optimizers' groups) over the ranks.
   double gradient_norm(const std::vector<torch::Tensor>& shards);
+
+  /// The tensors of `optimizer`'s groups that are these shards.
+  std::vector<torch::Tensor> shards_in(const torch::optim::Optimizer& optimizer) const;
+  /// Whether the shards changed since the last reduce_gradients or
+  /// gather_parameters: an optimizer stepped them, and no gather followed.
+  bool stepped_ungathered() const;
+  /// Whether a parameter holds a gradient that reduce_gradients did not
+  /// take: a backward pass that no reduction followed.
+  bool gradients_pending() const;
 
   /// A collective: runs `body` (a save) with `optimizer` as an unsharded one:
   /// the module's parameters in its groups and, on rank 0, whole states
@@ -74,11 +83,15 @@ class ParameterShards {
   torch::Tensor own_piece(const Piece& piece, const torch::Tensor& whole) const;
   void reduce_bucket(const Bucket& bucket, std::vector<char>& had);
   void swap_in(torch::optim::Optimizer& optimizer, bool shards);
+  int64_t shards_version() const;
 
   ProcessGroup group_;
   bool gradients_reduced_;
   std::vector<Piece> pieces_;
   std::vector<Bucket> buckets_;
+  // shards_version() after the last collective: in-place changes to the
+  // shards (an optimizer's step) move their tensors' version counters.
+  int64_t version_ = 0;
 };
 
 }  // namespace fulgor::detail

@@ -85,10 +85,22 @@ std::optional<ProcessGroup> default_process_group() {
   return *shared_group_instance;
 }
 
-Sharding sharding_of(const TrainerOptions& options) {
-  if (options.zero_redundancy_optimizer) return Sharding::optimizer_state;
-  if (options.strategy != "fsdp") return Sharding::none;
-  return sharding_strategy_name(options.sharding_strategy) == "NO_SHARD" ? Sharding::none : Sharding::gradients;
+Sharding sharding_of(const std::string& strategy, const std::string& sharding_strategy,
+                     bool zero_redundancy_optimizer) {
+  if (zero_redundancy_optimizer) return Sharding::optimizer_state;
+  if (strategy != "fsdp") return Sharding::none;
+  return sharding_strategy_name(sharding_strategy) == "NO_SHARD" ? Sharding::none : Sharding::gradients;
+}
+
+DataParallelModule attach_data_parallel(ProcessGroup& group, torch::nn::Module& module, Sharding sharding) {
+  DataParallelModule attached;
+  // Under Sharding::gradients the gradients are reduce-scattered after
+  // backward, not all_reduced during it.
+  if (sharding != Sharding::gradients) attached.synchronizer = std::make_unique<GradientSynchronizer>(group, module);
+  if (sharding != Sharding::none)
+    attached.shards =
+        std::make_unique<ParameterShards>(group, module, /*gradients_reduced=*/attached.synchronizer != nullptr);
+  return attached;
 }
 
 DdpStrategy::DdpStrategy(const DistributedEnvironment& environment, const Accelerator& accelerator,
@@ -101,11 +113,9 @@ void DdpStrategy::attach(torch::nn::Module& module) {
   synchronizer_.reset();
   shards_.reset();
   module_ = &module;
-  // Under Sharding::gradients the gradients are reduce-scattered after
-  // backward, not all_reduced during it.
-  if (sharding_ != Sharding::gradients) synchronizer_ = std::make_unique<GradientSynchronizer>(group_, module);
-  if (sharding_ != Sharding::none)
-    shards_ = std::make_unique<ParameterShards>(group_, module, /*gradients_reduced=*/synchronizer_ != nullptr);
+  DataParallelModule attached = attach_data_parallel(group_, module, sharding_);
+  synchronizer_ = std::move(attached.synchronizer);
+  shards_ = std::move(attached.shards);
 }
 
 void DdpStrategy::shard(const std::vector<std::shared_ptr<torch::optim::Optimizer>>& optimizers) {

@@ -13,6 +13,7 @@
 
 #include "config/option_names.h"
 #include "distributed/launcher.h"
+#include "fabric/fabric_module.h"
 #include "fulgor/config/seed.h"
 #include "fulgor/core/error.h"
 #include "fulgor/core/registry.h"
@@ -20,25 +21,67 @@
 #include "fulgor/distributed/strategy.h"
 
 namespace fulgor {
+namespace {
 
-BackwardSyncGuard::BackwardSyncGuard(GradientSynchronizer* synchronizer, bool enabled)
-    : synchronizer_(enabled ? synchronizer : nullptr) {
-  if (!synchronizer_) return;
-  previous_ = synchronizer_->sync();
-  synchronizer_->set_sync(false);
+detail::Sharding sharding_of(const FabricOptions& options) {
+  return detail::sharding_of(options.strategy, options.sharding_strategy, options.zero_redundancy_optimizer);
+}
+
+// What shards the parameters, for messages.
+std::string sharded_by(const FabricOptions& options) {
+  return options.zero_redundancy_optimizer ? "zero_redundancy_optimizer" : "strategy 'fsdp'";
+}
+
+// The shards hold what the optimizer stepped until a gather copies them into
+// the parameters; a step of the bare optimizer leaves the parameters behind,
+// and the next reduction would overwrite the step.
+void check_stepped_through_fabric(const detail::FabricModule& set_up, const FabricOptions& options) {
+  if (!set_up.parallel.shards->stepped_ungathered()) return;
+  throw Error(fmt::format(
+      "the optimizer stepped the pieces of module '{}' without gathering them into its parameters: under {}, "
+      "step through the FabricOptimizer (optimizer.step()) or fabric.step(optimizer), not optimizer->step()",
+      set_up.module->name(), sharded_by(options)));
+}
+
+// torch::nn::utils::clip_grad_norm_'s rule, with the norm over the ranks'
+// pieces of the gradients.
+double clip_sharded_norm(detail::ParameterShards& shards, const std::vector<torch::Tensor>& pieces,
+                         const ClipGradients& how, const FabricOptions& options) {
+  if (how.norm_type != 2.0)
+    throw ConfigError(fmt::format(
+        "clip_gradients: norm_type={} under {}, whose norm over the ranks' pieces is the 2-norm: use norm_type = 2",
+        how.norm_type, sharded_by(options)));
+  const double norm = shards.gradient_norm(pieces);
+  if (how.error_if_nonfinite && !std::isfinite(norm))
+    throw Error(fmt::format(
+        "clip_gradients: the total norm of the gradients is {}, so they cannot be clipped (set error_if_nonfinite "
+        "= false to clip anyway)",
+        norm));
+  const double coefficient = *how.max_norm / (norm + 1e-6);
+  torch::NoGradGuard no_grad;
+  if (coefficient < 1)
+    for (const auto& p : pieces)
+      if (p.grad().defined()) p.mutable_grad().mul_(coefficient);
+  return norm;
+}
+
+}  // namespace
+
+BackwardSyncGuard::BackwardSyncGuard(detail::FabricModule* module, bool enabled) : module_(enabled ? module : nullptr) {
+  if (!module_) return;
+  previous_ = module_->sync();
+  module_->set_sync(false);
 }
 
 BackwardSyncGuard::~BackwardSyncGuard() {
-  if (synchronizer_) synchronizer_->set_sync(previous_);
+  if (module_) module_->set_sync(previous_);
 }
 
 Fabric::Fabric(FabricOptions options)
     : options_(std::move(options)), accelerator_(make_accelerator(options_.accelerator)) {
   detail::check_strategy(options_.strategy);
-  if (options_.strategy == "fsdp")
-    throw ConfigError(
-        "strategy 'fsdp' is the Trainer's for now: Fabric offers \"auto\", \"ddp\" and \"single_device\" "
-        "(docs/distributed.md, Sharded training)");
+  detail::check_sharding(options_.strategy, options_.sharding_strategy, options_.zero_redundancy_optimizer,
+                         options_.precision);
   precision_ = Precision::parse(options_.precision, *accelerator_);
   selected_ = accelerator_->parse_devices(options_.devices);
   environment_ = detect_distributed_environment();
@@ -46,7 +89,8 @@ Fabric::Fabric(FabricOptions options)
   // Refuses "single_device" with several devices, as the Trainer does.
   const bool launches =
       detail::launches_ranks(options_.strategy, environment_, *accelerator_, options_.devices, selected_.size());
-  strategy_ = launches || detail::runs_data_parallel(options_.strategy, environment_) ? "ddp" : "single_device";
+  const bool data_parallel = launches || detail::runs_data_parallel(options_.strategy, environment_);
+  strategy_ = !data_parallel ? "single_device" : options_.strategy == "fsdp" ? "fsdp" : "ddp";
   device_setup_ = detail::device_setup(*accelerator_, options_.devices, selected_, environment_);
   loggers_ = options_.loggers;
   callbacks_ = options_.callbacks;
@@ -55,7 +99,7 @@ Fabric::Fabric(FabricOptions options)
 }
 
 Fabric::~Fabric() {
-  synchronizers_.clear();
+  modules_.clear();
   if (launched_) accelerator_->teardown();
 }
 
@@ -65,7 +109,7 @@ void Fabric::launch() {
     environment_ = detail::launch_ranks(static_cast<int64_t>(selected_.size()));
   device_setup_ = detail::device_setup(*accelerator_, options_.devices, selected_, environment_);
   accelerator_->setup_device(device_setup_);
-  if (strategy_ == "ddp") {
+  if (strategy_ != "single_device") {
     // The Trainer's group (Note [One process group per process]), so that a
     // Fabric and Trainers of one program share it.
     group_ = std::make_unique<ProcessGroup>(
@@ -79,11 +123,11 @@ void Fabric::launch() {
 // Lightning's _validate_launched: one process may skip launch().
 void Fabric::require_launched(const char* what) const {
   if (launched_) return;
-  if (strategy_ == "ddp")
+  if (strategy_ != "single_device")
     throw Error(
         fmt::format("Fabric::{} needs the job's processes: call fabric.launch() first ({} processes, "
-                    "strategy 'ddp')",
-                    what, std::max<size_t>(selected_.size(), static_cast<size_t>(environment_.world_size))));
+                    "strategy '{}')",
+                    what, std::max<size_t>(selected_.size(), static_cast<size_t>(environment_.world_size)), strategy_));
   const_cast<Fabric*>(this)->launch();
 }
 
@@ -102,34 +146,54 @@ DistributedShard Fabric::shard() const {
 
 void Fabric::setup_module(torch::nn::Module& module, bool move_to_device) {
   require_launched("setup");
-  if (std::find(modules_.begin(), modules_.end(), &module) != modules_.end())
+  if (std::any_of(modules_.begin(), modules_.end(), [&](const auto& m) { return m->module == &module; }))
     throw ConfigError(fmt::format("the module '{}' was set up already: set up each module once", module.name()));
   precision_.convert_module(module);
   if (move_to_device) accelerator_->move_module(module, device());
-  if (group_) synchronizers_.push_back(std::make_unique<GradientSynchronizer>(*group_, module));
-  modules_.push_back(&module);
+  auto set_up = std::make_unique<detail::FabricModule>();
+  set_up->module = &module;
+  if (group_) set_up->parallel = detail::attach_data_parallel(*group_, module, sharding_of(options_));
+  modules_.push_back(std::move(set_up));
 }
 
 FabricOptimizer Fabric::wrap_optimizer(torch::optim::Optimizer& optimizer) {
   require_launched("setup");
   if (std::find(optimizers_.begin(), optimizers_.end(), &optimizer) != optimizers_.end())
     throw ConfigError("an optimizer was set up already: set up each optimizer once");
+  // An optimizer set up before its module, or over a module that is not set
+  // up, would step whole parameters whose gradients backward never reduces.
+  if (group_ && sharding_of(options_) != detail::Sharding::none) {
+    size_t pieces = 0, trainable = 0;
+    for (auto& m : modules_) {
+      m->parallel.shards->shard(optimizer);
+      pieces += m->parallel.shards->shards_in(optimizer).size();
+    }
+    for (const auto& group : optimizer.param_groups())
+      trainable += static_cast<size_t>(
+          std::count_if(group.params().begin(), group.params().end(), [](const auto& p) { return p.requires_grad(); }));
+    if (pieces != trainable)
+      throw ConfigError(fmt::format(
+          "under {} an optimizer steps the ranks' pieces of the set-up modules' parameters, and this one holds {} "
+          "trainable parameters of no set-up module: set the module up first (fabric.setup(module, optimizer), or "
+          "setup_module before setup_optimizers)",
+          sharded_by(options_), trainable - pieces));
+  }
   optimizers_.push_back(&optimizer);
   return FabricOptimizer(*this, optimizer);
 }
 
 void Fabric::to_device(torch::nn::Module& module) const { accelerator_->move_module(module, device()); }
 
-GradientSynchronizer* Fabric::synchronizer_of(const torch::nn::Module& module) const {
-  const auto it = std::find(modules_.begin(), modules_.end(), &module);
+detail::FabricModule* Fabric::set_up(const torch::nn::Module& module, const char* what) const {
+  const auto it = std::find_if(modules_.begin(), modules_.end(), [&](const auto& m) { return m->module == &module; });
   if (it == modules_.end())
-    throw ConfigError(fmt::format(
-        "the module '{}' was not set up: call fabric.setup(module, ...) before no_backward_sync", module.name()));
-  return synchronizers_.empty() ? nullptr : synchronizers_[static_cast<size_t>(it - modules_.begin())].get();
+    throw ConfigError(
+        fmt::format("the module '{}' was not set up: call fabric.setup(module, ...) before {}", module.name(), what));
+  return it->get();
 }
 
 BackwardSyncGuard Fabric::no_backward_sync(torch::nn::Module& module, bool enabled) {
-  return BackwardSyncGuard(synchronizer_of(module), enabled);
+  return BackwardSyncGuard(set_up(module, "no_backward_sync"), enabled);
 }
 
 // Note [Buffers under Fabric's ddp]
@@ -146,25 +210,52 @@ void Fabric::backward(const torch::Tensor& loss) {
                     "pass ran in float32; compute the loss inside `auto autocast = fabric.autocast();`",
                     precision_.name));
   (scaler_ ? scaler_->scale(loss) : loss).backward();
-  for (auto& synchronizer : synchronizers_) {
-    synchronizer->finish_backward();
-    synchronizer->before_forward();
+  for (auto& m : modules_) {
+    if (auto& synchronizer = m->parallel.synchronizer) {
+      synchronizer->finish_backward();
+      synchronizer->before_forward();
+    }
+    if (m->parallel.shards && m->sync()) {
+      check_stepped_through_fabric(*m, options_);
+      m->parallel.shards->reduce_gradients();
+    }
   }
 }
 
 bool Fabric::step(torch::optim::Optimizer& optimizer) {
-  for (auto& synchronizer : synchronizers_)
-    if (synchronizer->pending())
+  check_reduced(optimizer);
+  bool stepped = true;
+  if (scaler_) {
+    stepped = scaler_->step(optimizer);
+    scaler_->update();
+  } else {
+    optimizer.step();
+  }
+  // Under sharding it stepped this rank's pieces, which every rank needs in
+  // the parameters it computes with.
+  for (auto& m : modules_)
+    if (m->parallel.shards && !m->parallel.shards->shards_in(optimizer).empty())
+      m->parallel.shards->gather_parameters();
+  return stepped;
+}
+
+// The gradients `optimizer` would step on were averaged over the ranks.
+void Fabric::check_reduced(torch::optim::Optimizer& optimizer) const {
+  for (const auto& m : modules_) {
+    if (m->parallel.synchronizer && m->parallel.synchronizer->pending())
       throw Error(
           "the optimizer would step on gradients that were not averaged over the ranks: under ddp, call "
           "fabric.backward(loss) instead of loss.backward()");
-  if (!scaler_) {
-    optimizer.step();
-    return true;
+    const auto& shards = m->parallel.shards;
+    if (!shards || shards->shards_in(optimizer).empty()) continue;
+    check_stepped_through_fabric(*m, options_);
+    if (shards->gradients_pending())
+      throw Error(fmt::format(
+          "the optimizer would step on gradients of module '{}' that were not reduced over the ranks: under {}, "
+          "call fabric.backward(loss) instead of loss.backward(), and step after a backward outside "
+          "no_backward_sync",
+          m->module->name(), sharded_by(options_)));
   }
-  const bool stepped = scaler_->step(optimizer);
-  scaler_->update();
-  return stepped;
 }
 
 std::optional<double> Fabric::clip_gradients(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
@@ -173,12 +264,18 @@ std::optional<double> Fabric::clip_gradients(torch::nn::Module& module, torch::o
     throw ConfigError(how.clip_val ? "clip_gradients: both clip_val and max_norm are set; set one of them"
                                    : "clip_gradients: set clip_val or max_norm to clip gradients");
   if (scaler_) scaler_->unscale(optimizer);
+  // Under sharding the gradients are on the optimizer's pieces of the
+  // parameters; backward freed the module's.
+  const auto it = std::find_if(modules_.begin(), modules_.end(), [&](const auto& m) { return m->module == &module; });
+  detail::ParameterShards* shards = it != modules_.end() ? (*it)->parallel.shards.get() : nullptr;
+  const std::vector<torch::Tensor> params = shards ? shards->shards_in(optimizer) : module.parameters();
   if (how.clip_val) {
-    torch::nn::utils::clip_grad_value_(module.parameters(), *how.clip_val);
+    torch::nn::utils::clip_grad_value_(params, *how.clip_val);
     return std::nullopt;
   }
+  if (shards) return clip_sharded_norm(*shards, params, how, options_);
   try {
-    return torch::nn::utils::clip_grad_norm_(module.parameters(), *how.max_norm, how.norm_type, how.error_if_nonfinite);
+    return torch::nn::utils::clip_grad_norm_(params, *how.max_norm, how.norm_type, how.error_if_nonfinite);
   } catch (const c10::Error& e) {
     throw Error(
         fmt::format("clip_gradients: {} (set error_if_nonfinite = false to clip anyway)", e.what_without_backtrace()));

@@ -7,9 +7,13 @@
 
 #include <algorithm>
 #include <cctype>
+#include <functional>
 #include <set>
+#include <utility>
+#include <vector>
 
 #include "detail/tensor_moves.h"
+#include "fabric/fabric_module.h"
 #include "fulgor/checkpoint/checkpoint.h"
 #include "fulgor/core/error.h"
 #include "fulgor/core/version.h"
@@ -119,57 +123,89 @@ std::optional<nlohmann::json> json_of(const c10::IValue& value) {
   return std::nullopt;
 }
 
+void write_fabric_file(const std::string& path, const FabricState& state) {
+  nlohmann::json meta = {{"format", kFabricFormat},
+                         {"format_version", kFabricFormatVersion},
+                         {"fulgor_version", fulgor::version()},
+                         {"torch_version", TORCH_VERSION},
+                         {"items", nlohmann::json::object()},
+                         {"values", nlohmann::json::object()}};
+  torch::serialize::OutputArchive archive;
+  for (const auto& [name, item] : state) {
+    meta["items"][name] = kind_name(item.kind());
+    torch::serialize::OutputArchive nested;
+    switch (item.kind()) {
+      case FabricStateItem::Kind::module:
+        item.module()->save(nested);
+        archive.write(name, nested);
+        break;
+      case FabricStateItem::Kind::optimizer:
+        item.optimizer()->save(nested);
+        archive.write(name, nested);
+        break;
+      case FabricStateItem::Kind::archive:
+        item.save(nested);
+        archive.write(name, nested);
+        break;
+      case FabricStateItem::Kind::tensor:
+        archive.write(name, *item.tensor());
+        break;
+      case FabricStateItem::Kind::json_state:
+      case FabricStateItem::Kind::value:
+        meta["values"][name] = item.to_json();
+        break;
+    }
+  }
+  archive.write("meta", c10::IValue(meta.dump()));
+  write_checkpoint_file(path, archive);
+}
+
+// Runs `body` with each of `sharded` (an optimizer and the shards it steps)
+// from the i-th on holding whole parameters and states: gathered for a save,
+// or loaded whole and cut after it (Note [Parameter shards]).
+void unsharded(const std::vector<std::pair<detail::ParameterShards*, torch::optim::Optimizer*>>& sharded, bool load,
+               const std::function<void()>& body, size_t i = 0) {
+  if (i == sharded.size()) return body();
+  auto rest = [&] { unsharded(sharded, load, body, i + 1); };
+  if (load)
+    sharded[i].first->load_whole_state(*sharded[i].second, rest);
+  else
+    sharded[i].first->with_whole_state(*sharded[i].second, rest);
+}
+
 }  // namespace
+
+void Fabric::with_whole_states(const FabricState& state, bool load, const std::function<void()>& body) {
+  std::vector<std::pair<detail::ParameterShards*, torch::optim::Optimizer*>> sharded;
+  for (const auto& [name, item] : state) {
+    if (item.kind() != FabricStateItem::Kind::optimizer) continue;
+    for (const auto& m : modules_)
+      if (m->parallel.shards && !m->parallel.shards->shards_in(*item.optimizer()).empty())
+        sharded.emplace_back(m->parallel.shards.get(), item.optimizer());
+  }
+  unsharded(sharded, load, body);
+}
 
 void Fabric::save(const std::string& path, const FabricState& state) {
   require_launched("save");
   check_names(state);
-  if (is_global_zero()) {
-    nlohmann::json meta = {{"format", kFabricFormat},
-                           {"format_version", kFabricFormatVersion},
-                           {"fulgor_version", fulgor::version()},
-                           {"torch_version", TORCH_VERSION},
-                           {"items", nlohmann::json::object()},
-                           {"values", nlohmann::json::object()}};
-    torch::serialize::OutputArchive archive;
-    for (const auto& [name, item] : state) {
-      meta["items"][name] = kind_name(item.kind());
-      torch::serialize::OutputArchive nested;
-      switch (item.kind()) {
-        case FabricStateItem::Kind::module:
-          item.module()->save(nested);
-          archive.write(name, nested);
-          break;
-        case FabricStateItem::Kind::optimizer:
-          item.optimizer()->save(nested);
-          archive.write(name, nested);
-          break;
-        case FabricStateItem::Kind::archive:
-          item.save(nested);
-          archive.write(name, nested);
-          break;
-        case FabricStateItem::Kind::tensor:
-          archive.write(name, *item.tensor());
-          break;
-        case FabricStateItem::Kind::json_state:
-        case FabricStateItem::Kind::value:
-          meta["values"][name] = item.to_json();
-          break;
-      }
-    }
-    archive.write("meta", c10::IValue(meta.dump()));
-    write_checkpoint_file(path, archive);
-  }
+  // Gathering a sharded optimizer's whole state is a collective, so every
+  // rank runs it, and rank 0 alone writes the file.
+  with_whole_states(state, /*load=*/false, [&] {
+    if (is_global_zero()) write_fabric_file(path, state);
+  });
   barrier();
 }
 
 namespace {
 
-// What Fabric::load reads a file for: the state, and whether every item must be there.
+// What Fabric::load reads a file for: the state, whether every item must be
+// there, and how an optimizer loads a whole state (Fabric::with_whole_states).
 struct LoadRequest {
   const std::string& path;
   const FabricState& state;
   bool strict;
+  std::function<void(torch::optim::Optimizer&, const std::function<void()>&)> load_whole;
 
   bool asked(const std::string& name) const {
     return std::any_of(state.begin(), state.end(), [&](const auto& entry) { return entry.first == name; });
@@ -193,8 +229,10 @@ void restore_saved(const LoadRequest& request, torch::serialize::InputArchive& a
       break;
     case FabricStateItem::Kind::optimizer:
       archive.read(name, nested);
-      item.optimizer()->load(nested);
-      detail::move_archive_tensors(nested, accelerator, device, "optimizer '" + name + "' state");
+      request.load_whole(*item.optimizer(), [&] {
+        item.optimizer()->load(nested);
+        detail::move_archive_tensors(nested, accelerator, device, "optimizer '" + name + "' state");
+      });
       break;
     case FabricStateItem::Kind::archive:
       archive.read(name, nested);
@@ -247,7 +285,9 @@ void restore_loaded(const LoadRequest& request, const c10::IValue& value, const 
       break;
     }
     case FabricStateItem::Kind::optimizer:
-      import_optimizer_state(*item.optimizer(), value, fmt::format("'{}' of '{}'", name, path));
+      request.load_whole(*item.optimizer(), [&] {
+        import_optimizer_state(*item.optimizer(), value, fmt::format("'{}' of '{}'", name, path));
+      });
       break;
     case FabricStateItem::Kind::archive:
       throw CheckpointError(
@@ -303,17 +343,21 @@ nlohmann::json Fabric::load(const std::string& path, const FabricState& state, b
   if (format == WeightsFormat::safetensors)
     throw CheckpointError(fmt::format(
         "checkpoint '{}' is a safetensors file, which holds weights alone: load them with Fabric::load_raw", path));
-  const LoadRequest request{path, state, strict};
+  // A checkpoint holds whole optimizer states, which each rank cuts to its pieces.
+  const LoadRequest request{path, state, strict, [this](torch::optim::Optimizer& optimizer, const auto& load) {
+                              with_whole_states({{"optimizer", optimizer}}, /*load=*/true, load);
+                            }};
   nlohmann::json remainder = format == WeightsFormat::fulgor_checkpoint
                                  ? load_fabric_file(request, *accelerator_, device())
                                  : load_torch_file(request);
   barrier();
   // Note [Ranks in step] (gradient_sync.h): a load must leave the ranks equal.
   const std::string when = fmt::format("Fabric::load('{}')", path);
-  for (auto& synchronizer : synchronizers_) {
-    synchronizer->check_in_step(when);
-    synchronizer->check_next_step(when);
-  }
+  for (auto& m : modules_)
+    if (auto& synchronizer = m->parallel.synchronizer) {
+      synchronizer->check_in_step(when);
+      synchronizer->check_next_step(when);
+    }
   return remainder;
 }
 
@@ -326,7 +370,7 @@ void Fabric::load_raw(const std::string& path, torch::nn::Module& module, bool s
 
 void Fabric::load_raw(const std::string& path, torch::optim::Optimizer& optimizer) {
   require_launched("load_raw");
-  import_optimizer_state(optimizer, path);
+  with_whole_states({{"optimizer", optimizer}}, /*load=*/true, [&] { import_optimizer_state(optimizer, path); });
 }
 
 }  // namespace fulgor

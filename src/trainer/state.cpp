@@ -258,7 +258,8 @@ void TrainerState::attach_ddp(ModuleBase& model) {
 // Joins the job. Only rank 0 prints (progress, model summary) and writes logs.
 void TrainerState::start_ddp(const DistributedEnvironment& environment, const DeviceSetup& setup) {
   accelerator->setup_device(setup);
-  ddp = join_ddp(environment, *accelerator, setup.device, options.ddp_timeout, sharding_of(options));
+  ddp = join_ddp(environment, *accelerator, setup.device, options.ddp_timeout,
+                 sharding_of(options.strategy, options.sharding_strategy, options.zero_redundancy_optimizer));
   silence_off_rank_zero(loggers, environment);
   if (ddp->is_global_zero()) return;
   callbacks.erase(std::remove_if(callbacks.begin(), callbacks.end(),

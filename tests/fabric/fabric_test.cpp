@@ -294,8 +294,43 @@ TEST(Fabric, TruePrecisionConvertsTheModule) {
   for (const auto& p : net->parameters()) EXPECT_EQ(p.scalar_type(), torch::kDouble);
 }
 
+// The Trainer's rules and messages (src/config/trainer_options.cpp).
+TEST(Fabric, RefusesShardingOptionsAsTheTrainer) {
+  auto refusal = [](const fulgor::FabricOptions& options) {
+    return fulgor::test::thrown_message<fulgor::ConfigError>([&] { fulgor::Fabric fabric(options); });
+  };
+  EXPECT_EQ(refusal({.accelerator = "cpu", .strategy = "fsdp"}),
+            "sharding_strategy=FULL_SHARD shards the parameters too (ZeRO-3), which fulgor does not: every rank keeps "
+            "whole parameters. Use sharding_strategy=SHARD_GRAD_OP (gradients and optimizer state sharded, ZeRO-2) "
+            "or NO_SHARD (ddp)");
+  EXPECT_EQ(refusal({.accelerator = "cpu", .strategy = "fsdp", .sharding_strategy = "full"}),
+            "unknown sharding_strategy 'FULL'; known: FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD");
+  EXPECT_EQ(refusal({.accelerator = "cpu",
+                     .strategy = "fsdp",
+                     .sharding_strategy = "shard_grad_op",
+                     .zero_redundancy_optimizer = true}),
+            "zero_redundancy_optimizer=true shards the optimizers' state under strategy \"ddp\", not \"fsdp\" (fsdp "
+            "shards it already)");
+  EXPECT_EQ(
+      refusal({.accelerator = "cpu", .precision = "16-mixed", .strategy = "ddp", .zero_redundancy_optimizer = true}),
+      "precision=16-mixed scales the loss, and a sharded strategy (zero_redundancy_optimizer=true) has no "
+      "sharded loss scaler yet: use precision=bf16-mixed or 32-true");
+}
+
+// On one process there is nothing to shard: the loop runs as single_device.
+TEST(Fabric, ShardedStrategyOnOneProcessTrainsAlone) {
+  fulgor::Fabric fabric({.accelerator = "cpu", .strategy = "fsdp", .sharding_strategy = "SHARD_GRAD_OP"});
+  EXPECT_EQ(fabric.strategy(), "single_device");
+  auto net = make_net();
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+  auto optimizer = fabric.setup(net, sgd);
+  const auto [x, y] = make_data();
+  fabric.backward(torch::mse_loss(net->forward(x), y));
+  EXPECT_TRUE(fabric.clip_gradients(*net, optimizer, {.max_norm = 1.0}).has_value());
+  EXPECT_TRUE(optimizer.step());
+}
+
 TEST(Fabric, RefusesWhatLightningRefuses) {
-  EXPECT_THROW(fulgor::Fabric({.accelerator = "cpu", .strategy = "fsdp"}), fulgor::ConfigError);
   EXPECT_THROW(fulgor::Fabric({.accelerator = "cpu", .precision = "8-true"}), fulgor::ConfigError);
   EXPECT_THROW(fulgor::Fabric({.accelerator = "cpu", .devices = 2, .strategy = "single_device"}), fulgor::ConfigError);
   EXPECT_THROW(fulgor::Fabric({.accelerator = "cpu", .num_nodes = 0}), fulgor::ConfigError);

@@ -55,9 +55,22 @@ enum class Sharding {
   gradients,        // ZeRO-2, fsdp's SHARD_GRAD_OP: the gradients and the optimizer state
 };
 
-/// The sharding that `options` ask for (strategy, sharding_strategy,
-/// zero_redundancy_optimizer), checked as check_options does.
-Sharding sharding_of(const TrainerOptions& options);
+/// The sharding that the options `strategy`, `sharding_strategy` and
+/// `zero_redundancy_optimizer` ask for (the Trainer's and Fabric's fields of
+/// those names), checked as check_options does.
+Sharding sharding_of(const std::string& strategy, const std::string& sharding_strategy, bool zero_redundancy_optimizer);
+
+/// What a data-parallel strategy keeps for a module it trains: DdpStrategy's
+/// for its module, Fabric's for each module it set up.
+struct DataParallelModule {
+  std::unique_ptr<GradientSynchronizer> synchronizer;  // none under Sharding::gradients
+  std::unique_ptr<ParameterShards> shards;             // under sharding
+};
+
+/// A collective: starts gradient synchronization for `module` over `group`
+/// (rank 0's parameters and buffers copied to every rank) and, with
+/// `sharding`, cuts its parameters' shards.
+DataParallelModule attach_data_parallel(ProcessGroup& group, torch::nn::Module& module, Sharding sharding);
 
 /// Whether `strategy` ("auto", "single_device", "ddp" or "fsdp") runs
 /// data-parallel in the job `environment` describes: "ddp" and "fsdp" when

@@ -8,6 +8,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -36,8 +37,11 @@
 
 namespace fulgor {
 
-class GradientSynchronizer;
 class Fabric;
+
+namespace detail {
+struct FabricModule;
+}
 
 /// What a Fabric runs on, with Lightning Fabric's names and defaults. The
 /// fields are in the order C++20's designated initializers need:
@@ -50,8 +54,19 @@ struct FabricOptions {
   /// "32-true", "64-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true"
   /// or their aliases (fulgor::Precision); Lightning's default is "32-true".
   std::string precision = "32-true";
-  /// "auto", "ddp" or "single_device", as the Trainer's.
+  /// "auto", "ddp", "fsdp" or "single_device", as the Trainer's; "fsdp" is
+  /// ddp's processes with the gradients and the optimizers' state sharded
+  /// over the ranks (sharding_strategy; docs/distributed.md).
   std::string strategy = "auto";
+  /// Under strategy "fsdp", what is sharded, as the Trainer's option:
+  /// "SHARD_GRAD_OP" (the gradients and the optimizers' state, ZeRO-2) or
+  /// "NO_SHARD" (nothing: ddp), in any case. "FULL_SHARD" (Lightning's
+  /// default, ZeRO-3) and "HYBRID_SHARD" are refused with a ConfigError:
+  /// fulgor keeps whole parameters on every rank.
+  std::string sharding_strategy = "FULL_SHARD";
+  /// Under strategy "ddp", the optimizers' state sharded over the ranks
+  /// (ZeRO-1), as the Trainer's option.
+  bool zero_redundancy_optimizer = false;
   /// Nodes of the job; more than one needs a launcher on every node
   /// (torchrun, fulgor-run, srun) whose world size is num_nodes times the
   /// processes of each node.
@@ -67,8 +82,10 @@ struct FabricOptions {
 /// An optimizer set up by Fabric::setup (Lightning's _FabricOptimizer):
 /// step() steps it through the precision, which under "16-mixed" unscales
 /// the gradients, skips a step whose gradients are not finite and updates
-/// the loss scale. A handle: it refers to the optimizer and the Fabric, which
-/// must outlive it.
+/// the loss scale, and which under sharding gathers the stepped pieces into
+/// the parameters (operator-> reaches the bare optimizer, whose step does
+/// neither). A handle: it refers to the optimizer and the Fabric, which must
+/// outlive it.
 class FULGOR_API FabricOptimizer {
  public:
   FabricOptimizer(Fabric& fabric, torch::optim::Optimizer& optimizer) : fabric_(&fabric), optimizer_(&optimizer) {}
@@ -263,17 +280,17 @@ struct ClipGradients {
   bool error_if_nonfinite = true;
 };
 
-/// Turns a module's gradient synchronization off for its lifetime (see
-/// Fabric::no_backward_sync).
+/// Turns a module's gradient synchronization (or, under sharding, its
+/// reduction) off for its lifetime (see Fabric::no_backward_sync).
 class [[nodiscard]] BackwardSyncGuard {
  public:
-  FULGOR_API BackwardSyncGuard(GradientSynchronizer* synchronizer, bool enabled);
+  FULGOR_API BackwardSyncGuard(detail::FabricModule* module, bool enabled);
   FULGOR_API ~BackwardSyncGuard();
   BackwardSyncGuard(const BackwardSyncGuard&) = delete;
   BackwardSyncGuard& operator=(const BackwardSyncGuard&) = delete;
 
  private:
-  GradientSynchronizer* synchronizer_;
+  detail::FabricModule* module_;
   bool previous_ = true;
 };
 
@@ -297,7 +314,7 @@ class [[nodiscard]] BackwardSyncGuard {
 ///   - The constructor resolves the accelerator, devices, precision and
 ///     strategy (ConfigError or DeviceError naming a value that is not
 ///     accepted) and touches no device.
-///   - launch() joins the job: with strategy "auto" or "ddp" and devices
+///   - launch() joins the job: with strategy "auto", "ddp" or "fsdp" and devices
 ///     selecting N > 1 devices in a process no launcher started, it runs the
 ///     program again as ranks 1..N-1 (the Trainer's launcher, Note [The
 ///     Trainer's own launcher]) and this process goes on as rank 0; under a
@@ -306,8 +323,19 @@ class [[nodiscard]] BackwardSyncGuard {
 ///     other member but the constructor, seed_everything and the properties
 ///     throws Error until it is called. Call it once (Error otherwise).
 ///   - Collectives (setup under ddp, backward of a synchronized step,
-///     all_reduce, all_gather, broadcast, barrier, save, load) are called by
+///     all_reduce, all_gather, broadcast, barrier, save, load, and under
+///     sharding the optimizers' steps and clipping by norm) are called by
 ///     every rank in the same order.
+///   - Under sharding (strategy "fsdp" with sharding_strategy
+///     "SHARD_GRAD_OP", or zero_redundancy_optimizer; Note [Parameter
+///     shards]) every rank keeps whole parameters, and a set-up optimizer
+///     steps this rank's pieces of them in their place: set the module up
+///     before its optimizer (setup(module, optimizer) does), step through
+///     FabricOptimizer::step or step(optimizer), which gather the pieces
+///     into the parameters, and read the gradients from the optimizer's
+///     parameters: backward frees the module's. A step of the bare
+///     optimizer (optimizer->step()) is found at the next synchronized
+///     backward or step, which throws Error naming fabric.step.
 ///   - The modules and optimizers given to setup must outlive the Fabric.
 class FULGOR_API Fabric {
  public:
@@ -330,9 +358,13 @@ class FULGOR_API Fabric {
   /// Lightning's setup: converts the module for a "-true" precision, moves
   /// it onto the device (its tensors in place, so optimizers built on them
   /// stay valid) and, under ddp, synchronizes its gradients over the ranks
-  /// (rank 0's parameters and buffers are copied to every rank now). Returns
-  /// the optimizers as FabricOptimizers: one, a tuple of several, or nothing.
-  /// A module or optimizer set up twice throws ConfigError.
+  /// (rank 0's parameters and buffers are copied to every rank now). Under
+  /// sharding it cuts the module's parameters into the ranks' pieces, and
+  /// the optimizers then step this rank's pieces. Returns the optimizers as
+  /// FabricOptimizers: one, a tuple of several, or nothing. A module or
+  /// optimizer set up twice throws ConfigError; so does, under sharding, an
+  /// optimizer with a state already (set it up before load restores it), or
+  /// one that steps trainable parameters of no set-up module.
   template <typename M, typename... Optimizers>
   auto setup(M& module, Optimizers&... optimizers) {
     setup_module(as_module(module));
@@ -384,13 +416,18 @@ class FULGOR_API Fabric {
   // ---- The training step ------------------------------------------------------
   /// Replaces loss.backward(): scales the loss under "16-mixed" and, under
   /// ddp, waits until the set-up modules' gradients are averaged over the
-  /// ranks (unless a no_backward_sync guard is alive). Under a mixed
-  /// precision, warns once when no autocast() scope was opened since the
-  /// last backward (the forward pass then ran in float32).
+  /// ranks (unless a no_backward_sync guard is alive); under sharding, the
+  /// averages are added to the optimizers' pieces' gradients, and the
+  /// modules' own are freed. Under a mixed precision, warns once when no
+  /// autocast() scope was opened since the last backward (the forward pass
+  /// then ran in float32).
   void backward(const torch::Tensor& loss);
   /// Clips the gradients of `module`'s parameters (unscaling `optimizer`'s
   /// first under "16-mixed"); returns the total norm when clipping by norm.
-  /// Throws ConfigError unless exactly one of clip_val and max_norm is set.
+  /// Under sharding, clips `optimizer`'s pieces of them, by their 2-norm over
+  /// the ranks (a collective). Throws ConfigError unless exactly one of
+  /// clip_val and max_norm is set, and for a norm_type other than 2 under
+  /// sharding.
   std::optional<double> clip_gradients(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                                        const ClipGradients& how);
   std::optional<double> clip_gradients(torch::nn::Module& module, FabricOptimizer& optimizer,
@@ -408,7 +445,8 @@ class FULGOR_API Fabric {
   /// makes it a no-op. A no-op on one process. Throws ConfigError for a
   /// module setup has not seen.
   BackwardSyncGuard no_backward_sync(torch::nn::Module& module, bool enabled = true);
-  /// The FabricOptimizer's step (see there).
+  /// The FabricOptimizer's step (see there); under sharding, then gathers
+  /// the pieces it stepped into the modules' parameters (a collective).
   bool step(torch::optim::Optimizer& optimizer);
 
   // ---- Collectives ------------------------------------------------------------
@@ -474,7 +512,9 @@ class FULGOR_API Fabric {
   // ---- Checkpoints --------------------------------------------------------------
   /// Writes `state` to `path` in fulgor's checkpoint format (one file,
   /// written atomically by rank 0; every rank waits for it). Never code: no
-  /// TorchScript or pickled objects, only tensors and JSON.
+  /// TorchScript or pickled objects, only tensors and JSON. Under sharding,
+  /// an optimizer's state is saved whole, gathered from the ranks' pieces,
+  /// so that any number of ranks can load it.
   void save(const std::string& path, const FabricState& state);
   /// Restores `state` in place from `path`: a file written by save, or a
   /// torch.save / Lightning file of a dict (read by fulgor's interop
@@ -520,7 +560,7 @@ class FULGOR_API Fabric {
   torch::Device device() const { return device_setup_.device; }
   const Accelerator& accelerator() const { return *accelerator_; }
   const Precision& precision() const { return precision_; }
-  /// "ddp" or "single_device", what "auto" became.
+  /// "ddp", "fsdp" or "single_device", what "auto" became.
   const std::string& strategy() const { return strategy_; }
   /// The "16-mixed" loss scaler; nullptr otherwise.
   GradScaler* grad_scaler() const { return scaler_.get(); }
@@ -546,7 +586,9 @@ class FULGOR_API Fabric {
   FabricOptimizer wrap_optimizer(torch::optim::Optimizer& optimizer);
   ProcessGroup* communicator(ProcessGroup* group);
   DistributedShard shard() const;
-  GradientSynchronizer* synchronizer_of(const torch::nn::Module& module) const;
+  detail::FabricModule* set_up(const torch::nn::Module& module, const char* what) const;
+  void check_reduced(torch::optim::Optimizer& optimizer) const;
+  void with_whole_states(const FabricState& state, bool load, const std::function<void()>& body);
 
   void warn_once(const std::string& message);
 
@@ -563,8 +605,7 @@ class FULGOR_API Fabric {
   std::vector<std::shared_ptr<Logger>> loggers_;
   std::vector<std::shared_ptr<FabricCallback>> callbacks_;
   int64_t log_calls_ = 0;
-  std::vector<torch::nn::Module*> modules_;
-  std::vector<std::unique_ptr<GradientSynchronizer>> synchronizers_;  // one per module, under ddp
+  std::vector<std::unique_ptr<detail::FabricModule>> modules_;
   std::vector<torch::optim::Optimizer*> optimizers_;
   mutable bool autocast_since_backward_ = false;
   std::set<std::string> warned_;

@@ -5,6 +5,7 @@
 //   fulgor_fabric_worker trainer OUTDIR EPOCHS ACCUMULATE
 //   fulgor_fabric_worker adam OUTDIR EPOCHS LOAD
 //   fulgor_fabric_worker plain_backward OUTDIR 1 1
+//   fulgor_fabric_worker sharded OUTDIR VARIANT,... run|bare_step|optimizer_first
 //
 // Both train the distributed tests' regression network with SGD on two
 // ranks of the CPU, each rank on its DistributedSampler shard of batches of
@@ -17,14 +18,24 @@
 // "before_setup" resume from OUTDIR/epoch1.ckpt, loaded after or before
 // Fabric::setup, and "apart" loads epoch1.ckpt on rank 0 and epoch2.ckpt on
 // rank 1. "plain_backward" calls loss.backward() where fabric.backward(loss)
-// belongs. Exits 0 on success, 3 with the message on a fulgor::Error, 4 on any
-// other exception.
+// belongs. "sharded" trains, for each VARIANT in turn, a float64 network
+// with Adam, clipping by norm and accumulating 2 batches: under ddp, zero1
+// (ddp's zero_redundancy_optimizer) or shard_grad_op (fsdp, SHARD_GRAD_OP);
+// a VARIANT ending in "_resumed" saves OUTDIR/VARIANT.ckpt after its first
+// epoch and trains the other epochs with a new Fabric, model and optimizer
+// loaded from it; one ending in "_twice" synchronizes both passes of each
+// step, whose gradients then add up. Every rank writes each variant's final parameters to
+// OUTDIR/sharded_rankR.pt under the variant's name. "bare_step" steps the
+// bare optimizer instead of the FabricOptimizer; "optimizer_first" only sets
+// the optimizer up before the module. Exits 0 on success, 3 with
+// the message on a fulgor::Error, 4 on any other exception.
 
 #include <torch/torch.h>
 
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <sstream>
 #include <string>
 
 #include "../../distributed/support/ddp_trainer_scenario.h"
@@ -136,6 +147,105 @@ void run_plain_backward() {
   }
 }
 
+constexpr int64_t kShardedEpochs = 3;
+
+// One run of a "sharded" variant: from epoch `from` (after loading
+// `resume_from` where not empty) to `until`, then saved to `save_to` where
+// not empty.
+struct ShardedRun {
+  std::string strategy;
+  int64_t from = 0, until = kShardedEpochs;
+  std::string resume_from, save_to;
+  bool bare_step = false;
+  bool sync_every_pass = false;  // the accumulated passes synchronized too
+};
+
+fulgor::FabricOptions sharded_options(const std::string& strategy) {
+  return {.accelerator = "cpu",
+          .devices = 2,
+          .strategy = strategy == "shard_grad_op" ? "fsdp" : "ddp",
+          .sharding_strategy = "SHARD_GRAD_OP",
+          .zero_redundancy_optimizer = strategy == "zero1"};
+}
+
+torch::nn::Sequential sharded_model(int64_t rank) {
+  torch::manual_seed(init_seed(rank));
+  torch::nn::Sequential model(torch::nn::Linear(kFeatures, 5), torch::nn::Tanh(), torch::nn::Linear(5, 1));
+  model->to(torch::kFloat64);
+  return model;
+}
+
+// Lightning's order reversed: the optimizer set up before its module.
+void set_up_optimizer_first(const std::string& strategy) {
+  fulgor::Fabric fabric(sharded_options(strategy));
+  fabric.launch();
+  torch::nn::Sequential model = sharded_model(fabric.global_rank());
+  torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(0.05));
+  fabric.setup_optimizers(adam);
+  fabric.setup_module(*model);
+}
+
+torch::Tensor train_sharded(const ShardedRun& run) {
+  fulgor::Fabric fabric(sharded_options(run.strategy));
+  fabric.launch();
+  torch::nn::Sequential model = sharded_model(fabric.global_rank());
+  // As with Lightning's FSDP: the module first, then its optimizer.
+  fabric.setup_module(*model);
+  torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(0.05).weight_decay(0.01));
+  auto optimizer = fabric.setup_optimizers(adam);
+  int64_t epoch = run.from;
+  const fulgor::FabricState state{{"model", model}, {"optimizer", adam}, {"epoch", epoch}};
+  if (!run.resume_from.empty()) fabric.load(run.resume_from, state);
+  auto loader = fabric.setup_dataloaders(make_loader(fabric.world_size(), fabric.global_rank()));
+  for (; epoch < run.until; ++epoch) {
+    loader.set_epoch(epoch);
+    int64_t batch_idx = 0;
+    for (auto& batch : loader) {
+      const bool steps = ++batch_idx % 2 == 0;
+      {
+        auto no_sync = fabric.no_backward_sync(*model, /*enabled=*/!steps && !run.sync_every_pass);
+        const torch::Tensor prediction = model->forward(batch.data.to(torch::kFloat64));
+        fabric.backward(torch::mse_loss(prediction, batch.target.to(torch::kFloat64)) / 2.0);
+      }
+      if (!steps) continue;
+      fabric.clip_gradients(*model, optimizer, {.max_norm = 0.3});
+      if (run.bare_step)
+        optimizer->step();
+      else
+        optimizer.step();
+      optimizer.zero_grad();
+    }
+  }
+  if (!run.save_to.empty()) fabric.save(run.save_to, state);
+  return flat_parameters(*model);
+}
+
+bool ends_with(const std::string& text, const std::string& end) {
+  return text.size() >= end.size() && text.compare(text.size() - end.size(), end.size(), end) == 0;
+}
+
+void run_sharded(const std::string& out, const std::string& variants, const std::string& how) {
+  if (how == "optimizer_first") return set_up_optimizer_first(variants);
+  torch::serialize::OutputArchive archive;
+  std::stringstream list(variants);
+  for (std::string variant; std::getline(list, variant, ',');) {
+    ShardedRun run;
+    run.strategy = variant.substr(0, variant.find(ends_with(variant, "_resumed") ? "_resumed" : "_twice"));
+    run.bare_step = how == "bare_step";
+    run.sync_every_pass = ends_with(variant, "_twice");
+    if (ends_with(variant, "_resumed")) {
+      ShardedRun first = run;
+      first.until = 1;
+      first.save_to = out + "/" + variant + ".ckpt";
+      train_sharded(first);
+      run.from = 1;
+      run.resume_from = first.save_to;
+    }
+    archive.write(variant, train_sharded(run));
+  }
+  archive.save_to(out + "/sharded_rank" + std::to_string(fulgor::detect_distributed_environment().rank) + ".pt");
+}
+
 void run_trainer(const std::string& out, int64_t epochs, int64_t accumulate) {
   RegressionNet model(init_seed(fulgor::detect_distributed_environment().rank));
   auto loader = make_loader(2, fulgor::detect_distributed_environment().rank);
@@ -151,12 +261,17 @@ int main(int argc, char** argv) {
   if (argc != 5) {
     std::cerr << "usage: fulgor_fabric_worker fabric|trainer OUTDIR EPOCHS ACCUMULATE\n"
                  "       fulgor_fabric_worker adam OUTDIR EPOCHS none|after_setup|before_setup|apart\n"
-                 "       fulgor_fabric_worker plain_backward OUTDIR 1 1\n";
+                 "       fulgor_fabric_worker plain_backward OUTDIR 1 1\n"
+                 "       fulgor_fabric_worker sharded OUTDIR VARIANT,... run|bare_step|optimizer_first\n";
     return 2;
   }
   const std::string mode = argv[1], out = argv[2];
-  const int64_t epochs = std::stoll(argv[3]);
   try {
+    if (mode == "sharded") {
+      run_sharded(out, argv[3], argv[4]);
+      return 0;
+    }
+    const int64_t epochs = std::stoll(argv[3]);
     if (mode == "adam") {
       run_adam(out, epochs, argv[4]);
       return 0;

@@ -1,0 +1,80 @@
+// Fabric under the sharded strategies: two ranks of the CPU (gloo over
+// loopback) train as under ddp, resume exactly from Fabric's checkpoints,
+// and a step that bypasses Fabric is named.
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <string>
+
+#include "../distributed/support/spawn.h"
+
+namespace {
+
+using fulgor::test::TempDir;
+
+torch::Tensor parameters_of(const TempDir& dir, int rank, const std::string& variant) {
+  torch::serialize::InputArchive archive;
+  archive.load_from(dir / ("sharded_rank" + std::to_string(rank) + ".pt"));
+  torch::Tensor t;
+  archive.read(variant, t);
+  return t;
+}
+
+// The ddp loop, then the sharded ones, each resumed from its first epoch's
+// checkpoint too, and each with both passes of a step synchronized: one
+// launch, as the variants' ranks share a process group.
+TEST(FabricSharded, LoopsEndAsUnderDdpAndResumeExactly) {
+  TempDir dir;
+  auto [status, log] = fulgor::test::run_two_ranks(
+      FULGOR_FABRIC_WORKER,
+      {"sharded", dir.str(),
+       "ddp,zero1,shard_grad_op,zero1_resumed,shard_grad_op_resumed,ddp_twice,zero1_twice,shard_grad_op_twice", "run"},
+      dir / "sharded.log", std::chrono::seconds(180));
+  ASSERT_TRUE(fulgor::test::exited_with(status, 0)) << log;
+  for (int rank = 0; rank < 2; ++rank) {
+    const torch::Tensor ddp = parameters_of(dir, rank, "ddp");
+    const double scale = ddp.abs().max().item<double>();
+    for (const std::string variant : {"zero1", "shard_grad_op"}) {
+      const torch::Tensor sharded = parameters_of(dir, rank, variant);
+      EXPECT_LE((sharded - ddp).abs().max().item<double>(), 1e-12 * scale) << variant << ", rank " << rank;
+      const torch::Tensor resumed = parameters_of(dir, rank, variant + "_resumed");
+      EXPECT_TRUE(torch::equal(resumed, sharded))
+          << variant << ", rank " << rank << ": max difference " << (resumed - sharded).abs().max().item<double>();
+      // Two synchronized passes before a step add up, as under ddp.
+      const torch::Tensor twice = parameters_of(dir, rank, variant + "_twice");
+      const torch::Tensor ddp_twice = parameters_of(dir, rank, "ddp_twice");
+      EXPECT_LE((twice - ddp_twice).abs().max().item<double>(), 1e-12 * scale) << variant << "_twice, rank " << rank;
+    }
+  }
+}
+
+// optimizer->step() steps the pieces and gathers nothing: the next reduction
+// would overwrite that step, so it stops the run.
+TEST(FabricSharded, StepOfTheBareOptimizerIsNamed) {
+  TempDir dir;
+  auto [status, log] =
+      fulgor::test::run_two_ranks(FULGOR_FABRIC_WORKER, {"sharded", dir.str(), "shard_grad_op", "bare_step"},
+                                  dir / "log", std::chrono::seconds(180));
+  EXPECT_TRUE(fulgor::test::exited_with(status, 3)) << log;
+  EXPECT_NE(log.find("without gathering them into its parameters: under strategy 'fsdp', step through the "
+                     "FabricOptimizer (optimizer.step()) or fabric.step(optimizer), not optimizer->step()"),
+            std::string::npos)
+      << log;
+}
+
+// Set up before its module, the optimizer would step whole parameters whose
+// gradients backward frees: refused.
+TEST(FabricSharded, OptimizerSetUpBeforeItsModuleIsRefused) {
+  TempDir dir;
+  auto [status, log] = fulgor::test::run_two_ranks(
+      FULGOR_FABRIC_WORKER, {"sharded", dir.str(), "zero1", "optimizer_first"}, dir / "log", std::chrono::seconds(180));
+  EXPECT_TRUE(fulgor::test::exited_with(status, 3)) << log;
+  EXPECT_NE(log.find("under zero_redundancy_optimizer an optimizer steps the ranks' pieces of the set-up modules' "
+                     "parameters, and this one holds 4 trainable parameters of no set-up module: set the module up "
+                     "first"),
+            std::string::npos)
+      << log;
+}
+
+}  // namespace
