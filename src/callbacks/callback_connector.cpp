@@ -4,6 +4,7 @@
 
 #include "fulgor/callbacks/model_checkpoint.h"
 #include "fulgor/callbacks/model_summary.h"
+#include "fulgor/callbacks/on_exception_checkpoint.h"
 #include "fulgor/callbacks/progress_bar.h"
 
 namespace fulgor::detail {
@@ -33,6 +34,19 @@ ModelCheckpoint* find_model_checkpoint(const std::vector<std::shared_ptr<Callbac
 std::string checkpoint_dirpath(const ModelCheckpoint* checkpoint) { return checkpoint ? checkpoint->dirpath() : ""; }
 std::string best_model_path(const ModelCheckpoint* checkpoint) {
   return checkpoint ? checkpoint->best_model_path() : "";
+}
+
+LastCheckpointPlaces last_checkpoint_places(const std::vector<std::shared_ptr<Callback>>& callbacks) {
+  LastCheckpointPlaces places;
+  places.last_prefix = ModelCheckpoint::kCheckpointNameLast;
+  for (const auto& cb : callbacks) {
+    if (const auto* checkpoint = dynamic_cast<const ModelCheckpoint*>(cb.get());
+        checkpoint && !checkpoint->dirpath().empty())
+      places.folders.push_back(checkpoint->dirpath());
+    if (const auto* on_exception = dynamic_cast<const OnExceptionCheckpoint*>(cb.get()))
+      places.files.push_back(on_exception->ckpt_path());
+  }
+  return places;
 }
 
 }  // namespace fulgor::detail

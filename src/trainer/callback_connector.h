@@ -29,4 +29,14 @@ ModelCheckpoint* find_model_checkpoint(const std::vector<std::shared_ptr<Callbac
 std::string checkpoint_dirpath(const ModelCheckpoint* checkpoint);
 std::string best_model_path(const ModelCheckpoint* checkpoint);
 
+// Where `callbacks` save what ckpt_path="last" may mean (Note [Resolving
+// "last"] in checkpoint_connector.cpp): each ModelCheckpoint's folder, whose
+// files named `last_prefix`... are candidates, and each
+// OnExceptionCheckpoint's file.
+struct LastCheckpointPlaces {
+  std::string last_prefix;
+  std::vector<std::string> folders, files;
+};
+LastCheckpointPlaces last_checkpoint_places(const std::vector<std::shared_ptr<Callback>>& callbacks);
+
 }  // namespace fulgor::detail

@@ -13,8 +13,6 @@
 #include "callback_connector.h"
 #include "checkpoint/meta.h"
 #include "checkpoint/rng.h"
-#include "fulgor/callbacks/model_checkpoint.h"
-#include "fulgor/callbacks/on_exception_checkpoint.h"
 #include "fulgor/checkpoint/checkpoint.h"
 #include "fulgor/core/version.h"
 #include "fulgor/distributed/strategy.h"
@@ -92,10 +90,6 @@ bool may_be_last_checkpoint(const fs::path& file) {
   return !name.empty() && name[0] != '.' && file.extension() == ".ckpt";
 }
 
-bool is_named_last(const fs::path& file) {
-  return file.filename().string().rfind(ModelCheckpoint::kCheckpointNameLast, 0) == 0;
-}
-
 bool is_any_checkpoint(const fs::path&) { return true; }
 
 // The regular files of `dir` that may be a "last" checkpoint and that `keep` accepts.
@@ -145,16 +139,16 @@ std::string CheckpointConnector::resolve(const std::string& path) const {
 // Note [Resolving "last"].
 std::string CheckpointConnector::find_last() const {
   const fs::path folder = s.trainer.checkpoint_dir();
+  const LastCheckpointPlaces places = last_checkpoint_places(s.callbacks);
+  auto is_named_last = [&](const fs::path& file) {
+    return file.filename().string().rfind(places.last_prefix, 0) == 0;
+  };
   std::set<fs::path> files;
   add_last_candidates(folder, is_named_last, files);
-  for (const auto& cb : s.callbacks) {
-    if (const auto* checkpoint = dynamic_cast<const ModelCheckpoint*>(cb.get());
-        checkpoint && !checkpoint->dirpath().empty())
-      add_last_candidates(checkpoint->dirpath(), is_named_last, files);
+  for (const auto& dir : places.folders) add_last_candidates(dir, is_named_last, files);
+  for (const auto& file : places.files) {
     std::error_code ec;
-    if (const auto* on_exception = dynamic_cast<const OnExceptionCheckpoint*>(cb.get());
-        on_exception && fs::is_regular_file(on_exception->ckpt_path(), ec))
-      files.insert(fs::path(on_exception->ckpt_path()).lexically_normal());
+    if (fs::is_regular_file(file, ec)) files.insert(fs::path(file).lexically_normal());
   }
   if (files.empty()) add_last_candidates(folder, is_any_checkpoint, files);
   return most_recently_modified(files);

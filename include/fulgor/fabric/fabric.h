@@ -284,12 +284,16 @@ struct ClipGradients {
 /// reduction) off for its lifetime (see Fabric::no_backward_sync).
 class [[nodiscard]] BackwardSyncGuard {
  public:
-  FULGOR_API BackwardSyncGuard(detail::FabricModule* module, bool enabled);
   FULGOR_API ~BackwardSyncGuard();
   BackwardSyncGuard(const BackwardSyncGuard&) = delete;
   BackwardSyncGuard& operator=(const BackwardSyncGuard&) = delete;
 
  private:
+  // Made by Fabric::no_backward_sync alone, inside the library: not
+  // exported (Note [Exported symbols]).
+  friend class Fabric;
+  BackwardSyncGuard(detail::FabricModule* module, bool enabled);
+
   detail::FabricModule* module_;
   bool previous_ = true;
 };
