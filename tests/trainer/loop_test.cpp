@@ -594,7 +594,7 @@ TEST(TrainerLoop, BadOptionsAreConfigErrors) {
       EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
     }
   };
-  expect_error([](TrainerOptions& o) { o.strategy = "fsdp"; }, "known strategies: auto, ddp, single_device");
+  expect_error([](TrainerOptions& o) { o.strategy = "deepspeed"; }, "known strategies: auto, ddp, fsdp, single_device");
   expect_error([](TrainerOptions& o) { o.precision = "8"; }, "precision '8' is not known; accepted: 32-true");
   expect_error(
       [](TrainerOptions& o) {
