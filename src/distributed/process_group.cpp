@@ -10,6 +10,7 @@
 
 #include "fulgor/distributed/backend.h"
 #include "process_group_state.h"
+#include "rank_whereabouts.h"
 
 namespace fulgor {
 namespace {
@@ -22,6 +23,29 @@ bool mentions(const std::string& text, std::initializer_list<const char*> words)
   std::string lower = text;
   std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
   return std::any_of(words.begin(), words.end(), [&](const char* w) { return lower.find(w) != std::string::npos; });
+}
+
+// How long a rank whose collective failed waits for the others' posts (Note
+// [Naming the ranks that did not arrive]), at most the timeout itself.
+constexpr std::chrono::milliseconds kWhereaboutsSlack = std::chrono::seconds(5);
+
+std::string describe(const detail::RankWhereabouts& w, bool timed_out, const std::string& limit) {
+  std::vector<std::string> parts;
+  const auto verb = [](const std::vector<int64_t>& ranks, const char* one, const char* many) {
+    return ranks.size() == 1 ? one : many;
+  };
+  if (!w.absent.empty())
+    parts.push_back(timed_out ? fmt::format("{} did not arrive within {}", detail::name_ranks(w.absent), limit)
+                              : fmt::format("{} {} gone: {} connection closed", detail::name_ranks(w.absent),
+                                            verb(w.absent, "is", "are"), verb(w.absent, "its", "their")));
+  else
+    parts.push_back(timed_out ? fmt::format("every rank reached a collective and none completed within {}", limit)
+                              : "every rank reached a collective and a connection closed");
+  for (const auto& [rank, where] : w.elsewhere)
+    parts.push_back(fmt::format("rank {} failed in {} instead", rank, where));
+  if (!w.waiting.empty())
+    parts.push_back(fmt::format("{} waited here too", detail::name_ranks(w.waiting)));
+  return fmt::format("{}", fmt::join(parts, "; "));
 }
 
 c10d::ReduceOp to_c10d(ReduceOp op) {
@@ -45,21 +69,30 @@ std::string detail::message_of(const std::exception& error) {
 }
 
 DistributedError ProcessGroup::State::failure(const std::string& collective, const std::string& reason) const {
-  const std::string peers =
-      size == 2 ? fmt::format("the other rank ({})", 1 - rank) : fmt::format("one of the other {} ranks", size - 1);
-  std::string what;
-  if (mentions(reason, {"timed out", "timeout", "time out"}))
-    what = fmt::format("{} did not answer within the timeout of {} ms", peers, timeout.count());
-  else if (mentions(reason, {"connection closed", "connection reset", "broken pipe", "closed by peer", "eof",
-                             "connection refused"}))
-    what = fmt::format("{} is gone: its connection closed", peers);
-  else
-    what = "the collective failed";
+  const bool timed_out = mentions(reason, {"timed out", "timeout", "time out"});
+  const bool closed = !timed_out && mentions(reason, {"connection closed", "connection reset", "broken pipe",
+                                                      "closed by peer", "eof", "connection refused"});
+  std::string what = "the collective failed";
+  if ((timed_out || closed) && size > 1) {
+    const std::string limit = fmt::format("the timeout of {} ms, which {} sets", timeout.count(), timeout_option);
+    const auto whereabouts =
+        detail::find_whereabouts(store, rank, size, collectives, collective, std::min(timeout, kWhereaboutsSlack));
+    if (!whereabouts.known) {
+      const std::string peers = size == 2 ? fmt::format("the other rank ({})", 1 - rank)
+                                          : fmt::format("one of the other {} ranks", size - 1);
+      what = timed_out ? fmt::format("{} did not answer within {}", peers, limit)
+                       : fmt::format("{} is gone: its connection closed", peers);
+      what += fmt::format(" (which rank is not known: {})", whereabouts.unknown_because);
+    } else {
+      what = describe(whereabouts, timed_out, limit);
+    }
+  }
   return DistributedError(fmt::format("{} failed on rank {} of {} (backend {}): {}. c10d reported: {}", collective,
                                       rank, size, backend, what, reason));
 }
 
 void ProcessGroup::State::run(const std::string& collective, const std::function<void()>& body) const {
+  ++collectives;
   try {
     body();
   } catch (const Error&) {

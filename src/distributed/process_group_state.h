@@ -23,10 +23,15 @@ struct ProcessGroup::State {
   torch::Device device{torch::kCPU};
   std::string master_addr;
   int64_t groups_made = 0;  // by new_group, the same count on every rank
+  /// The option a user sets the timeout with, named when it runs out.
+  std::string timeout_option = "ProcessGroupOptions::timeout";
+  /// Collectives run so far, the same count on every rank in step.
+  mutable int64_t collectives = 0;
 
   /// Makes `group` for this rank of `size` from the other fields.
   void connect();
-  /// The error for `collective` having failed with `reason`.
+  /// The error for `collective` having failed with `reason`, naming the
+  /// ranks that did not arrive (Note [Naming the ranks that did not arrive]).
   DistributedError failure(const std::string& collective, const std::string& reason) const;
   /// Runs `body` (which issues and waits for c10d work), turning its failure into failure(collective, ...).
   void run(const std::string& collective, const std::function<void()>& body) const;

@@ -12,6 +12,7 @@
 #include "fulgor/distributed/backend.h"
 #include "fulgor/distributed/strategy.h"
 #include "parameter_shards.h"
+#include "process_group_state.h"
 
 namespace fulgor::detail {
 
@@ -240,6 +241,7 @@ std::unique_ptr<DdpStrategy> join_ddp(const DistributedEnvironment& environment,
   ProcessGroupOptions options;
   if (ddp_timeout) options.timeout = std::chrono::milliseconds(static_cast<int64_t>(std::ceil(*ddp_timeout * 1000)));
   auto ddp = std::make_unique<DdpStrategy>(environment, accelerator, device, options, sharding);
+  ProcessGroupAccess::state(ddp->group()).timeout_option = "ddp_timeout";
   if (launched_ranks()) launched_ranks_joined();
   return ddp;
 }

@@ -354,12 +354,41 @@ std::string survivor_log(const std::string& how) {
 
 TEST(DdpTrainer, KilledRankMakesTheOtherFail) {
   const std::string log = survivor_log("kill");
-  EXPECT_NE(log.find("the other rank (1)"), std::string::npos) << log;
+  EXPECT_NE(log.find("rank 1 is gone: its connection closed"), std::string::npos) << log;
 }
 
 TEST(DdpTrainer, StoppedRankMakesTheOtherTimeOut) {
   const std::string log = survivor_log("stop");
-  EXPECT_NE(log.find("the other rank (1) did not answer within the timeout of 10000 ms"), std::string::npos) << log;
+  EXPECT_NE(log.find("rank 1 did not arrive within the timeout of 10000 ms, which ddp_timeout sets"),
+            std::string::npos)
+      << log;
+}
+
+// A rank that stops makes the other fail within ddp_timeout and a bounded
+// slack; fulgor-run then restarts both, which resume from last.ckpt (the
+// first epoch's) and end where an uninterrupted fit ends.
+TEST(DdpTrainer, AStoppedRankIsRestartedByTheLauncherAndTheFitEndsAsUninterrupted) {
+  TempDir uninterrupted, restarted;
+  auto [status, log] = run_with_fulgor_run({"fit", uninterrupted.str(), "3", "1"}, uninterrupted / "log");
+  ASSERT_TRUE(exited_with(status, 0)) << log;
+  Child run({FULGOR_RUN_PATH, "--nproc-per-node", "2", "--max-restarts", "1", "--grace-period", "1", "--",
+             FULGOR_DDP_TRAINER_WORKER, "stop_once", restarted.str(), "3", "1"},
+            {}, restarted / "log");
+  const auto status2 = run.wait(std::chrono::seconds(180));
+  const std::string log2 = run.log();
+  ASSERT_TRUE(exited_with(status2, 0)) << log2;
+  EXPECT_NE(log2.find("rank 1 did not arrive within the timeout of 5000 ms, which ddp_timeout sets"),
+            std::string::npos)
+      << log2;
+  EXPECT_NE(log2.find("restarting the 2 ranks of this node (restart 1 of --max-restarts 1)"), std::string::npos)
+      << log2;
+  for (const char* rank : {"0", "1"}) {
+    const std::string name = std::string("params_rank") + rank + ".pt";
+    EXPECT_TRUE(torch::equal(read_tensor(uninterrupted / name, "final"), read_tensor(restarted / name, "final")))
+        << "rank " << rank;
+    // The restarted ranks ran epochs 2 and 3 only.
+    EXPECT_EQ(read_tensor(restarted / name, "gradients").size(0), 2 * kStepsPerEpoch) << "rank " << rank;
+  }
 }
 
 TEST(DdpTrainer, DdpWithoutALauncherTrainsAlone) {

@@ -42,8 +42,10 @@ struct RegressionNet : fulgor::Module {
   torch::nn::Sequential net{nullptr};
   /// One row per backward pass: every parameter's gradient, flattened.
   std::vector<torch::Tensor> gradients;
-  /// Rank 1 sends itself this signal in the training step of batch 2 (0: never).
+  /// Rank 1 sends itself this signal in the training step of batch 2 (0:
+  /// never), of every epoch or of epoch die_in_epoch alone.
   int die_signal = 0;
+  int64_t die_in_epoch = -1;
   /// Logs "disagreeing" without sync_dist: the epoch on rank 0, minus the
   /// epoch on the others, so the ranks disagree on whether it improved.
   bool log_disagreeing = false;
@@ -56,7 +58,9 @@ struct RegressionNet : fulgor::Module {
   explicit RegressionNet(torch::nn::Sequential model) { net = register_module("net", std::move(model)); }
 
   torch::Tensor training_step(torch::data::Example<> batch, int64_t batch_idx) override {
-    if (die_signal != 0 && trainer().global_rank() == 1 && batch_idx == 2) std::raise(die_signal);
+    if (die_signal != 0 && trainer().global_rank() == 1 && batch_idx == 2 &&
+        (die_in_epoch < 0 || trainer().current_epoch() == die_in_epoch))
+      std::raise(die_signal);
     torch::Tensor loss = torch::mse_loss(net->forward(batch.data), batch.target);
     const double value = static_cast<double>(trainer().global_rank() + 1);
     const std::pair<const char*, fulgor::Reduce> reductions[] = {{"rank_mean", fulgor::Reduce::mean},

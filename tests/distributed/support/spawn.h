@@ -77,22 +77,27 @@ inline std::pair<std::optional<int>, std::string> run_two_ranks(
 #endif
 #endif
 
-/// Starts `argv` as ranks 0 and 1 of a job on loopback without fulgor-run
-/// (which would stop a survivor itself, and mixes the ranks' output); rank N
-/// writes to dir/logN.
-inline std::vector<std::unique_ptr<Child>> start_two_ranks(const std::vector<std::string>& argv,
-                                                           const std::string& dir) {
+/// Starts `argv` as ranks 0 to n-1 of a job on loopback without fulgor-run
+/// (which would stop a survivor itself, and mixes the ranks' output); rank R
+/// writes to dir/logR.
+inline std::vector<std::unique_ptr<Child>> start_ranks(const std::vector<std::string>& argv, const std::string& dir,
+                                                       int n) {
   const std::string port = std::to_string(free_port());
   std::vector<std::unique_ptr<Child>> ranks;
-  for (int rank = 0; rank < 2; ++rank)
+  for (int rank = 0; rank < n; ++rank)
     ranks.push_back(std::make_unique<Child>(argv,
                                             std::map<std::string, std::string>{{"RANK", std::to_string(rank)},
                                                                                {"LOCAL_RANK", std::to_string(rank)},
-                                                                               {"WORLD_SIZE", "2"},
+                                                                               {"WORLD_SIZE", std::to_string(n)},
                                                                                {"MASTER_ADDR", "127.0.0.1"},
                                                                                {"MASTER_PORT", port}},
                                             (std::filesystem::path(dir) / ("log" + std::to_string(rank))).string()));
   return ranks;
+}
+
+inline std::vector<std::unique_ptr<Child>> start_two_ranks(const std::vector<std::string>& argv,
+                                                           const std::string& dir) {
+  return start_ranks(argv, dir, 2);
 }
 
 }  // namespace fulgor::test

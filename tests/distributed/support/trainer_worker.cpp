@@ -6,6 +6,7 @@
 //   fulgor_ddp_trainer_worker resume OUTDIR EPOCHS ACCUMULATE
 //   fulgor_ddp_trainer_worker resume_last OUTDIR EPOCHS ACCUMULATE
 //   fulgor_ddp_trainer_worker die OUTDIR kill|stop
+//   fulgor_ddp_trainer_worker stop_once OUTDIR EPOCHS ACCUMULATE
 //   fulgor_ddp_trainer_worker disagree OUTDIR
 //   fulgor_ddp_trainer_worker shard OUTDIR on|off
 //   fulgor_ddp_trainer_worker syncbn OUTDIR on|off
@@ -18,7 +19,10 @@
 // as last.ckpt in the checkpoint folder of each rank's own OUTDIR/rankR, where
 // rank 0 alone writes, and the fit from ckpt_path "last": rank 1's folder
 // holds none, so rank 1 resumes only by rank 0's choice. "die" trains with a ddp_timeout of 10 s; rank 1 kills or
-// stops itself at batch 2. "disagree" trains 3 epochs with a ddp_timeout of
+// stops itself at batch 2. "stop_once" fits from ckpt_path "last" with a
+// ddp_timeout of 5 s, saving last.ckpt at every epoch's end, and in its first
+// start (TORCHELASTIC_RESTART_COUNT 0) rank 1 stops itself at batch 2 of the
+// second epoch. "disagree" trains 3 epochs with a ddp_timeout of
 // 10 s, both ranks in OUTDIR, keeping the best checkpoint by a metric the
 // ranks log unsynchronized (RegressionNet::log_disagreeing) in
 // OUTDIR/checkpoints. "shard" fits ShardNet 2 epochs on plain TensorLoaders
@@ -38,6 +42,7 @@
 #include <torch/torch.h>
 
 #include <csignal>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -163,10 +168,12 @@ int main(int argc, char** argv) {
     const auto env = fulgor::detect_distributed_environment();
     rank = env.rank;
     const std::string mode = argc > 1 ? argv[1] : "";
-    if (!((mode == "fit" || mode == "manual" || mode == "resume" || mode == "resume_last") && argc == 5) &&
+    if (!((mode == "fit" || mode == "manual" || mode == "resume" || mode == "resume_last" || mode == "stop_once") &&
+          argc == 5) &&
         !(mode == "die" && argc == 4) && !(mode == "disagree" && argc == 3) &&
         !((mode == "shard" || mode == "syncbn") && argc == 4)) {
-      std::cerr << "usage: fulgor_ddp_trainer_worker fit|manual|resume|resume_last OUTDIR EPOCHS ACCUMULATE\n"
+      std::cerr << "usage: fulgor_ddp_trainer_worker fit|manual|resume|resume_last|stop_once OUTDIR EPOCHS "
+                   "ACCUMULATE\n"
                    "       fulgor_ddp_trainer_worker die OUTDIR kill|stop\n"
                    "       fulgor_ddp_trainer_worker disagree OUTDIR\n"
                    "       fulgor_ddp_trainer_worker shard OUTDIR on|off\n"
@@ -225,7 +232,23 @@ int main(int argc, char** argv) {
       return 0;
     }
     const int64_t epochs = std::stoll(argv[3]), accumulate = std::stoll(argv[4]);
-    if (mode == "fit" || mode == "manual") {
+    if (mode == "stop_once") {
+      RegressionNet model(init_seed(env.rank));
+      const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
+      if (restart && std::string(restart) == "0") {
+        model.die_signal = SIGSTOP;
+        model.die_in_epoch = 1;
+      }
+      auto options = ddp_options(root, epochs, accumulate);
+      options.ddp_timeout = 5.0;
+      fulgor::ModelCheckpointOptions last;
+      last.dirpath = root + "/checkpoints";
+      last.save_last = true;
+      options.callbacks = {std::make_shared<fulgor::ModelCheckpoint>(last)};
+      fulgor::Trainer trainer(options);
+      trainer.fit(model, loader, fulgor::FitOptions{"last"});
+      write_results(out, rank, trainer, model);
+    } else if (mode == "fit" || mode == "manual") {
       RegressionNet model(init_seed(env.rank));
       model.set_automatic_optimization(mode == "fit");
       fulgor::Trainer trainer(ddp_options(root, epochs, accumulate));

@@ -240,9 +240,9 @@ void wait_for_every_rank(const Context& c) {
     while (!std::filesystem::exists(started(rank))) std::this_thread::sleep_for(std::chrono::milliseconds(10));
 }
 
-// One good step; then the last rank dies ("kill") or freezes ("stop"), and the
-// others keep training until a collective fails.
-void scenario_die(const Context& c, const std::string& mode, int64_t timeout_ms) {
+// One good step; then rank `victim` dies ("kill") or freezes ("stop"), and
+// the others keep training until a collective fails.
+void scenario_die(const Context& c, const std::string& mode, int64_t timeout_ms, int64_t victim) {
   wait_for_every_rank(c);
   fulgor::ProcessGroup group = make_group(c, std::chrono::milliseconds(timeout_ms));
   auto model = fulgor::test::make_model(fulgor::test::init_seed(0));
@@ -250,7 +250,7 @@ void scenario_die(const Context& c, const std::string& mode, int64_t timeout_ms)
   auto [x, y] = fulgor::test::make_data(1);
   torch::optim::SGD optimizer(model->parameters(), fulgor::test::kLearningRate);
   for (int step = 0; step < 100000; ++step) {
-    if (step == 1 && c.env.rank == c.env.world_size - 1) {
+    if (step == 1 && c.env.rank == victim) {
       std::ofstream(c.out + "/victim_ready");
       raise(mode == "stop" ? SIGSTOP : SIGKILL);
     }
@@ -313,8 +313,8 @@ int main(int argc, char** argv) {
       scenario_train(c, std::stoll(argv[3]));
     } else if (scenario == "nosync" && argc == 3) {
       scenario_nosync(c);
-    } else if (scenario == "die" && argc == 5) {
-      scenario_die(c, argv[3], std::stoll(argv[4]));
+    } else if (scenario == "die" && (argc == 5 || argc == 6)) {
+      scenario_die(c, argv[3], std::stoll(argv[4]), argc == 6 ? std::stoll(argv[5]) : c.env.world_size - 1);
     } else if (scenario == "syncbn" && argc == 3) {
       scenario_syncbn(c);
     } else if (scenario == "storage_replaced" && argc == 3) {
