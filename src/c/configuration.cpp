@@ -6,11 +6,16 @@
 #include <torch/optim/sgd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
 #include <type_traits>
 
 #include "c/failure.h"
 #include "config/closest_name.h"
 #include "config/json_input.h"
+#include "detail/read_at.h"
+#include "detail/regular_file.h"
 #include "fulgor/core/error.h"
 #include "fulgor/core/registry.h"
 #include "fulgor/optim/scheduler.h"
@@ -72,6 +77,9 @@ std::tuple<double, double> betas_of(const json& config, const std::string& where
   return {b[0].get<double>(), b[1].get<double>()};
 }
 
+// A configuration is a few kilobytes; a larger file is none.
+constexpr uint64_t kMaxConfigBytes = 16 << 20;
+
 // A name no accelerator has registered is the configuration's mistake; a
 // registered one that is unavailable here is the device's (fulgor_c.cpp).
 void check_accelerator(const std::string& name) {
@@ -84,9 +92,47 @@ void check_accelerator(const std::string& name) {
            " (fulgor-info lists them, with their availability here)");
 }
 
+// "loss": a built-in's name, or {"type": "torchscript", "path": PATH}.
+void read_loss(const json& config, const std::string& folder, Configuration& result) {
+  const auto it = config.find("loss");
+  if (it == config.end() || !it->is_object()) {
+    result.loss = value_at<std::string>(config, "loss", "the configuration", result.loss);
+    return;
+  }
+  const std::string where = "the configuration's \"loss\"";
+  check_keys(*it, where, {"type", "path"});
+  const auto type = value_at<std::string>(*it, "type", where, "");
+  if (type != "torchscript")
+    fail(FULGOR_ERROR_CONFIG, fmt::format("{}: {} (a built-in loss is given by its name alone, as \"loss\": \"mse\")",
+                                          where, detail::unknown_name_message("type", type, {"torchscript"})));
+  const auto path = value_at<std::string>(*it, "path", where, "");
+  if (path.empty()) fail(FULGOR_ERROR_CONFIG, where + " of type torchscript needs \"path\", its TorchScript file");
+  result.loss_script = folder.empty() || path.front() == '/' ? path : folder + "/" + path;
+}
+
 }  // namespace
 
-Configuration read_configuration(const char* text) {
+Configuration read_configuration_file(const char* path) {
+  if (path == nullptr) fail(FULGOR_ERROR_ARGUMENT, "config_path is a null pointer");
+  // Note [Opening a user's path]: a FIFO is refused, not waited on.
+  const detail::RegularFile file = detail::RegularFile::open(path);
+  if (!file) fail(FULGOR_ERROR_CONFIG, fmt::format("the configuration file '{}' {}", path, file.problem()));
+  if (file.size() > kMaxConfigBytes)
+    fail(FULGOR_ERROR_CONFIG, fmt::format("the configuration file '{}' is larger than {} MiB: not a configuration",
+                                          path, kMaxConfigBytes >> 20));
+  std::string text(static_cast<size_t>(file.size()), '\0');
+  if (!detail::read_at(file.fd(), 0, text.data(), text.size()))
+    fail(FULGOR_ERROR_CONFIG, fmt::format("the configuration file '{}' cannot be read: {}", path,
+                                          errno != 0 ? std::strerror(errno) : "it shrank"));
+  const std::string folder = std::filesystem::path(path).parent_path().string();
+  try {
+    return read_configuration(text.c_str(), folder.empty() ? "." : folder);
+  } catch (const Failure& f) {
+    fail(f.status, fmt::format("'{}': {}", path, f.message));
+  }
+}
+
+Configuration read_configuration(const char* text, const std::string& folder) {
   Configuration result;
   if (text == nullptr) return result;
   detail::JsonInput input = detail::read_json(text);
@@ -95,6 +141,7 @@ Configuration read_configuration(const char* text) {
   const json& config = input.value;
   const std::string where = "the configuration";
   check_keys(config, where, {"accelerator", "precision", "loss", "optimizer", "lr_scheduler", "seed", "buffers"});
+  read_loss(config, folder, result);
   const auto buffers = value_at<std::string>(config, "buffers", where, "host");
   if (buffers != "host" && buffers != "device")
     fail(FULGOR_ERROR_CONFIG, fmt::format("{} key 'buffers' is '{}'; expected host or device", where, buffers));
@@ -103,7 +150,6 @@ Configuration read_configuration(const char* text) {
   result.accelerator = value_at<std::string>(config, "accelerator", where, result.accelerator);
   check_accelerator(result.accelerator);
   result.precision = value_at<std::string>(config, "precision", where, result.precision);
-  result.loss = value_at<std::string>(config, "loss", where, result.loss);
   if (config.contains("optimizer")) result.optimizer = config.at("optimizer");
   if (config.contains("lr_scheduler")) result.lr_scheduler = config.at("lr_scheduler");
   return result;

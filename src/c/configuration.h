@@ -21,15 +21,20 @@ namespace fulgor::c_api {
 struct Configuration {
   std::string accelerator = "auto";
   std::string precision = "32-true";
-  std::string loss = "mse";
+  std::string loss = "mse";  // a built-in loss's name, when loss_script is empty
+  std::string loss_script;  // the TorchScript loss's path
   std::optional<uint64_t> seed;
   bool device_buffers = false;
   nlohmann::json optimizer = nlohmann::json::object();
   nlohmann::json lr_scheduler;  // null: none
 };
 
-/// The configuration `text` gives (null: every default).
-Configuration read_configuration(const char* text);
+/// The configuration `text` gives (null: every default); a relative path in
+/// it is taken from `folder` (empty: the working directory).
+Configuration read_configuration(const char* text, const std::string& folder = "");
+
+/// The configuration the file at `path` holds, its paths taken from its folder.
+Configuration read_configuration_file(const char* path);
 
 /// The optimizer "optimizer" describes, over `parameters`.
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const nlohmann::json& config,

@@ -4,10 +4,14 @@
 #include "fulgor/c/fulgor.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/script.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "c/buffers.h"
 #include "c/configuration.h"
@@ -40,7 +44,8 @@ struct fulgor_model {
   std::unique_ptr<fulgor::TorchScriptModule> module;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   std::unique_ptr<fulgor::LRScheduler> scheduler;
-  std::string loss;
+  std::string loss;  // a built-in's name, when loss_script is null
+  std::unique_ptr<torch::jit::Module> loss_script;
   bool device_buffers = false;
   int64_t steps = 0;
 };
@@ -100,14 +105,6 @@ torch::Device buffer_device(const fulgor_model& model) {
   return model.device_buffers ? model.fabric->device() : torch::Device(torch::kCPU);
 }
 
-torch::Tensor forward(fulgor_model& model, const torch::Tensor& input) {
-  try {
-    return model.module->forward(input.to(model.fabric->device()));
-  } catch (const fulgor::ConfigError& e) {
-    fail(FULGOR_ERROR_MODEL, e.what());
-  }
-}
-
 // Gradients set to none rather than zeroed in place, as PyTorch 2's
 // zero_grad() and Lightning do (LibTorch 1.13's zero_grad() only zeroes):
 // backward then writes each gradient afresh instead of adding it to zeros,
@@ -115,6 +112,129 @@ torch::Tensor forward(fulgor_model& model, const torch::Tensor& input) {
 void clear_gradients(torch::optim::Optimizer& optimizer) {
   for (auto& group : optimizer.param_groups())
     for (auto& parameter : group.params()) parameter.mutable_grad().reset();
+}
+
+// The script's outputs: one tensor, or a tuple or list of tensors.
+std::vector<torch::Tensor> tensors_of(const torch::jit::IValue& value, const std::string& what) {
+  if (value.isTensor()) return {value.toTensor()};
+  std::vector<torch::jit::IValue> items;
+  if (value.isTuple()) items = value.toTupleRef().elements().vec();
+  if (value.isList()) items = value.toList().vec();
+  if (items.empty() || !std::all_of(items.begin(), items.end(), [](const auto& v) { return v.isTensor(); }))
+    fail(FULGOR_ERROR_MODEL, fmt::format("{} returned a {}; expected a tensor, or a tuple or list of tensors", what,
+                                         value.tagKind()));
+  std::vector<torch::Tensor> tensors;
+  for (const auto& item : items) tensors.push_back(item.toTensor());
+  return tensors;
+}
+
+std::vector<torch::Tensor> forward(fulgor_model& model, const std::vector<torch::Tensor>& inputs) {
+  std::vector<torch::jit::IValue> arguments;
+  for (const auto& input : inputs) arguments.emplace_back(input.to(model.fabric->device()));
+  const std::string what = fmt::format("the model '{}'", model.module->source());
+  torch::jit::IValue outputs;
+  try {
+    outputs = model.module->script().forward(std::move(arguments));
+  } catch (const c10::Error& e) {
+    fail(FULGOR_ERROR_MODEL,
+         fmt::format("{}: forward failed on the given inputs: {}", what, e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    fail(FULGOR_ERROR_MODEL, fmt::format("{}: forward failed on the given inputs: {}", what, e.what()));
+  }
+  return tensors_of(outputs, what + "'s forward");
+}
+
+// The loss of `outputs` against `labels` (on the model's device): the
+// built-in's of one output and one label, or the TorchScript loss's.
+torch::Tensor loss_of(fulgor_model& model, const std::vector<torch::Tensor>& outputs,
+                      const std::vector<torch::Tensor>& labels) {
+  const auto device = model.fabric->device();
+  if (!model.loss_script) {
+    if (outputs.size() != 1 || labels.size() != 1)
+      fail(FULGOR_ERROR_SHAPE, fmt::format("loss '{}' takes one output and one label; the model gave {} output(s) "
+                                           "for {} label(s): configure a TorchScript loss (\"loss\": {{\"type\": "
+                                           "\"torchscript\", \"path\": ...}}) for several",
+                                           model.loss, outputs.size(), labels.size()));
+    return model.module->loss(outputs[0],
+                              fulgor::c_api::checked_label(model.loss, outputs[0], labels[0].to(device)));
+  }
+  std::vector<torch::jit::IValue> arguments(outputs.begin(), outputs.end());
+  for (const auto& label : labels) arguments.emplace_back(label.to(device));
+  torch::jit::IValue value;
+  try {
+    value = model.loss_script->forward(std::move(arguments));
+  } catch (const std::exception& e) {
+    const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+    fail(FULGOR_ERROR_MODEL, fmt::format("the TorchScript loss failed on {} output(s) and {} label(s): {}",
+                                         outputs.size(), labels.size(),
+                                         c10_error ? c10_error->what_without_backtrace() : e.what()));
+  }
+  if (!value.isTensor() || value.toTensor().numel() != 1)
+    fail(FULGOR_ERROR_MODEL, fmt::format("the TorchScript loss returned {}; expected a tensor of one element",
+                                         value.isTensor() ? fulgor::c_api::describe(value.toTensor())
+                                                          : std::string("a ") + value.tagKind()));
+  return value.toTensor().reshape({});
+}
+
+// Views of the caller's `n` buffers `tensors`, named what[0], what[1], ...
+std::vector<torch::Tensor> views_of(const fulgor_tensor* tensors, int32_t n, int32_t at_least, torch::Device device,
+                                    const char* what) {
+  if (n < at_least || n > 64)
+    fail(FULGOR_ERROR_ARGUMENT, fmt::format("{} {} buffers: expected {} to 64", n, what, at_least));
+  if (n > 0 && tensors == nullptr) fail(FULGOR_ERROR_ARGUMENT, fmt::format("{} is a null pointer", what));
+  std::vector<torch::Tensor> views;
+  for (int32_t k = 0; k < n; ++k) {
+    const fulgor_tensor& t = tensors[k];
+    views.push_back(fulgor::c_api::view_of(t.data, t.dtype, t.shape, t.rank, device,
+                                           fmt::format("{}[{}]", what, k).c_str()));
+  }
+  return views;
+}
+
+std::string describe_all(const std::vector<torch::Tensor>& tensors) {
+  std::vector<std::string> words;
+  for (const auto& t : tensors) words.push_back(fulgor::c_api::describe(t));
+  return fmt::format("{}", fmt::join(words, ", "));
+}
+
+// One training step of fulgor_train and fulgor_train_multiarg.
+double train_step(fulgor_model& model, const std::vector<torch::Tensor>& inputs,
+                  const std::vector<torch::Tensor>& labels) {
+  const auto empty = [](const torch::Tensor& t) { return t.numel() == 0; };
+  if (std::any_of(inputs.begin(), inputs.end(), empty) || std::any_of(labels.begin(), labels.end(), empty))
+    fail(FULGOR_ERROR_SHAPE, fmt::format("input(s) {} and label(s) {}: an empty batch, of which no loss can be taken",
+                                         describe_all(inputs), describe_all(labels)));
+  fulgor::Fabric& fabric = *model.fabric;
+  // Setting the script module's mode walks all its submodules: only on a change.
+  if (!model.module->is_training()) model.module->train();
+  clear_gradients(*model.optimizer);
+  torch::Tensor value;
+  {
+    auto autocast = fabric.autocast();
+    value = loss_of(model, forward(model, inputs), labels);
+  }
+  fabric.backward(value);
+  fabric.step(*model.optimizer);
+  if (model.scheduler) model.scheduler->step();
+  ++model.steps;
+  return value.item<double>();
+}
+
+// Forward without gradients in evaluation mode into `outputs`.
+void predict(fulgor_model& model, const std::vector<torch::Tensor>& inputs, std::vector<torch::Tensor> outputs) {
+  torch::NoGradGuard no_grad;
+  if (model.module->is_training()) model.module->eval();
+  std::vector<torch::Tensor> predictions;
+  {
+    auto autocast = model.fabric->autocast();
+    predictions = forward(model, inputs);
+  }
+  bool fits = predictions.size() == outputs.size();
+  for (size_t k = 0; fits && k < outputs.size(); ++k) fits = predictions[k].sizes() == outputs[k].sizes();
+  if (!fits)
+    fail(FULGOR_ERROR_SHAPE, fmt::format("output buffer(s) {} do not fit the model's output(s) {}",
+                                         describe_all(outputs), describe_all(predictions)));
+  for (size_t k = 0; k < outputs.size(); ++k) outputs[k].copy_(predictions[k]);
 }
 
 // The model file: refused, saying what it is, when it is no TorchScript.
@@ -126,6 +246,22 @@ void check_model_file(const std::string& path) {
     fail(FULGOR_ERROR_MODEL, fmt::format("'{}' is {}, not a TorchScript file (torch.jit.save of a scripted or "
                                          "traced module)",
                                          path, file.words));
+}
+
+// The TorchScript loss: refused, saying what it is, when it is no TorchScript.
+std::unique_ptr<torch::jit::Module> load_loss(const std::string& path, torch::Device device) {
+  const auto file = fulgor::c_api::inspect_file(path);
+  using fulgor::c_api::FileKind;
+  if (file.kind == FileKind::unreadable) fail(FULGOR_ERROR_MODEL, fmt::format("the loss '{}': {}", path, file.words));
+  if (file.kind != FileKind::torchscript)
+    fail(FULGOR_ERROR_MODEL, fmt::format("the loss '{}' is {}, not a TorchScript file (torch.jit.save of a scripted "
+                                         "module)",
+                                         path, file.words));
+  try {
+    return std::make_unique<torch::jit::Module>(torch::jit::load(path, device));
+  } catch (const c10::Error& e) {
+    fail(FULGOR_ERROR_MODEL, fmt::format("the loss '{}' cannot be loaded: {}", path, e.what_without_backtrace()));
+  }
 }
 
 std::unique_ptr<fulgor_model> make_model(const std::string& path, const fulgor::c_api::Configuration& config) {
@@ -151,6 +287,7 @@ std::unique_ptr<fulgor_model> make_model(const std::string& path, const fulgor::
          e.what());
   }
   model->fabric->setup_module(*model->module);
+  if (!config.loss_script.empty()) model->loss_script = load_loss(config.loss_script, model->fabric->device());
   model->optimizer = fulgor::c_api::make_optimizer(config.optimizer, model->module->parameters());
   model->fabric->setup_optimizers(*model->optimizer);
   if (!config.lr_scheduler.is_null())
@@ -187,32 +324,37 @@ void fulgor_model_destroy(fulgor_model* model) {
   });
 }
 
+fulgor_status fulgor_model_create_from_file(const char* torchscript_path, const char* config_path,
+                                            fulgor_model** out) {
+  return guarded(__func__, [&] {
+    if (out == nullptr || torchscript_path == nullptr)
+      fail(FULGOR_ERROR_ARGUMENT, "torchscript_path and model must not be null pointers");
+    *out = nullptr;
+    *out = make_model(torchscript_path, fulgor::c_api::read_configuration_file(config_path)).release();
+  });
+}
+
 fulgor_status fulgor_train(fulgor_model* handle, const void* input, fulgor_dtype input_dtype,
                            const int64_t* input_shape, int32_t input_rank, const void* label, fulgor_dtype label_dtype,
                            const int64_t* label_shape, int32_t label_rank, double* loss) {
   return guarded(__func__, [&] {
     fulgor_model& model = checked(handle);
-    fulgor::Fabric& fabric = *model.fabric;
     const auto device = buffer_device(model);
-    const torch::Tensor x = fulgor::c_api::view_of(input, input_dtype, input_shape, input_rank, device, "input");
-    const torch::Tensor y = fulgor::c_api::view_of(label, label_dtype, label_shape, label_rank, device, "label");
-    if (x.numel() == 0 || y.numel() == 0)
-      fail(FULGOR_ERROR_SHAPE, fmt::format("input {} and label {}: an empty batch, of which no loss can be taken",
-                                           fulgor::c_api::describe(x), fulgor::c_api::describe(y)));
-    // Setting the script module's mode walks all its submodules: only on a change.
-    if (!model.module->is_training()) model.module->train();
-    clear_gradients(*model.optimizer);
-    torch::Tensor value;
-    {
-      auto autocast = fabric.autocast();
-      const torch::Tensor output = forward(model, x);
-      value = model.module->loss(output, fulgor::c_api::checked_label(model.loss, output, y.to(fabric.device())));
-    }
-    fabric.backward(value);
-    fabric.step(*model.optimizer);
-    if (model.scheduler) model.scheduler->step();
-    ++model.steps;
-    if (loss != nullptr) *loss = value.item<double>();
+    const double value =
+        train_step(model, {fulgor::c_api::view_of(input, input_dtype, input_shape, input_rank, device, "input")},
+                   {fulgor::c_api::view_of(label, label_dtype, label_shape, label_rank, device, "label")});
+    if (loss != nullptr) *loss = value;
+  });
+}
+
+fulgor_status fulgor_train_multiarg(fulgor_model* handle, const fulgor_tensor* inputs, int32_t n_inputs,
+                                    const fulgor_tensor* labels, int32_t n_labels, double* loss) {
+  return guarded(__func__, [&] {
+    fulgor_model& model = checked(handle);
+    const auto device = buffer_device(model);
+    const double value = train_step(model, views_of(inputs, n_inputs, 1, device, "inputs"),
+                                    views_of(labels, n_labels, 0, device, "labels"));
+    if (loss != nullptr) *loss = value;
   });
 }
 
@@ -222,19 +364,17 @@ fulgor_status fulgor_predict(fulgor_model* handle, const void* input, fulgor_dty
   return guarded(__func__, [&] {
     fulgor_model& model = checked(handle);
     const auto device = buffer_device(model);
-    const torch::Tensor x = fulgor::c_api::view_of(input, input_dtype, input_shape, input_rank, device, "input");
-    torch::Tensor out = fulgor::c_api::view_of(output, output_dtype, output_shape, output_rank, device, "output");
-    torch::NoGradGuard no_grad;
-    if (model.module->is_training()) model.module->eval();
-    torch::Tensor prediction;
-    {
-      auto autocast = model.fabric->autocast();
-      prediction = forward(model, x);
-    }
-    if (prediction.sizes() != out.sizes())
-      fail(FULGOR_ERROR_SHAPE, fmt::format("output buffer {} does not fit the model's output {}",
-                                           fulgor::c_api::describe(out), fulgor::c_api::describe(prediction)));
-    out.copy_(prediction);
+    predict(model, {fulgor::c_api::view_of(input, input_dtype, input_shape, input_rank, device, "input")},
+            {fulgor::c_api::view_of(output, output_dtype, output_shape, output_rank, device, "output")});
+  });
+}
+
+fulgor_status fulgor_predict_multiarg(fulgor_model* handle, const fulgor_tensor* inputs, int32_t n_inputs,
+                                      const fulgor_tensor* outputs, int32_t n_outputs) {
+  return guarded(__func__, [&] {
+    fulgor_model& model = checked(handle);
+    const auto device = buffer_device(model);
+    predict(model, views_of(inputs, n_inputs, 1, device, "inputs"), views_of(outputs, n_outputs, 1, device, "outputs"));
   });
 }
 

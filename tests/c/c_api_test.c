@@ -199,7 +199,7 @@ int main(int argc, char** argv) {
   for (int i = 0; i < kRows; ++i) error += (predicted[i][0] - y[i][0]) * (predicted[i][0] - y[i][0]);
   CHECK(error / kRows < first / 4);
   CHECK_ERROR(fulgor_predict(model, x, FULGOR_FLOAT32, x_shape, 2, wide, FULGOR_FLOAT32, wide_shape, 2),
-              FULGOR_ERROR_SHAPE, "does not fit the model's output");
+              FULGOR_ERROR_SHAPE, "do not fit the model's output(s)");
   CHECK(fulgor_save(model, checkpoint) == FULGOR_OK);
   fulgor_model* other = NULL;
   CHECK(fulgor_model_create(path, config, &other) == FULGOR_OK);

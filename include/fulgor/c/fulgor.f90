@@ -9,8 +9,19 @@ module fulgor
   use iso_c_binding
   implicit none
   private
-  public :: fulgor_model_create, fulgor_model_destroy, fulgor_train, fulgor_predict, &
-            fulgor_save, fulgor_load, fulgor_model_rank, fulgor_error, c_string
+  public :: fulgor_model_create, fulgor_model_create_from_file, fulgor_model_destroy, fulgor_train, &
+            fulgor_predict, fulgor_train_multiarg, fulgor_predict_multiarg, fulgor_save, fulgor_load, &
+            fulgor_model_rank, fulgor_error, c_string
+
+  ! One of several buffers (fulgor_train_multiarg, fulgor_predict_multiarg):
+  ! data = c_loc(array), shape = c_loc of an integer(c_int64_t) array holding
+  ! the array's shape reversed, rank = its length.
+  type, bind(c), public :: fulgor_tensor
+    type(c_ptr) :: data
+    integer(c_int) :: dtype
+    type(c_ptr) :: shape
+    integer(c_int32_t) :: rank
+  end type
 
   integer(c_int), parameter, public :: FULGOR_OK = 0, FULGOR_ERROR_ARGUMENT = 1, FULGOR_ERROR_CONFIG = 2, &
                                        FULGOR_ERROR_MODEL = 3, FULGOR_ERROR_SHAPE = 4, &
@@ -22,6 +33,14 @@ module fulgor
     function fulgor_model_create(path, config, model) result(status) bind(c, name="fulgor_model_create")
       import :: c_int, c_char, c_ptr
       character(kind=c_char), dimension(*), intent(in) :: path, config
+      type(c_ptr), intent(out) :: model
+      integer(c_int) :: status
+    end function
+
+    function fulgor_model_create_from_file(path, config_path, model) result(status) &
+        bind(c, name="fulgor_model_create_from_file")
+      import :: c_int, c_char, c_ptr
+      character(kind=c_char), dimension(*), intent(in) :: path, config_path
       type(c_ptr), intent(out) :: model
       integer(c_int) :: status
     end function
@@ -49,6 +68,25 @@ module fulgor
       integer(c_int), value :: input_dtype, output_dtype
       integer(c_int64_t), dimension(*), intent(in) :: input_shape, output_shape
       integer(c_int32_t), value :: input_rank, output_rank
+      integer(c_int) :: status
+    end function
+
+    function fulgor_train_multiarg(model, inputs, n_inputs, labels, n_labels, loss) result(status) &
+        bind(c, name="fulgor_train_multiarg")
+      import :: c_int, c_int32_t, c_double, c_ptr, fulgor_tensor
+      type(c_ptr), value :: model
+      type(fulgor_tensor), dimension(*), intent(in) :: inputs, labels
+      integer(c_int32_t), value :: n_inputs, n_labels
+      real(c_double), intent(out) :: loss
+      integer(c_int) :: status
+    end function
+
+    function fulgor_predict_multiarg(model, inputs, n_inputs, outputs, n_outputs) result(status) &
+        bind(c, name="fulgor_predict_multiarg")
+      import :: c_int, c_int32_t, c_ptr, fulgor_tensor
+      type(c_ptr), value :: model
+      type(fulgor_tensor), dimension(*), intent(in) :: inputs, outputs
+      integer(c_int32_t), value :: n_inputs, n_outputs
       integer(c_int) :: status
     end function
 

@@ -40,16 +40,20 @@ extern "C" {
 /* Each status has its causes (tests/c/c_api_test.c checks each one). */
 typedef enum fulgor_status {
   FULGOR_OK = 0,
-  /* a null pointer, a negative rank or size, an unknown dtype, a handle that is not a live model */
+  /* a null pointer, a negative rank or size, an unknown dtype, a number of buffers outside 1 to 64
+   * (0 to 64 labels), a handle that is not a live model */
   FULGOR_ERROR_ARGUMENT = 1,
-  /* the JSON configuration: not JSON, a key given twice, an unknown key or name (an
-   * accelerator, optimizer, schedule, loss), a value of the wrong type or out of range */
+  /* the JSON configuration: a file that cannot be read or is no regular file, not JSON, a key
+   * given twice, an unknown key or name (an accelerator, optimizer, schedule, loss), a value of
+   * the wrong type or out of range */
   FULGOR_ERROR_CONFIG = 2,
-  /* a model file that is missing or not TorchScript (the message says what it is), or
-   * whose forward failed on the given inputs */
+  /* a model or loss file that is missing or not TorchScript (the message says what it is), a
+   * forward that failed on the given inputs, a TorchScript loss that failed or gave more than one
+   * number */
   FULGOR_ERROR_MODEL = 3,
-  /* a buffer whose shape or dtype does not fit, an empty batch to train on, sizes whose
-   * bytes overflow */
+  /* a buffer whose shape or dtype does not fit, several outputs or labels for a built-in loss,
+   * output buffers other in number than the model's outputs, an empty batch to train on, sizes
+   * whose bytes overflow */
   FULGOR_ERROR_SHAPE = 4,
   /* a checkpoint that cannot be written or read, that fulgor_save did not write (the
    * message says what it is), or that a model configured otherwise saved */
@@ -65,6 +69,15 @@ typedef enum fulgor_dtype { FULGOR_FLOAT32 = 0, FULGOR_FLOAT64 = 1, FULGOR_INT32
 /* A model: the TorchScript module, its optimizer, schedule and loss, on its device. */
 typedef struct fulgor_model fulgor_model;
 
+/* One of several buffers a call takes or fills: its memory, dtype, shape and
+ * rank, as the single-buffer calls take them one by one. */
+typedef struct fulgor_tensor {
+  void* data;
+  fulgor_dtype dtype;
+  const int64_t* shape;
+  int32_t rank;
+} fulgor_tensor;
+
 /* What went wrong in this thread's last failed call ("" before any). */
 FULGOR_C_API const char* fulgor_last_error(void);
 
@@ -72,7 +85,11 @@ FULGOR_C_API const char* fulgor_last_error(void);
  * training from `config_json`, a JSON object with the keys (all optional):
  *   "accelerator"   "auto" (default) or the name of a registered accelerator (fulgor-info lists them)
  *   "precision"     "32-true" (default), "bf16-mixed", "16-mixed", ...
- *   "loss"          "mse" (default), "l1", "smooth_l1", "huber", "cross_entropy", "nll", "bce_with_logits"
+ *   "loss"          "mse" (default), "l1", "smooth_l1", "huber", "cross_entropy", "nll", "bce_with_logits",
+ *                   or {"type": "torchscript", "path": PATH}: a TorchScript module whose forward takes
+ *                   the model's outputs, then the labels, and returns the loss (one element); a
+ *                   relative PATH is taken from the configuration file's folder
+ *                   (fulgor_model_create_from_file) or the working directory
  *   "optimizer"     {"type": "sgd" | "adam" | "adamw", "lr": number, "momentum": number,
  *                    "weight_decay": number, "betas": [number, number], "eps": number}
  *                   (default {"type": "adam", "lr": 0.001})
@@ -83,6 +100,11 @@ FULGOR_C_API const char* fulgor_last_error(void);
  * Sets *model on success. */
 FULGOR_C_API fulgor_status fulgor_model_create(const char* torchscript_path, const char* config_json,
                                                fulgor_model** model);
+
+/* fulgor_model_create with the configuration read from the JSON file at
+ * `config_path` (a regular file; FULGOR_ERROR_CONFIG when it cannot be read). */
+FULGOR_C_API fulgor_status fulgor_model_create_from_file(const char* torchscript_path, const char* config_path,
+                                                         fulgor_model** model);
 
 /* Frees the model; a null pointer is ignored, a handle that is not a live
  * model is left alone (fulgor_last_error() says so). */
@@ -102,6 +124,18 @@ FULGOR_C_API fulgor_status fulgor_train(fulgor_model* model, const void* input, 
 FULGOR_C_API fulgor_status fulgor_predict(fulgor_model* model, const void* input, fulgor_dtype input_dtype,
                                           const int64_t* input_shape, int32_t input_rank, void* output,
                                           fulgor_dtype output_dtype, const int64_t* output_shape, int32_t output_rank);
+
+/* fulgor_train and fulgor_predict for a model whose forward takes several
+ * tensors, inputs[0] to inputs[n_inputs - 1], and returns a tensor or a
+ * tuple or list of tensors (TorchFort's multiarg calls). A built-in loss
+ * takes one output and one label; a TorchScript loss takes every output,
+ * then labels[0] to labels[n_labels - 1]. fulgor_predict_multiarg writes
+ * output k into outputs[k], whose shape and dtype must be the model's; it
+ * needs as many buffers as the model has outputs. */
+FULGOR_C_API fulgor_status fulgor_train_multiarg(fulgor_model* model, const fulgor_tensor* inputs, int32_t n_inputs,
+                                                 const fulgor_tensor* labels, int32_t n_labels, double* loss);
+FULGOR_C_API fulgor_status fulgor_predict_multiarg(fulgor_model* model, const fulgor_tensor* inputs, int32_t n_inputs,
+                                                   const fulgor_tensor* outputs, int32_t n_outputs);
 
 /* The model's parameters, optimizer and scheduler states and step count, in
  * fulgor's checkpoint format (written atomically by rank 0), and back. */
