@@ -11,26 +11,13 @@
 #include <utility>
 #include <vector>
 
+#include "data/pinning.h"
 #include "data/stream_order.h"
 #include "fulgor/data/image_decode.h"
 #include "fulgor/data/distributed_sampler.h"
 #include "fulgor/core/error.h"
 
 namespace fulgor {
-namespace {
-
-void require_pinnable() {
-  try {
-    torch::empty({1}, torch::TensorOptions().pinned_memory(true));
-  } catch (const c10::Error& e) {
-    throw ConfigError(
-        fmt::format("ImageLoader pin_memory: this LibTorch cannot pin host memory ({}); pinned "
-                    "batches need a LibTorch with CUDA",
-                    e.what_without_backtrace()));
-  }
-}
-
-}  // namespace
 
 // Note [Batches decoded in place]
 // An epoch is a list of positions; batch k is positions [k B, (k + 1) B).
@@ -241,7 +228,7 @@ ImageLoader::ImageLoader(std::shared_ptr<const ImageDataset> dataset, ImageTrans
   if (options_.shuffle_buffer < 1)
     throw ConfigError(
         fmt::format("ImageLoader shuffle_buffer={} is not valid: it must be >= 1", options_.shuffle_buffer));
-  if (options_.pin_memory) require_pinnable();
+  if (options_.pin_memory) detail::require_pinning("ImageLoader");
 }
 
 ImageLoader::~ImageLoader() = default;
@@ -277,7 +264,7 @@ bool ImageLoader::disable_shuffle() { return std::exchange(options_.shuffle, fal
 
 void ImageLoader::pin_memory() {
   if (options_.pin_memory) return;
-  require_pinnable();
+  detail::require_pinning("ImageLoader");
   options_.pin_memory = true;
 }
 

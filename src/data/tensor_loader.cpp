@@ -6,6 +6,7 @@
 #include <numeric>
 #include <sstream>
 
+#include "data/pinning.h"
 #include "fulgor/data/epoch_sampler.h"
 #include "fulgor/data/distributed_sampler.h"
 #include "fulgor/core/error.h"
@@ -26,19 +27,6 @@ torch::Tensor select_rows(const torch::Tensor& source, const torch::Tensor& inde
 torch::Tensor slice_rows(const torch::Tensor& source, int64_t position, int64_t count, bool pin) {
   torch::Tensor rows = source.narrow(0, position, count);
   return !pin || rows.is_pinned() ? rows : rows.pin_memory();
-}
-
-// Throws a ConfigError where this LibTorch cannot pin host memory, so that it
-// says so where pinning is asked for rather than at the first batch.
-void require_pinning() {
-  try {
-    torch::empty({1}, torch::TensorOptions().pinned_memory(true));
-  } catch (const c10::Error& e) {
-    throw ConfigError(
-        fmt::format("TensorLoader pin_memory: this LibTorch cannot pin host memory ({}); pinned "
-                    "batches need a LibTorch with CUDA",
-                    e.what_without_backtrace()));
-  }
 }
 
 }  // namespace
@@ -62,7 +50,7 @@ TensorLoader::TensorLoader(torch::Tensor data, torch::Tensor targets,
     throw ConfigError(fmt::format("TensorLoader batch_size={} is not valid: it must be >= 1", options_.batch_size));
   if (user_sampler_ && options_.shuffle)
     throw ConfigError("TensorLoader takes either shuffle=true or a sampler, not both: the sampler decides the order");
-  if (options_.pin_memory) require_pinning();
+  if (options_.pin_memory) detail::require_pinning("TensorLoader");
 }
 
 bool TensorLoader::disable_shuffle() {
@@ -116,7 +104,7 @@ int64_t TensorLoader::size() const {
 void TensorLoader::pin_memory() {
   // A DevicePrefetcher asks again as each epoch begins.
   if (options_.pin_memory) return;
-  require_pinning();
+  detail::require_pinning("TensorLoader");
   options_.pin_memory = true;
 }
 

@@ -128,6 +128,21 @@ inline fulgor::TensorLoader make_loader(int64_t world_size, int64_t rank) {
       options);
 }
 
+/// Saves a checkpoint at the batch that takes the run to `step`, inside the
+/// epoch: one saved after fit would resume at the next epoch, since the epoch a
+/// stop cuts short counts as done (Lightning's rule).
+class SaveAtStep final : public fulgor::Callback {
+ public:
+  SaveAtStep(int64_t step, std::string path) : step_(step), path_(std::move(path)) {}
+  void on_train_batch_end(fulgor::Trainer& trainer, fulgor::ModuleBase&, const torch::Tensor&, int64_t) override {
+    if (trainer.global_step() == step_) trainer.save_checkpoint(path_);
+  }
+
+ private:
+  int64_t step_;
+  std::string path_;
+};
+
 /// Rank-0-only output is part of what the tests check, so the progress bar
 /// and the model summary are on.
 inline fulgor::TrainerOptions ddp_options(const std::string& root, int64_t epochs, int64_t accumulate) {

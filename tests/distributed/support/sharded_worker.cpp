@@ -32,18 +32,6 @@ namespace {
 
 using namespace fulgor::test;
 
-class SaveAtStep final : public fulgor::Callback {
- public:
-  SaveAtStep(int64_t step, std::string path) : step_(step), path_(std::move(path)) {}
-  void on_train_batch_end(fulgor::Trainer& trainer, fulgor::ModuleBase&, const torch::Tensor&, int64_t) override {
-    if (trainer.global_step() == step_) trainer.save_checkpoint(path_);
-  }
-
- private:
-  int64_t step_;
-  std::string path_;
-};
-
 torch::Tensor fit(const ShardedVariant& variant, const std::string& out, const std::string& resume_from,
                   std::optional<int64_t> stop_at, const std::string& save_to) {
   ShardedNet model(kShardedSeed, variant.optimizer);

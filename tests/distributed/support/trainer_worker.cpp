@@ -68,21 +68,6 @@ void write_results(const std::string& out, int64_t rank, fulgor::Trainer& traine
   for (const auto& [name, value] : trainer.callback_metrics()) metrics << name << " " << value << "\n";
 }
 
-// Saves a checkpoint at the batch that takes the run to `step`, inside the
-// epoch: one saved after fit would resume at the next epoch, since the epoch a
-// stop cuts short counts as done (Lightning's rule).
-class SaveAtStep final : public fulgor::Callback {
- public:
-  SaveAtStep(int64_t step, std::string path) : step_(step), path_(std::move(path)) {}
-  void on_train_batch_end(fulgor::Trainer& trainer, fulgor::ModuleBase&, const torch::Tensor&, int64_t) override {
-    if (trainer.global_step() == step_) trainer.save_checkpoint(path_);
-  }
-
- private:
-  int64_t step_;
-  std::string path_;
-};
-
 // Sample i of either data set has data [i] and target i. Training records
 // the samples each epoch brings; validation logs, over its samples, the mean
 // of i^2 (sync_dist), their count (sync_dist, summed; and unsynced), the
