@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <type_traits>
@@ -39,6 +40,7 @@ const char* kind_of() {
   if constexpr (std::is_same_v<T, std::string>) return "a string";
   if constexpr (std::is_same_v<T, uint64_t>) return "a non-negative integer";
   if constexpr (std::is_same_v<T, int64_t>) return "an integer";
+  if constexpr (std::is_same_v<T, bool>) return "true or false";
   return "a number";
 }
 
@@ -48,6 +50,7 @@ T value_at(const json& object, const std::string& key, const std::string& where,
   if (it == object.end()) return fallback;
   bool fits = it->is_number();
   if constexpr (std::is_same_v<T, std::string>) fits = it->is_string();
+  if constexpr (std::is_same_v<T, bool>) fits = it->is_boolean();
   if constexpr (std::is_same_v<T, uint64_t>) fits = it->is_number_unsigned();
   if constexpr (std::is_same_v<T, int64_t>)
     fits = it->is_number_integer() &&
@@ -140,7 +143,9 @@ Configuration read_configuration(const char* text, const std::string& folder) {
   if (!input.error.empty()) fail(FULGOR_ERROR_CONFIG, "the configuration: " + input.error);
   const json& config = input.value;
   const std::string where = "the configuration";
-  check_keys(config, where, {"accelerator", "precision", "loss", "optimizer", "lr_scheduler", "seed", "buffers"});
+  check_keys(config, where,
+             {"accelerator", "precision", "loss", "optimizer", "lr_scheduler", "seed", "buffers", "strategy",
+              "sharding_strategy", "zero_redundancy_optimizer", "ddp_timeout"});
   read_loss(config, folder, result);
   const auto buffers = value_at<std::string>(config, "buffers", where, "host");
   if (buffers != "host" && buffers != "device")
@@ -150,6 +155,18 @@ Configuration read_configuration(const char* text, const std::string& folder) {
   result.accelerator = value_at<std::string>(config, "accelerator", where, result.accelerator);
   check_accelerator(result.accelerator);
   result.precision = value_at<std::string>(config, "precision", where, result.precision);
+  if (config.contains("strategy")) result.strategy = value_at<std::string>(config, "strategy", where, "");
+  if (config.contains("sharding_strategy"))
+    result.sharding_strategy = value_at<std::string>(config, "sharding_strategy", where, "");
+  if (config.contains("zero_redundancy_optimizer"))
+    result.zero_redundancy_optimizer = value_at<bool>(config, "zero_redundancy_optimizer", where, false);
+  if (config.contains("ddp_timeout")) {
+    const double seconds = value_at<double>(config, "ddp_timeout", where, 0);
+    if (!(seconds > 0 && std::isfinite(seconds)))
+      fail(FULGOR_ERROR_CONFIG,
+           fmt::format("{} key 'ddp_timeout' is {}; expected a finite number of seconds > 0", where, seconds));
+    result.ddp_timeout = seconds;
+  }
   if (config.contains("optimizer")) result.optimizer = config.at("optimizer");
   if (config.contains("lr_scheduler")) result.lr_scheduler = config.at("lr_scheduler");
   return result;

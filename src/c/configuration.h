@@ -27,6 +27,11 @@ struct Configuration {
   bool device_buffers = false;
   nlohmann::json optimizer = nlohmann::json::object();
   nlohmann::json lr_scheduler;  // null: none
+  // FabricOptions' fields of the same names; unset: Fabric's defaults.
+  std::optional<std::string> strategy;
+  std::optional<std::string> sharding_strategy;
+  std::optional<bool> zero_redundancy_optimizer;
+  std::optional<double> ddp_timeout;
 };
 
 /// The configuration `text` gives (null: every default); a relative path in

@@ -276,6 +276,10 @@ std::unique_ptr<fulgor_model> make_model(const std::string& path, const fulgor::
   // One device per process: the launcher's processes, or this one alone.
   options.devices =
       fulgor::detect_distributed_environment().is_distributed() ? fulgor::Devices("auto") : fulgor::Devices(1);
+  if (config.strategy) options.strategy = *config.strategy;
+  if (config.sharding_strategy) options.sharding_strategy = *config.sharding_strategy;
+  if (config.zero_redundancy_optimizer) options.zero_redundancy_optimizer = *config.zero_redundancy_optimizer;
+  options.ddp_timeout = config.ddp_timeout;
   model->fabric = std::make_unique<fulgor::Fabric>(options);
   model->fabric->launch();
   fulgor::TorchScriptOptions script_options;
@@ -386,6 +390,15 @@ fulgor_status fulgor_save(fulgor_model* handle, const char* path) {
   });
 }
 
+// Note [A TorchScript model resumed]
+// A loaded checkpoint restores every number of the model, its optimizer and
+// schedule, yet the steps after it match the uninterrupted run's only up to
+// rounding: LibTorch's TorchScript executor profiles a graph's first runs and
+// then optimizes it, and the optimized graph rounds otherwise. A model made
+// afresh to resume runs its first steps unoptimized where the uninterrupted
+// one ran optimized (PyTorch behaves the same; with the executor's
+// optimization off, torch::jit::setGraphExecutorOptimize(false), a resume
+// is bit-equal).
 fulgor_status fulgor_load(fulgor_model* handle, const char* path) {
   return guarded(__func__, [&] {
     fulgor_model& model = checked(handle);

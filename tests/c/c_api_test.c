@@ -53,6 +53,12 @@ static void check_configuration_errors(const char* path) {
               "the key \"loss\" appears twice");
   CHECK_ERROR(fulgor_model_create(path, "{\"seed\": 18446744073709551616}", &model), FULGOR_ERROR_CONFIG,
               "out of range");
+  CHECK_ERROR(fulgor_model_create(path, "{\"strategy\": \"deepspeed\"}", &model), FULGOR_ERROR_CONFIG, "deepspeed");
+  CHECK_ERROR(fulgor_model_create(path, "{\"strategy\": \"fsdp\"}", &model), FULGOR_ERROR_CONFIG, "FULL_SHARD");
+  CHECK_ERROR(fulgor_model_create(path, "{\"zero_redundancy_optimizer\": \"yes\"}", &model), FULGOR_ERROR_CONFIG,
+              "key 'zero_redundancy_optimizer' is \"yes\" (string); expected true or false");
+  CHECK_ERROR(fulgor_model_create(path, "{\"ddp_timeout\": 0}", &model), FULGOR_ERROR_CONFIG,
+              "key 'ddp_timeout' is 0; expected a finite number of seconds > 0");
   CHECK_ERROR(fulgor_model_create(path, "{\"accelerator\": \"xpuu\"}", &model), FULGOR_ERROR_CONFIG,
               "unknown accelerator 'xpuu'; did you mean 'xpu'?");
   /* No machine that runs the tests has the xpu runtime; "gpu" is unavailable

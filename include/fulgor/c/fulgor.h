@@ -97,6 +97,10 @@ FULGOR_C_API const char* fulgor_last_error(void);
  *                   {"type": "cosine", "T_max": int, "eta_min": number}: stepped after every train call
  *   "seed"          an integer: fulgor's seed_everything before anything is made
  *   "buffers"       "host" (default) or "device": where the train and predict buffers are
+ *   "strategy"      "auto" (default: ddp under a launcher), "ddp" or "fsdp"
+ *   "sharding_strategy"  under "fsdp": "SHARD_GRAD_OP" (gradients and optimizer state sharded) or "NO_SHARD"
+ *   "zero_redundancy_optimizer"  under "ddp": true shards the optimizer's state (ZeRO-1)
+ *   "ddp_timeout"   seconds a collective may take before the ranks fail (default 1800)
  * Sets *model on success. */
 FULGOR_C_API fulgor_status fulgor_model_create(const char* torchscript_path, const char* config_json,
                                                fulgor_model** model);
