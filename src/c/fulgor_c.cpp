@@ -121,8 +121,8 @@ std::vector<torch::Tensor> tensors_of(const torch::jit::IValue& value, const std
   if (value.isTuple()) items = value.toTupleRef().elements().vec();
   if (value.isList()) items = value.toList().vec();
   if (items.empty() || !std::all_of(items.begin(), items.end(), [](const auto& v) { return v.isTensor(); }))
-    fail(FULGOR_ERROR_MODEL, fmt::format("{} returned a {}; expected a tensor, or a tuple or list of tensors", what,
-                                         value.tagKind()));
+    fail(FULGOR_ERROR_MODEL,
+         fmt::format("{} returned a {}; expected a tensor, or a tuple or list of tensors", what, value.tagKind()));
   std::vector<torch::Tensor> tensors;
   for (const auto& item : items) tensors.push_back(item.toTensor());
   return tensors;
@@ -155,8 +155,7 @@ torch::Tensor loss_of(fulgor_model& model, const std::vector<torch::Tensor>& out
                                            "for {} label(s): configure a TorchScript loss (\"loss\": {{\"type\": "
                                            "\"torchscript\", \"path\": ...}}) for several",
                                            model.loss, outputs.size(), labels.size()));
-    return model.module->loss(outputs[0],
-                              fulgor::c_api::checked_label(model.loss, outputs[0], labels[0].to(device)));
+    return model.module->loss(outputs[0], fulgor::c_api::checked_label(model.loss, outputs[0], labels[0].to(device)));
   }
   std::vector<torch::jit::IValue> arguments(outputs.begin(), outputs.end());
   for (const auto& label : labels) arguments.emplace_back(label.to(device));
@@ -165,9 +164,9 @@ torch::Tensor loss_of(fulgor_model& model, const std::vector<torch::Tensor>& out
     value = model.loss_script->forward(std::move(arguments));
   } catch (const std::exception& e) {
     const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
-    fail(FULGOR_ERROR_MODEL, fmt::format("the TorchScript loss failed on {} output(s) and {} label(s): {}",
-                                         outputs.size(), labels.size(),
-                                         c10_error ? c10_error->what_without_backtrace() : e.what()));
+    fail(FULGOR_ERROR_MODEL,
+         fmt::format("the TorchScript loss failed on {} output(s) and {} label(s): {}", outputs.size(), labels.size(),
+                     c10_error ? c10_error->what_without_backtrace() : e.what()));
   }
   if (!value.isTensor() || value.toTensor().numel() != 1)
     fail(FULGOR_ERROR_MODEL, fmt::format("the TorchScript loss returned {}; expected a tensor of one element",
@@ -185,8 +184,8 @@ std::vector<torch::Tensor> views_of(const fulgor_tensor* tensors, int32_t n, int
   std::vector<torch::Tensor> views;
   for (int32_t k = 0; k < n; ++k) {
     const fulgor_tensor& t = tensors[k];
-    views.push_back(fulgor::c_api::view_of(t.data, t.dtype, t.shape, t.rank, device,
-                                           fmt::format("{}[{}]", what, k).c_str()));
+    views.push_back(
+        fulgor::c_api::view_of(t.data, t.dtype, t.shape, t.rank, device, fmt::format("{}[{}]", what, k).c_str()));
   }
   return views;
 }
@@ -328,8 +327,7 @@ void fulgor_model_destroy(fulgor_model* model) {
   });
 }
 
-fulgor_status fulgor_model_create_from_file(const char* torchscript_path, const char* config_path,
-                                            fulgor_model** out) {
+fulgor_status fulgor_model_create_from_file(const char* torchscript_path, const char* config_path, fulgor_model** out) {
   return guarded(__func__, [&] {
     if (out == nullptr || torchscript_path == nullptr)
       fail(FULGOR_ERROR_ARGUMENT, "torchscript_path and model must not be null pointers");

@@ -17,9 +17,10 @@ inline void require_pinning(const char* loader) {
   try {
     torch::empty({1}, torch::TensorOptions().pinned_memory(true));
   } catch (const c10::Error& e) {
-    throw ConfigError(fmt::format("{} pin_memory: this LibTorch cannot pin host memory ({}); pinned batches need a "
-                                  "LibTorch with CUDA",
-                                  loader, e.what_without_backtrace()));
+    throw ConfigError(
+        fmt::format("{} pin_memory: this LibTorch cannot pin host memory ({}); pinned batches need a "
+                    "LibTorch with CUDA",
+                    loader, e.what_without_backtrace()));
   }
 }
 

@@ -65,14 +65,14 @@ RankWhereabouts find_whereabouts(const c10::intrusive_ptr<c10d::Store>& store, i
   std::unique_lock<std::mutex> lock(outcome->mutex);
   // A second past the deadline for the last store call to answer.
   if (!outcome->done_changed.wait_until(lock, deadline + std::chrono::seconds(1), [&] { return outcome->done; })) {
-    found.unknown_because = fmt::format(
-        "the job's store, hosted by rank 0, did not answer within {} ms: rank 0 may be stopped or gone",
-        slack.count() + 1000);
+    found.unknown_because =
+        fmt::format("the job's store, hosted by rank 0, did not answer within {} ms: rank 0 may be stopped or gone",
+                    slack.count() + 1000);
     return found;
   }
   if (!outcome->error.empty()) {
-    found.unknown_because = fmt::format("the job's store, hosted by rank 0, failed ({}): rank 0 may be stopped or gone",
-                                        outcome->error);
+    found.unknown_because =
+        fmt::format("the job's store, hosted by rank 0, failed ({}): rank 0 may be stopped or gone", outcome->error);
     return found;
   }
   found.known = true;

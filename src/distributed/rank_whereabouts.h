@@ -24,9 +24,9 @@ namespace fulgor::detail {
 /// Where the other ranks were when this rank's collective failed.
 struct RankWhereabouts {
   bool known = false;
-  std::string unknown_because;  // why not, when !known
-  std::vector<int64_t> absent;  // posted nothing within the while
-  std::vector<int64_t> waiting;  // failed in the same collective
+  std::string unknown_because;                             // why not, when !known
+  std::vector<int64_t> absent;                             // posted nothing within the while
+  std::vector<int64_t> waiting;                            // failed in the same collective
   std::vector<std::pair<int64_t, std::string>> elsewhere;  // failed in another: the rank and "name (number N)"
 };
 

@@ -12,26 +12,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "check.h"
 #include "fulgor/c/fulgor.h"
-
-static int failures = 0;
-
-#define CHECK(condition)                                                                            \
-  do {                                                                                              \
-    if (!(condition)) {                                                                             \
-      fprintf(stderr, "%s:%d: check failed: %s (last error: %s)\n", __FILE__, __LINE__, #condition, \
-              fulgor_last_error());                                                                 \
-      ++failures;                                                                                   \
-    }                                                                                               \
-  } while (0)
-
-/* The call returns `status` and its message mentions `words`. */
-#define CHECK_ERROR(call, status, words)                 \
-  do {                                                   \
-    fulgor_status got = (call);                          \
-    CHECK(got == (status));                              \
-    CHECK(strstr(fulgor_last_error(), (words)) != NULL); \
-  } while (0)
 
 enum { kRows = 32, kFeatures = 4 };
 

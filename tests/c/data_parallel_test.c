@@ -15,32 +15,11 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "check.h"
 #include "fulgor/c/fulgor.h"
-
-static int failures = 0;
-
-#define CHECK(condition)                                                                            \
-  do {                                                                                              \
-    if (!(condition)) {                                                                             \
-      fprintf(stderr, "%s:%d: check failed: %s (last error: %s)\n", __FILE__, __LINE__, #condition, \
-              fulgor_last_error());                                                                 \
-      ++failures;                                                                                   \
-    }                                                                                               \
-  } while (0)
-
-enum { kRows = 16, kSteps = 20 };
+#include "multiarg_data.h"
 
 static const char* folder;
-
-static void read_file(const char* name, void* out, size_t bytes) {
-  char path[4096];
-  snprintf(path, sizeof path, "%s/%s", folder, name);
-  FILE* f = fopen(path, "rb");
-  CHECK(f != NULL);
-  if (f == NULL) return;
-  CHECK(fread(out, 1, bytes, f) == bytes);
-  fclose(f);
-}
 
 /* Rows [begin, end) of a row-major float buffer of `columns` columns, as a fulgor_tensor. */
 static fulgor_tensor rows_of(float* data, int64_t columns, int64_t begin, int64_t end, int64_t shape[2]) {
@@ -50,19 +29,24 @@ static fulgor_tensor rows_of(float* data, int64_t columns, int64_t begin, int64_
   return t;
 }
 
+/* The largest difference between two models' predictions of u and v. */
+static double largest_difference(float a_u[kRows][2], float a_v[kRows][1], float b_u[kRows][2], float b_v[kRows][1]) {
+  double largest = 0;
+  for (int i = 0; i < kRows; ++i) {
+    for (int j = 0; j < 2; ++j) largest = fmax(largest, fabs((double)a_u[i][j] - b_u[i][j]));
+    largest = fmax(largest, fabs((double)a_v[i][0] - b_v[i][0]));
+  }
+  return largest;
+}
+
 int main(int argc, char** argv) {
   if (argc != 4) {
     fprintf(stderr, "usage: fulgor_c_data_parallel_test DIR CONFIG OUT\n");
     return 2;
   }
   folder = argv[1];
-  static float x[kRows][3], t[kRows][2], u[kRows][2], v[kRows][1], want_u[kRows][2], want_v[kRows][1];
-  read_file("x.bin", x, sizeof x);
-  read_file("t.bin", t, sizeof t);
-  read_file("u.bin", u, sizeof u);
-  read_file("v.bin", v, sizeof v);
-  read_file("pred_u.bin", want_u, sizeof want_u);
-  read_file("pred_v.bin", want_v, sizeof want_v);
+  static multiarg_data d;
+  read_multiarg_data(folder, &d);
   char model_path[4096], config_path[4096], checkpoint[4096];
   snprintf(model_path, sizeof model_path, "%s/model.pt", folder);
   snprintf(config_path, sizeof config_path, "%s/%s", folder, argv[2]);
@@ -76,10 +60,10 @@ int main(int argc, char** argv) {
   CHECK(world_size == 2);
   const int64_t begin = rank * kRows / world_size, end = (rank + 1) * kRows / world_size;
   int64_t shapes[4][2];
-  const fulgor_tensor inputs[2] = {rows_of(&x[0][0], 3, begin, end, shapes[0]),
-                                   rows_of(&t[0][0], 2, begin, end, shapes[1])};
-  const fulgor_tensor labels[2] = {rows_of(&u[0][0], 2, begin, end, shapes[2]),
-                                   rows_of(&v[0][0], 1, begin, end, shapes[3])};
+  const fulgor_tensor inputs[2] = {rows_of(&d.x[0][0], 3, begin, end, shapes[0]),
+                                   rows_of(&d.t[0][0], 2, begin, end, shapes[1])};
+  const fulgor_tensor labels[2] = {rows_of(&d.u[0][0], 2, begin, end, shapes[2]),
+                                   rows_of(&d.v[0][0], 1, begin, end, shapes[3])};
   fulgor_model* resumed = NULL;
   for (int step = 0; step < kSteps; ++step) {
     if (step == kSteps / 2) {
@@ -96,7 +80,8 @@ int main(int argc, char** argv) {
   /* Predictions on every row. */
   static float got_u[kRows][2], got_v[kRows][1], again_u[kRows][2], again_v[kRows][1];
   int64_t all[6][2];
-  const fulgor_tensor every_input[2] = {rows_of(&x[0][0], 3, 0, kRows, all[0]), rows_of(&t[0][0], 2, 0, kRows, all[1])};
+  const fulgor_tensor every_input[2] = {rows_of(&d.x[0][0], 3, 0, kRows, all[0]),
+                                        rows_of(&d.t[0][0], 2, 0, kRows, all[1])};
   const fulgor_tensor outputs[2] = {rows_of(&got_u[0][0], 2, 0, kRows, all[2]),
                                     rows_of(&got_v[0][0], 1, 0, kRows, all[3])};
   const fulgor_tensor outputs_again[2] = {rows_of(&again_u[0][0], 2, 0, kRows, all[4]),
@@ -105,20 +90,12 @@ int main(int argc, char** argv) {
   CHECK(fulgor_predict_multiarg(resumed, every_input, 2, outputs_again, 2) == FULGOR_OK);
   /* Note [A TorchScript model resumed]: the resumed model's first steps run
    * the executor's unoptimized graph, which rounds otherwise. */
-  double resumed_by = 0;
-  for (int i = 0; i < kRows; ++i) {
-    for (int j = 0; j < 2; ++j) resumed_by = fmax(resumed_by, fabs((double)got_u[i][j] - again_u[i][j]));
-    resumed_by = fmax(resumed_by, fabs((double)got_v[i][0] - again_v[i][0]));
-  }
+  const double resumed_by = largest_difference(got_u, got_v, again_u, again_v);
   printf("rank %lld: the resumed model differs from the uninterrupted one by %.3g\n", (long long)rank, resumed_by);
   CHECK(resumed_by < 1e-5);
   /* Averaged gradients give the single process's steps up to float32
    * rounding; a sum, or one rank's gradient alone, moves them far more. */
-  double largest = 0;
-  for (int i = 0; i < kRows; ++i) {
-    for (int j = 0; j < 2; ++j) largest = fmax(largest, fabs((double)got_u[i][j] - want_u[i][j]));
-    largest = fmax(largest, fabs((double)got_v[i][0] - want_v[i][0]));
-  }
+  const double largest = largest_difference(got_u, got_v, d.want_u, d.want_v);
   printf("rank %lld: largest difference from Python's single process %.3g\n", (long long)rank, largest);
   CHECK(largest < 1e-4);
 

@@ -14,27 +14,9 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "check.h"
 #include "fulgor/c/fulgor.h"
-
-static int failures = 0;
-
-#define CHECK(condition)                                                                            \
-  do {                                                                                              \
-    if (!(condition)) {                                                                             \
-      fprintf(stderr, "%s:%d: check failed: %s (last error: %s)\n", __FILE__, __LINE__, #condition, \
-              fulgor_last_error());                                                                 \
-      ++failures;                                                                                   \
-    }                                                                                               \
-  } while (0)
-
-#define CHECK_ERROR(call, status, words)                 \
-  do {                                                   \
-    fulgor_status got = (call);                          \
-    CHECK(got == (status));                              \
-    CHECK(strstr(fulgor_last_error(), (words)) != NULL); \
-  } while (0)
-
-enum { kRows = 16, kSteps = 20 };
+#include "multiarg_data.h"
 
 static const char* folder;
 
@@ -43,34 +25,17 @@ static const char* in_folder(char* out, const char* name) {
   return out;
 }
 
-/* Reads `bytes` bytes of DIR/name into `out`. */
-static void read_file(const char* name, void* out, size_t bytes) {
-  char path[4096];
-  FILE* f = fopen(in_folder(path, name), "rb");
-  CHECK(f != NULL);
-  if (f == NULL) return;
-  CHECK(fread(out, 1, bytes, f) == bytes);
-  fclose(f);
-}
-
 int main(int argc, char** argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: fulgor_c_multiarg_test DIR\n");
     return 2;
   }
   folder = argv[1];
-  float x[kRows][3], t[kRows][2], u[kRows][2], v[kRows][1], want_u[kRows][2], want_v[kRows][1];
-  double want_losses[kSteps];
-  read_file("x.bin", x, sizeof x);
-  read_file("t.bin", t, sizeof t);
-  read_file("u.bin", u, sizeof u);
-  read_file("v.bin", v, sizeof v);
-  read_file("losses.bin", want_losses, sizeof want_losses);
-  read_file("pred_u.bin", want_u, sizeof want_u);
-  read_file("pred_v.bin", want_v, sizeof want_v);
+  static multiarg_data d;
+  read_multiarg_data(folder, &d);
   const int64_t x_shape[2] = {kRows, 3}, t_shape[2] = {kRows, 2}, u_shape[2] = {kRows, 2}, v_shape[2] = {kRows, 1};
-  const fulgor_tensor inputs[2] = {{x, FULGOR_FLOAT32, x_shape, 2}, {t, FULGOR_FLOAT32, t_shape, 2}};
-  const fulgor_tensor labels[2] = {{u, FULGOR_FLOAT32, u_shape, 2}, {v, FULGOR_FLOAT32, v_shape, 2}};
+  const fulgor_tensor inputs[2] = {{d.x, FULGOR_FLOAT32, x_shape, 2}, {d.t, FULGOR_FLOAT32, t_shape, 2}};
+  const fulgor_tensor labels[2] = {{d.u, FULGOR_FLOAT32, u_shape, 2}, {d.v, FULGOR_FLOAT32, v_shape, 2}};
 
   char model_path[4096], config_path[4096];
   in_folder(model_path, "model.pt");
@@ -82,18 +47,18 @@ int main(int argc, char** argv) {
   for (int step = 0; step < kSteps; ++step) {
     double loss = 0;
     CHECK(fulgor_train_multiarg(model, inputs, 2, labels, 2, &loss) == FULGOR_OK);
-    if (memcmp(&loss, &want_losses[step], sizeof loss) != 0) {
-      fprintf(stderr, "step %d: loss %.17g, Python's %.17g\n", step, loss, want_losses[step]);
+    if (memcmp(&loss, &d.want_losses[step], sizeof loss) != 0) {
+      fprintf(stderr, "step %d: loss %.17g, Python's %.17g\n", step, loss, d.want_losses[step]);
       same = 0;
     }
   }
   CHECK(same);
-  CHECK(want_losses[kSteps - 1] < want_losses[0] / 2);
+  CHECK(d.want_losses[kSteps - 1] < d.want_losses[0] / 2);
   float got_u[kRows][2], got_v[kRows][1];
   const fulgor_tensor outputs[2] = {{got_u, FULGOR_FLOAT32, u_shape, 2}, {got_v, FULGOR_FLOAT32, v_shape, 2}};
   CHECK(fulgor_predict_multiarg(model, inputs, 2, outputs, 2) == FULGOR_OK);
-  CHECK(memcmp(got_u, want_u, sizeof got_u) == 0);
-  CHECK(memcmp(got_v, want_v, sizeof got_v) == 0);
+  CHECK(memcmp(got_u, d.want_u, sizeof got_u) == 0);
+  CHECK(memcmp(got_v, d.want_v, sizeof got_v) == 0);
 
   /* Misuse of the multiarg calls. */
   double loss = -1;
@@ -101,7 +66,7 @@ int main(int argc, char** argv) {
               "0 inputs buffers: expected 1 to 64");
   CHECK_ERROR(fulgor_train_multiarg(model, NULL, 2, labels, 2, &loss), FULGOR_ERROR_ARGUMENT,
               "inputs is a null pointer");
-  const fulgor_tensor no_data[2] = {{x, FULGOR_FLOAT32, x_shape, 2}, {NULL, FULGOR_FLOAT32, t_shape, 2}};
+  const fulgor_tensor no_data[2] = {{d.x, FULGOR_FLOAT32, x_shape, 2}, {NULL, FULGOR_FLOAT32, t_shape, 2}};
   CHECK_ERROR(fulgor_train_multiarg(model, no_data, 2, labels, 2, &loss), FULGOR_ERROR_ARGUMENT,
               "inputs[1] is a null pointer");
   CHECK_ERROR(fulgor_train_multiarg(model, inputs, 1, labels, 2, &loss), FULGOR_ERROR_MODEL,
@@ -122,8 +87,8 @@ int main(int argc, char** argv) {
 
   /* The configuration file and the loss it names. */
   char missing[4096], fifo[4096];
-  CHECK_ERROR(fulgor_model_create_from_file(model_path, in_folder(missing, "none.json"), &model),
-              FULGOR_ERROR_CONFIG, "none.json' cannot be opened: No such file or directory");
+  CHECK_ERROR(fulgor_model_create_from_file(model_path, in_folder(missing, "none.json"), &model), FULGOR_ERROR_CONFIG,
+              "none.json' cannot be opened: No such file or directory");
   CHECK(mkfifo(in_folder(fifo, "fifo.json"), 0600) == 0);
   CHECK_ERROR(fulgor_model_create_from_file(model_path, fifo, &model), FULGOR_ERROR_CONFIG,
               "fifo.json' is a FIFO, not a regular file");

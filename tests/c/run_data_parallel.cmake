@@ -2,13 +2,8 @@
 # configuration (ddp, ZeRO-1, SHARD_GRAD_OP), on tests/c/multiarg_model.py's
 # model, and checks that both ranks end with the same predictions:
 #   cmake -DPROGRAM=... -DRUN=fulgor-run -DMAKE_MODEL=.../multiarg_model.py -P run_data_parallel.cmake
-string(RANDOM LENGTH 8 suffix)
-set(dir "$ENV{TMPDIR}")
-if(NOT dir)
-  set(dir /tmp)
-endif()
-set(dir "${dir}/fulgor-c-data-parallel-${suffix}")
-file(MAKE_DIRECTORY ${dir})
+include(${CMAKE_CURRENT_LIST_DIR}/fresh_folder.cmake)
+fresh_folder(dir fulgor-c-data-parallel)
 execute_process(COMMAND /usr/bin/python3 -W ignore ${MAKE_MODEL} ${dir} RESULT_VARIABLE made)
 if(NOT made EQUAL 0)
   file(REMOVE_RECURSE ${dir})

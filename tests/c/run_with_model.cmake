@@ -5,13 +5,8 @@
 # KIND fortran: PROGRAM MODEL.pt DIR/fortran.ckpt
 # KIND multiarg: MAKE_MODEL is tests/c/multiarg_model.py; PROGRAM DIR, run
 #                from DIR's parent
-string(RANDOM LENGTH 8 suffix)
-set(dir "$ENV{TMPDIR}")
-if(NOT dir)
-  set(dir /tmp)
-endif()
-set(dir "${dir}/fulgor-c-api-${suffix}")
-file(MAKE_DIRECTORY ${dir})
+include(${CMAKE_CURRENT_LIST_DIR}/fresh_folder.cmake)
+fresh_folder(dir fulgor-c-api)
 if(KIND STREQUAL "multiarg")
   execute_process(COMMAND /usr/bin/python3 -W ignore ${MAKE_MODEL} ${dir} RESULT_VARIABLE made)
 else()

@@ -1,0 +1,11 @@
+# fresh_folder(VAR PREFIX): makes $TMPDIR (or /tmp) /PREFIX-XXXXXXXX and sets VAR to it.
+function(fresh_folder var prefix)
+  string(RANDOM LENGTH 8 suffix)
+  set(dir "$ENV{TMPDIR}")
+  if(NOT dir)
+    set(dir /tmp)
+  endif()
+  set(dir "${dir}/${prefix}-${suffix}")
+  file(MAKE_DIRECTORY ${dir})
+  set(${var} ${dir} PARENT_SCOPE)
+endfunction()
