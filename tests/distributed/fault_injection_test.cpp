@@ -17,7 +17,8 @@
 //   - "training": once the job has saved a step drawn at random, plus up to
 //     0.15 s: in a step, a collective (rank 1 waits there while rank 0
 //     writes), a write, or after the fit (writing the results, waiting).
-// The target steps rise over the faults, so that they cover the whole fit,
+// After a quarter of the faults, drawn at random, the other rank is killed too
+// within 0.1 s, while fulgor-run stops it. The target steps rise over the faults, so that they cover the whole fit,
 // its end included.
 // The kill times depend on the machine; the seed fixes the choices (kind,
 // rank, target step, delay) and is printed, with FULGOR_FAULT_SEED to set it.
@@ -47,6 +48,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <optional>
 #include <random>
 #include <regex>
@@ -125,6 +127,8 @@ bool still_running(pid_t pid, const std::string& out) {
   return cmdline.find(out) != std::string::npos;
 }
 
+// fulgor-run with the worker; the worker ends when this process has gone
+// (FULGOR_FAULT_TEST_PID), so that a test killed by its timeout leaves no job.
 std::vector<std::string> job_argv(const std::string& out, long max_restarts) {
   return {FULGOR_RUN_PATH,
           "--nproc-per-node",
@@ -138,6 +142,8 @@ std::vector<std::string> job_argv(const std::string& out, long max_restarts) {
           out};
 }
 
+std::map<std::string, std::string> watched() { return {{"FULGOR_FAULT_TEST_PID", std::to_string(getpid())}}; }
+
 size_t occurrences(const std::string& text, const std::string& what) {
   size_t n = 0;
   for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + what.size())) ++n;
@@ -146,6 +152,7 @@ size_t occurrences(const std::string& text, const std::string& what) {
 
 struct Injected {
   long faults = 0, start_kind = 0, write_kind = 0, training_kind = 0, of_rank0 = 0;
+  long second_kills = 0;        // of the other rank, soon after
   long interrupted_writes = 0;  // temporaries the faults left
 };
 
@@ -163,7 +170,8 @@ class Injector {
     for (long i = 0; i < faults; ++i) targets.push_back(step(random_));
     std::sort(targets.begin(), targets.end());
     std::discrete_distribution<int> kind({25, 30, 45});  // start, write, training
-    std::bernoulli_distribution rank0(0.5);
+    std::bernoulli_distribution rank0(0.5), second_kill(0.25);
+    std::uniform_int_distribution<int> second_delay(0, 100);
     std::uniform_int_distribution<int> start_delay(0, 400), training_delay(0, 150);
     for (long restart = 0; restart < faults; ++restart) {
       const auto pids = wait_for_start(restart, deadline);
@@ -190,6 +198,13 @@ class Injector {
       kill((*pids)[rank], SIGKILL);
       injected_.of_rank0 += rank == 0;
       ++injected_.faults;
+      if (second_kill(random_)) {
+        // The other rank, while fulgor-run stops it: in its stop by the
+        // signal (the Trainer saves last.ckpt then), or in a collective.
+        sleep_ms(second_delay(random_));
+        kill((*pids)[1 - rank], SIGKILL);
+        ++injected_.second_kills;
+      }
     }
     if (!wait_for_start(faults, deadline)) return why = "the start after the last fault did not begin", false;
     count_new_temporaries();
@@ -278,7 +293,7 @@ TEST(FaultInjection, NothingLostUnderRandomKills) {
   fulgor::test::TempDir reference;
   std::ofstream(reference / "release").close();
   const auto reference_began = Clock::now();
-  Child clean(job_argv(reference.str(), 0), {}, reference / "log");
+  Child clean(job_argv(reference.str(), 0), watched(), reference / "log");
   ASSERT_TRUE(fulgor::test::exited_with(clean.wait(std::chrono::seconds(120)), 0)) << clean.log();
   const double reference_s = std::chrono::duration<double>(Clock::now() - reference_began).count();
 
@@ -286,7 +301,8 @@ TEST(FaultInjection, NothingLostUnderRandomKills) {
   fulgor::test::TempDir faulted;
   const auto began = Clock::now();
   const auto deadline = began + std::chrono::seconds(60 + 6 * faults);
-  Child job(job_argv(faulted.str(), faults + 10), {}, faulted / "log");
+  // Exactly one restart a fault: a rank that failed by itself ends the job.
+  Child job(job_argv(faulted.str(), faults), watched(), faulted / "log");
   Injector injector(job, faulted.str(), seed);
   std::string why;
   const bool injected_all = injector.run(faults, deadline, why);
@@ -298,7 +314,8 @@ TEST(FaultInjection, NothingLostUnderRandomKills) {
   const Injected& done = injector.injected();
   std::cout << "fault injection: " << done.faults << " faults (" << done.start_kind << " during a start, "
             << done.write_kind << " at a checkpoint write, " << done.training_kind << " during the fit or after it; "
-            << done.of_rank0 << " of rank 0), " << done.interrupted_writes << " interrupted checkpoint writes, "
+            << done.of_rank0 << " of rank 0; " << done.second_kills << " followed by a kill of the other rank), "
+            << done.interrupted_writes << " interrupted checkpoint writes, "
             << occurrences(log, "restarting the 2 ranks") << " restarts, "
             << occurrences(log, "still running after the") << " ranks killed after the grace period, " << wall_s
             << " s (uninterrupted run " << reference_s << " s)" << std::endl;

@@ -12,13 +12,17 @@
 // OUTDIR/result_rankR.pt (a temporary renamed, so a kill never leaves a
 // partial one) and waits until OUTDIR/release exists: the job cannot end
 // before the test has injected all its faults, and some land after a fit
-// that had finished. Exits 0 on success, 1 when the fit was stopped by a
+// that had finished. With FULGOR_FAULT_TEST_PID set, it ends (status 1) when
+// that process has gone, at its start or while it waits, so that a test
+// killed by its timeout leaves no job behind. Exits 0 on success, 1 when the fit was stopped by a
 // signal (fulgor-run's SIGTERM after the other rank died), 3 with the message
 // on a fulgor::Error, 4 on any other exception.
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -43,6 +47,12 @@ void record_start(const std::string& out, int64_t rank) {
   close(fd);
 }
 
+// Whether the test that started the job has gone (FULGOR_FAULT_TEST_PID).
+bool test_gone() {
+  const char* pid = std::getenv("FULGOR_FAULT_TEST_PID");
+  return pid != nullptr && kill(static_cast<pid_t>(std::stol(pid)), 0) != 0 && errno == ESRCH;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -57,6 +67,7 @@ int main(int argc, char** argv) {
     const auto env = fulgor::detect_distributed_environment();
     rank = env.rank;
     record_start(out, rank);
+    if (test_gone()) return 1;
     torch::set_num_threads(1);
     FaultNet model(init_seed(rank));
     auto loader = make_fault_loader(env.world_size, env.rank);
@@ -66,7 +77,10 @@ int main(int argc, char** argv) {
     const std::string result = fault_result_path(out, rank);
     write_fault_result(result + ".partial", trainer, fit, model);
     std::filesystem::rename(result + ".partial", result);
-    while (!std::filesystem::exists(out + "/release")) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    while (!std::filesystem::exists(out + "/release")) {
+      if (test_gone()) return 1;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
   } catch (const fulgor::Error& e) {
     std::cerr << "worker rank " << rank << ": " << e.what() << std::endl;
     return 3;
