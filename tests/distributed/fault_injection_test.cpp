@@ -220,14 +220,15 @@ class Injector {
       sleep_ms(2);
     }
   }
-  // Waits until rank 0 creates a checkpoint's temporary file; false when it
-  // has not within 2 s (the fit has ended) or the checkpoint folder is not
-  // there yet.
+  // Waits until rank 0 creates a checkpoint's temporary file; false at once
+  // when the fit has saved its last step, and when none came within 10 s (a
+  // start that ends in a loaded machine's rendezvous).
   bool wait_for_write(Clock::time_point deadline) {
+    if (saved_step(out_) >= fulgor::test::kFaultSteps) return false;
     const int fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
     if (fd < 0) return false;
     bool created = false;
-    const auto until = std::min(deadline, Clock::now() + std::chrono::seconds(2));
+    const auto until = std::min(deadline, Clock::now() + std::chrono::seconds(10));
     if (inotify_add_watch(fd, fulgor::test::fault_checkpoint_dir(out_).c_str(), IN_CREATE) >= 0) {
       alignas(inotify_event) char events[4096];
       pollfd ready{fd, POLLIN, 0};
@@ -292,6 +293,8 @@ TEST(FaultInjection, NothingLostUnderRandomKills) {
   // The uninterrupted run.
   fulgor::test::TempDir reference;
   std::ofstream(reference / "release").close();
+  // Made before the job, for the injector to watch from its first start.
+  fs::create_directories(fulgor::test::fault_checkpoint_dir(reference.str()));
   const auto reference_began = Clock::now();
   Child clean(job_argv(reference.str(), 0), watched(), reference / "log");
   ASSERT_TRUE(fulgor::test::exited_with(clean.wait(std::chrono::seconds(120)), 0)) << clean.log();
@@ -299,6 +302,7 @@ TEST(FaultInjection, NothingLostUnderRandomKills) {
 
   // The same job under faults: about 2 s a fault on two cores, bounded.
   fulgor::test::TempDir faulted;
+  fs::create_directories(fulgor::test::fault_checkpoint_dir(faulted.str()));
   const auto began = Clock::now();
   const auto deadline = began + std::chrono::seconds(60 + 6 * faults);
   // Exactly one restart a fault: a rank that failed by itself ends the job.
