@@ -4,22 +4,26 @@
 // only complete checkpoints, no temporary file and no process behind.
 //
 // Note [Fault injection]
-// The job is fault_worker.cpp: FaultNet fitted 3 epochs of 8 steps with
-// strategy "ddp", a checkpoint and last.ckpt saved after every step, resumed
-// with ckpt_path "last" at every start. The injector kills one rank, chosen
+// The job is fault_worker.cpp: FaultNet fitted with strategy "ddp" for
+// epochs of 8 steps (6 epochs for 20 faults, one more for every 4 faults
+// beyond, so that most faults find steps to land in), a checkpoint and
+// last.ckpt saved after every step, resumed with ckpt_path "last" at every
+// start. The injector kills one rank, chosen
 // at random, per start of the job, then waits for fulgor-run's next start,
 // until it has made its faults; the ranks wait at the end (OUTDIR/release) so
 // that the job cannot end before that. Each fault is one of three kinds:
 //   - "start": within 0.4 s of both ranks of a start having begun, which is
 //     while they load, meet at the rendezvous and restore the checkpoint;
 //   - "write": rank 0 is killed as soon as it creates the temporary file of
-//     a checkpoint (inotify), once the job has saved a step drawn at random;
-//   - "training": once the job has saved a step drawn at random, plus up to
-//     0.15 s: in a step, a collective (rank 1 waits there while rank 0
-//     writes), a write, or after the fit (writing the results, waiting).
-// After a quarter of the faults, drawn at random, the other rank is killed too
-// within 0.1 s, while fulgor-run stops it. The target steps rise over the faults, so that they cover the whole fit,
-// its end included.
+//     a checkpoint (inotify), once the job has saved a step drawn at random
+//     (a "training" fault instead when no write comes: the fit has ended);
+//   - "training": once the job has saved a step drawn at random (and at least
+//     one step since the start), plus up to 10 ms, about a step: in a
+//     step, a collective (rank 1 waits there while rank 0 writes), a write,
+//     or after the fit (writing the results, waiting).
+// The target steps rise over the faults, so that they cover the whole fit,
+// its end included. After a quarter of the faults, drawn at random, the other
+// rank is killed too within 0.1 s, while fulgor-run stops it.
 // The kill times depend on the machine; the seed fixes the choices (kind,
 // rank, target step, delay) and is printed, with FULGOR_FAULT_SEED to set it.
 // Temporaries that the faults leave are counted when the next start begins,
@@ -32,7 +36,7 @@
 //   - no temporary file is left anywhere in the job's folder;
 //   - no process any start recorded is still running.
 // CI runs 20 faults; FULGOR_SOAK_FAULTS=N runs N (docs/distributed.md,
-// "Faults").
+// "Under random faults").
 
 #include <gtest/gtest.h>
 #include <poll.h>
@@ -129,7 +133,7 @@ bool still_running(pid_t pid, const std::string& out) {
 
 // fulgor-run with the worker; the worker ends when this process has gone
 // (FULGOR_FAULT_TEST_PID), so that a test killed by its timeout leaves no job.
-std::vector<std::string> job_argv(const std::string& out, long max_restarts) {
+std::vector<std::string> job_argv(const std::string& out, long epochs, long max_restarts) {
   return {FULGOR_RUN_PATH,
           "--nproc-per-node",
           "2",
@@ -139,7 +143,8 @@ std::vector<std::string> job_argv(const std::string& out, long max_restarts) {
           "5",
           "--",
           FULGOR_FAULT_WORKER,
-          out};
+          out,
+          std::to_string(epochs)};
 }
 
 std::map<std::string, std::string> watched() { return {{"FULGOR_FAULT_TEST_PID", std::to_string(getpid())}}; }
@@ -161,18 +166,19 @@ struct Injected {
 // answering as expected.
 class Injector {
  public:
-  Injector(Child& job, std::string out, uint64_t seed) : job_(job), out_(std::move(out)), random_(seed) {}
+  Injector(Child& job, std::string out, long steps, uint64_t seed)
+      : job_(job), out_(std::move(out)), steps_(steps), random_(seed) {}
 
   bool run(long faults, Clock::time_point deadline, std::string& why) {
     // Rising targets, so that the training faults cover the whole fit.
     std::vector<long> targets;
-    std::uniform_int_distribution<long> step(0, fulgor::test::kFaultSteps);
+    std::uniform_int_distribution<long> step(1, steps_);
     for (long i = 0; i < faults; ++i) targets.push_back(step(random_));
     std::sort(targets.begin(), targets.end());
     std::discrete_distribution<int> kind({25, 30, 45});  // start, write, training
     std::bernoulli_distribution rank0(0.5), second_kill(0.25);
     std::uniform_int_distribution<int> second_delay(0, 100);
-    std::uniform_int_distribution<int> start_delay(0, 400), training_delay(0, 150);
+    std::uniform_int_distribution<int> start_delay(0, 400), training_delay(0, 10);
     for (long restart = 0; restart < faults; ++restart) {
       const auto pids = wait_for_start(restart, deadline);
       if (!pids) return why = "start " + std::to_string(restart) + " did not begin", false;
@@ -184,7 +190,10 @@ class Injector {
         sleep_ms(start_delay(random_));
         ++injected_.start_kind;
       } else {
-        while (saved_step(out_) < targets[restart] && Clock::now() < deadline && job_.running()) sleep_ms(5);
+        // At least one step into this start, so the kill is in the fit, not
+        // in the start (the fit's end excepted).
+        const long target = std::min(std::max(targets[restart], saved_step(out_) + 1), steps_);
+        while (saved_step(out_) < target && Clock::now() < deadline && job_.running()) sleep_ms(1);
         if (chosen == 1 && wait_for_write(deadline)) {
           rank = 0;  // the writer
           ++injected_.write_kind;
@@ -224,7 +233,7 @@ class Injector {
   // when the fit has saved its last step, and when none came within 10 s (a
   // start that ends in a loaded machine's rendezvous).
   bool wait_for_write(Clock::time_point deadline) {
-    if (saved_step(out_) >= fulgor::test::kFaultSteps) return false;
+    if (saved_step(out_) >= steps_) return false;
     const int fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
     if (fd < 0) return false;
     bool created = false;
@@ -254,6 +263,7 @@ class Injector {
 
   Child& job_;
   std::string out_;
+  long steps_;  // the fit's
   std::mt19937_64 random_;
   Injected injected_;
   std::set<std::string> seen_;
@@ -286,6 +296,8 @@ void expect_loadable_checkpoints(const std::string& out) {
 
 TEST(FaultInjection, NothingLostUnderRandomKills) {
   const long faults = fault_count();
+  // Two steps or more for each fault in the fit: 6 epochs of 8 steps for 20.
+  const long epochs = std::max(6L, faults / 4 + 1);
   const uint64_t seed = fault_seed();
   std::cout << "fault injection: " << faults << " faults, FULGOR_FAULT_SEED=" << seed << std::endl;
   RecordProperty("seed", std::to_string(seed));
@@ -296,7 +308,7 @@ TEST(FaultInjection, NothingLostUnderRandomKills) {
   // Made before the job, for the injector to watch from its first start.
   fs::create_directories(fulgor::test::fault_checkpoint_dir(reference.str()));
   const auto reference_began = Clock::now();
-  Child clean(job_argv(reference.str(), 0), watched(), reference / "log");
+  Child clean(job_argv(reference.str(), epochs, 0), watched(), reference / "log");
   ASSERT_TRUE(fulgor::test::exited_with(clean.wait(std::chrono::seconds(120)), 0)) << clean.log();
   const double reference_s = std::chrono::duration<double>(Clock::now() - reference_began).count();
 
@@ -306,8 +318,8 @@ TEST(FaultInjection, NothingLostUnderRandomKills) {
   const auto began = Clock::now();
   const auto deadline = began + std::chrono::seconds(60 + 6 * faults);
   // Exactly one restart a fault: a rank that failed by itself ends the job.
-  Child job(job_argv(faulted.str(), faults), watched(), faulted / "log");
-  Injector injector(job, faulted.str(), seed);
+  Child job(job_argv(faulted.str(), epochs, faults), watched(), faulted / "log");
+  Injector injector(job, faulted.str(), epochs * fulgor::test::kFaultStepsPerEpoch, seed);
   std::string why;
   const bool injected_all = injector.run(faults, deadline, why);
   std::ofstream(faulted / "release").close();
@@ -341,7 +353,7 @@ TEST(FaultInjection, NothingLostUnderRandomKills) {
           << "): " << actual.at(name) << " against " << tensor;
   }
   const auto counters = fulgor::test::load_tensors(fulgor::test::fault_result_path(reference.str(), 0), {"counters"});
-  EXPECT_EQ(counters.at("counters")[0].item<int64_t>(), fulgor::test::kFaultSteps);
+  EXPECT_EQ(counters.at("counters")[0].item<int64_t>(), epochs * fulgor::test::kFaultStepsPerEpoch);
 
   expect_loadable_checkpoints(faulted.str());
   EXPECT_EQ(temporaries(faulted.str()), std::set<std::string>{}) << "seed " << seed;

@@ -19,8 +19,6 @@
 namespace fulgor::test {
 
 constexpr int64_t kFaultStepsPerEpoch = 8;
-constexpr int64_t kFaultEpochs = 3;
-constexpr int64_t kFaultSteps = kFaultStepsPerEpoch * kFaultEpochs;
 
 /// make_model in float64, optimized by Adam; every step logs its loss
 /// averaged over the ranks, one more collective besides the gradients'.
@@ -60,11 +58,11 @@ inline fulgor::TensorLoader make_fault_loader(int64_t world_size, int64_t rank) 
 /// Where the job saves: after every step, the step's checkpoint and last.ckpt.
 inline std::string fault_checkpoint_dir(const std::string& out) { return out + "/checkpoints"; }
 
-inline fulgor::TrainerOptions fault_options(const std::string& out) {
+inline fulgor::TrainerOptions fault_options(const std::string& out, int64_t epochs) {
   fulgor::TrainerOptions o;
   o.accelerator = "cpu";
   o.strategy = "ddp";
-  o.max_epochs = kFaultEpochs;
+  o.max_epochs = epochs;
   o.num_sanity_val_steps = 0;
   o.default_root_dir = out;
   o.logger = false;

@@ -2,11 +2,11 @@
 // both ranks of a job through fulgor-run --max-restarts, killing them at
 // random:
 //
-//   fulgor_fault_worker OUTDIR
+//   fulgor_fault_worker OUTDIR EPOCHS
 //
 // Each start first appends "RESTART_COUNT RANK PID" to OUTDIR/pids, so the
 // test knows whom to kill and can check that none is left. Then it fits
-// FaultNet (fault_scenario.h) with ckpt_path "last", saving after every step
+// FaultNet (fault_scenario.h) EPOCHS epochs with ckpt_path "last", saving after every step
 // into OUTDIR/checkpoints, so that a kill lands in a checkpoint write as
 // often as in a step or a collective. After the fit it writes
 // OUTDIR/result_rankR.pt (a temporary renamed, so a kill never leaves a
@@ -59,8 +59,8 @@ int main(int argc, char** argv) {
   using namespace fulgor::test;
   int64_t rank = 0;
   try {
-    if (argc != 2) {
-      std::cerr << "usage: fulgor_fault_worker OUTDIR\n";
+    if (argc != 3) {
+      std::cerr << "usage: fulgor_fault_worker OUTDIR EPOCHS\n";
       return 2;
     }
     const std::string out = argv[1];
@@ -71,7 +71,7 @@ int main(int argc, char** argv) {
     torch::set_num_threads(1);
     FaultNet model(init_seed(rank));
     auto loader = make_fault_loader(env.world_size, env.rank);
-    fulgor::Trainer trainer(fault_options(out));
+    fulgor::Trainer trainer(fault_options(out, std::stoll(argv[2])));
     const fulgor::FitResult fit = trainer.fit(model, loader, fulgor::FitOptions{"last"});
     if (fit.reason == fulgor::StopReason::signal) return 1;
     const std::string result = fault_result_path(out, rank);
