@@ -33,6 +33,7 @@
 #include "fault_scenario.h"
 #include "fulgor/core/error.h"
 #include "fulgor/distributed/environment.h"
+#include "worker_main.h"
 
 namespace {
 
@@ -58,7 +59,7 @@ bool test_gone() {
 int main(int argc, char** argv) {
   using namespace fulgor::test;
   int64_t rank = 0;
-  try {
+  return fulgor::test::run_worker(rank, [&] {
     if (argc != 3) {
       std::cerr << "usage: fulgor_fault_worker OUTDIR EPOCHS\n";
       return 2;
@@ -81,12 +82,6 @@ int main(int argc, char** argv) {
       if (test_gone()) return 1;
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
-  } catch (const fulgor::Error& e) {
-    std::cerr << "worker rank " << rank << ": " << e.what() << std::endl;
-    return 3;
-  } catch (const std::exception& e) {
-    std::cerr << "worker rank " << rank << ": unexpected " << e.what() << std::endl;
-    return 4;
-  }
-  return 0;
+    return 0;
+  });
 }

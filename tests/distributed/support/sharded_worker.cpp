@@ -27,6 +27,7 @@
 #include "fulgor/distributed/environment.h"
 #include "fulgor/optim/adam.h"
 #include "sharded_scenario.h"
+#include "worker_main.h"
 
 namespace {
 
@@ -53,7 +54,7 @@ torch::Tensor fit(const ShardedVariant& variant, const std::string& out, const s
 
 int main(int argc, char** argv) {
   int64_t rank = 0;
-  try {
+  return fulgor::test::run_worker(rank, [&] {
     torch::set_num_threads(1);
     rank = fulgor::detect_distributed_environment().rank;
     if (argc < 3) {
@@ -77,12 +78,6 @@ int main(int argc, char** argv) {
       archive.write(variant.name, params);
     }
     archive.save_to(out + "/params_rank" + std::to_string(rank) + ".pt");
-  } catch (const fulgor::Error& e) {
-    std::cerr << "worker rank " << rank << ": " << e.what() << std::endl;
-    return 3;
-  } catch (const std::exception& e) {
-    std::cerr << "worker rank " << rank << ": unexpected " << e.what() << std::endl;
-    return 4;
-  }
-  return 0;
+    return 0;
+  });
 }

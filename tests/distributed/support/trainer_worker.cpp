@@ -51,6 +51,7 @@
 #include "ddp_trainer_scenario.h"
 #include "fulgor/distributed/environment.h"
 #include "fulgor/core/error.h"
+#include "worker_main.h"
 
 namespace {
 
@@ -148,7 +149,7 @@ void shard(const std::string& out, int64_t rank, bool use_distributed_sampler) {
 
 int main(int argc, char** argv) {
   int64_t rank = 0;
-  try {
+  return fulgor::test::run_worker(rank, [&] {
     torch::set_num_threads(1);
     const auto env = fulgor::detect_distributed_environment();
     rank = env.rank;
@@ -256,12 +257,6 @@ int main(int argc, char** argv) {
       trainer.fit(model, again, fulgor::FitOptions{last ? "last" : checkpoint});
       write_results(out, rank, trainer, model);
     }
-  } catch (const fulgor::Error& e) {
-    std::cerr << "worker rank " << rank << ": " << e.what() << std::endl;
-    return 3;
-  } catch (const std::exception& e) {
-    std::cerr << "worker rank " << rank << ": unexpected " << e.what() << std::endl;
-    return 4;
-  }
-  return 0;
+    return 0;
+  });
 }

@@ -26,6 +26,7 @@
 #include "fulgor/distributed/sync_batchnorm.h"
 #include "fulgor/metrics.h"
 #include "scenarios.h"
+#include "worker_main.h"
 
 namespace {
 
@@ -295,7 +296,7 @@ void scenario_syncbn(const Context& c) {
 int main(int argc, char** argv) {
   const std::string scenario = argc > 1 ? argv[1] : "";
   Context c;
-  try {
+  return fulgor::test::run_worker(c.env.rank, [&] {
     torch::set_num_threads(1);
     c.env = fulgor::detect_distributed_environment();
     c.out = argc > 2 ? argv[2] : ".";
@@ -328,12 +329,6 @@ int main(int argc, char** argv) {
                    "[ARGS...]\n";
       return 2;
     }
-  } catch (const fulgor::Error& e) {
-    std::cerr << "worker rank " << c.env.rank << ": " << e.what() << std::endl;
-    return 3;
-  } catch (const std::exception& e) {
-    std::cerr << "worker rank " << c.env.rank << ": unexpected " << e.what() << std::endl;
-    return 4;
-  }
-  return 0;
+    return 0;
+  });
 }
