@@ -42,6 +42,12 @@ enum class Callable {
   typed_list,
   type_tag,
   complex,
+  // Distributed checkpoints' metadata only (PickleDialect::distributed_checkpoint).
+  dcp_class,
+  layout,
+  memory_format_encoding,
+  enum_member,
+  path,
 };
 
 const std::map<std::string, Callable>& callables() {
@@ -78,6 +84,36 @@ const std::map<std::string, Callable>& libtorch_callables() {
       {"torch.jit._pickle.restore_type_tag", Callable::type_tag},
       {"builtins.complex", Callable::complex},
   };
+  return table;
+}
+
+// What the .metadata of PyTorch's distributed checkpoints names
+// (torch/distributed/checkpoint/metadata.py and filesystem.py, 1.13 to 2.6;
+// 1.13 keeps TensorProperties in torch.distributed._shard): the dataclasses,
+// built with NEWOBJ and BUILD, the layout and memory format of
+// TensorProperties's state, and StorageMeta's checkpoint_id, a path.
+const std::map<std::string, Callable>& dcp_callables() {
+  static const std::map<std::string, Callable> table = [] {
+    std::map<std::string, Callable> t;
+    // 2.x's modules, then 1.13's prototype's.
+    for (const char* module : {"torch.distributed.checkpoint", "torch.distributed._shard.checkpoint"}) {
+      for (const char* name : {"Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata",
+                               "TensorProperties", "MetadataIndex", "StorageMeta"})
+        t[fmt::format("{}.metadata.{}", module, name)] = Callable::dcp_class;
+      t[fmt::format("{}.filesystem._StorageInfo", module)] = Callable::dcp_class;
+    }
+    t["torch.distributed._shard.sharded_tensor.metadata.TensorProperties"] = Callable::dcp_class;
+    t["torch.serialization._get_layout"] = Callable::layout;
+    t["torch.distributed.checkpoint.metadata._MEM_FORMAT_ENCODING"] = Callable::memory_format_encoding;
+    t["torch.distributed._shard.sharded_tensor.metadata.MEM_FORMAT_ENCODING"] = Callable::memory_format_encoding;
+    // An enum member by name, as Python 3.11 and 3.12 pickle it.
+    t["builtins.getattr"] = Callable::enum_member;
+    t["pathlib.PosixPath"] = Callable::path;
+    t["pathlib.WindowsPath"] = Callable::path;
+    t["pathlib._local.PosixPath"] = Callable::path;  // Python 3.13
+    t["pathlib._local.WindowsPath"] = Callable::path;
+    return t;
+  }();
   return table;
 }
 
@@ -248,6 +284,7 @@ class PickleReader {
   void memo_put(uint64_t index);
   void check_key(const c10::IValue& key);
   void new_object();
+  void build_object();
   void memo_get(uint64_t index);
   bool step(uint8_t op);
   bool push_literal(uint8_t op);
@@ -311,13 +348,40 @@ void PickleReader::check_key(const c10::IValue& key) {
 
 // NEWOBJ of a module class of a LibTorch archive: its attributes, a dict
 // that BUILD fills.
+// NEWOBJ of a module class of a LibTorch archive or of a distributed
+// checkpoint's dataclass: its attributes, a dict that BUILD fills; the
+// dataclass's name is kept under "__class__".
 void PickleReader::new_object() {
   Item args = pop();
   Item type = pop();
-  if (type.callable != Callable::script_module || !args.value.isTuple() ||
-      !args.value.toTupleRef().elements().empty())
-    fail("NEWOBJ of something other than a module class of the archive");
-  push_made(new_dict(), 0);
+  bool known = type.callable == Callable::script_module || type.callable == Callable::dcp_class;
+  if (!known || !args.value.isTuple() || !args.value.toTupleRef().elements().empty())
+    fail("NEWOBJ of something other than a module class of the archive or a distributed checkpoint's dataclass");
+  auto object = new_dict();
+  if (type.callable == Callable::dcp_class) object.insert("__class__", type.value);
+  push_made(object, 0);
+}
+
+// BUILD of a dataclass made by NEWOBJ: its state is the dict of its fields,
+// or (TensorProperties's __getstate__) a tuple, kept under "__state__".
+void PickleReader::build_object() {
+  Item state = pop();
+  Item& object = top();
+  if (!object.value.isGenericDict() || !object.value.toGenericDict().contains("__class__"))
+    fail("BUILD on something other than a dataclass of the metadata");
+  grow_top(place(state));
+  auto fields = object.value.toGenericDict();
+  if (state.value.isGenericDict()) {
+    for (const auto& field : state.value.toGenericDict()) {
+      if (!field.key().isString() || field.key().toStringRef() == "__class__")
+        fail("a dataclass's state has a field that is not a name");
+      fields.insert_or_assign(field.key(), field.value());
+    }
+  } else if (state.value.isTuple()) {
+    fields.insert_or_assign("__state__", state.value);
+  } else {
+    fail("a dataclass's state is neither a dict nor a tuple");
+  }
 }
 
 void PickleReader::push_integer(size_t bytes) {
@@ -351,11 +415,23 @@ void PickleReader::push_global(const std::string& raw_module, const std::string&
     if (libtorch != libtorch_callables().end()) return push_made(qualified, 0, libtorch->second);
     if (is_archive_module_class(qualified)) return push_made(qualified, 0, Callable::script_module);
   }
+  if (dialect_ == PickleDialect::distributed_checkpoint) {
+    auto dcp = dcp_callables().find(qualified);
+    if (dcp != dcp_callables().end()) return push_made(name, 0, dcp->second);
+  }
   if (module == "torch") {
     auto dtype = dtypes().find(name);
     if (dtype != dtypes().end()) return push(dtype->second);
+    if (dialect_ == PickleDialect::distributed_checkpoint &&
+        (name == "strided" || name == "contiguous_format" || name == "channels_last" || name == "preserve_format"))
+      return push(qualified);
     if (name.size() > 7 && name.compare(name.size() - 7, 7, "Storage") == 0) return push(qualified);
   }
+  if (dialect_ == PickleDialect::distributed_checkpoint)
+    fail(fmt::format("the pickle names the global '{}', which fulgor refuses to load: a distributed checkpoint's "
+                     "metadata names only the classes of torch.distributed.checkpoint's metadata, torch.Size, "
+                     "dtypes, layouts and memory formats",
+                     qualified));
   if (dialect_ == PickleDialect::libtorch)
     fail(fmt::format("the pickle names the global '{}', which fulgor refuses to load: only tensors, storages, "
                      "typed lists and dicts, complex numbers, torch.device and the archive's own module classes "
@@ -493,7 +569,27 @@ c10::IValue PickleReader::call(Callable callable, const std::vector<c10::IValue>
     case Callable::complex:
       if (args.size() != 2 || !args[0].isDouble() || !args[1].isDouble()) fail("complex of other than two floats");
       return c10::complex<double>(args[0].toDouble(), args[1].toDouble());
+    case Callable::layout:  // _get_layout("torch.strided")
+      return arg_string(0);
+    case Callable::memory_format_encoding:  // an enum of ints
+      if (args.size() != 1 || !args[0].isInt()) fail("a memory format's encoding is not an int");
+      return args[0];
+    case Callable::enum_member: {  // getattr(_MEM_FORMAT_ENCODING, "TORCH_CONTIGUOUS_FORMAT")
+      static const std::map<std::string, int64_t> formats = {
+          {"TORCH_CONTIGUOUS_FORMAT", 0}, {"TORCH_CHANNELS_LAST", 1}, {"TORCH_PRESERVE_FORMAT", 2}};
+      bool encoding = args.size() == 2 && args[0].isString() &&
+                      (args[0].toStringRef() == "_MEM_FORMAT_ENCODING" || args[0].toStringRef() == "MEM_FORMAT_ENCODING");
+      auto format = encoding && args[1].isString() ? formats.find(args[1].toStringRef()) : formats.end();
+      if (format == formats.end()) fail("getattr of something other than a memory format's encoding");
+      return format->second;
+    }
+    case Callable::path: {
+      std::string joined;
+      for (size_t i = 0; i < args.size(); ++i) joined += (i ? "/" : "") + arg_string(i);
+      return joined;
+    }
     case Callable::script_module:
+    case Callable::dcp_class:
     case Callable::tensor_type:
     case Callable::none:
       break;
@@ -504,7 +600,8 @@ c10::IValue PickleReader::call(Callable callable, const std::vector<c10::IValue>
 void PickleReader::reduce() {
   Item args = pop();
   Item function = pop();
-  if (function.callable == Callable::none || function.callable == Callable::script_module || !args.value.isTuple())
+  if (function.callable == Callable::none || function.callable == Callable::script_module ||
+      function.callable == Callable::dcp_class || !args.value.isTuple())
     fail("REDUCE of something other than an accepted global and a tuple of arguments");
   // What a call returns holds at most what its arguments held.
   size_t depth = place(args);
@@ -565,12 +662,23 @@ bool PickleReader::build_container(uint8_t op) {
     auto list = top().value.toList();
     for (auto& item : items) list.push_back(std::move(item.value));
   };
+  // In a distributed checkpoint's metadata, a dict keyed by dataclasses
+  // (storage_data's MetadataIndex), which no LibTorch dict can hash, is read
+  // as its items: at each position the (key, value) tuple.
   auto dict_at_top = [&](std::vector<Item> items) {
     if (!top().value.isGenericDict() || items.size() % 2 != 0) fail("SETITEM on something that is not a dict");
-    for (size_t i = 0; i < items.size(); i += 2) check_key(items[i].value);
-    grow_top(place_all(items));
+    bool by_object = dialect_ == PickleDialect::distributed_checkpoint && !items.empty() &&
+                     items[0].value.isGenericDict();
+    for (size_t i = 0; i < items.size(); i += 2)
+      if (!by_object || !items[i].value.isGenericDict()) check_key(items[i].value);
+    grow_top(place_all(items) + (by_object ? 1 : 0));
     auto dict = top().value.toGenericDict();
-    for (size_t i = 0; i < items.size(); i += 2) dict.insert_or_assign(items[i].value, items[i + 1].value);
+    for (size_t i = 0; i < items.size(); i += 2) {
+      if (by_object)
+        dict.insert(static_cast<int64_t>(dict.size()), c10::ivalue::Tuple::create(items[i].value, items[i + 1].value));
+      else
+        dict.insert_or_assign(items[i].value, items[i + 1].value);
+    }
   };
   switch (op) {
     case ')': tuple_of({}); break;                                              // EMPTY_TUPLE
@@ -613,7 +721,7 @@ bool PickleReader::step(uint8_t op) {
     case 'r': memo_put(little(4)); break;              // LONG_BINPUT
     case 0x94: memo_put(memo_.size()); break;          // MEMOIZE
     case 0x81:                                         // NEWOBJ
-      if (dialect_ != PickleDialect::libtorch) fail("NEWOBJ, which torch.save does not write");
+      if (dialect_ == PickleDialect::torch_save) fail("NEWOBJ, which torch.save does not write");
       new_object();
       break;
     case 'c': { std::string module = line(); push_global(module, line()); break; }  // GLOBAL
@@ -625,6 +733,10 @@ bool PickleReader::step(uint8_t op) {
     }
     case 'R': reduce(); break;
     case 'b': {  // BUILD: the state of a dict (its _metadata) or a tensor is not kept; an object's is its dict
+      if (dialect_ == PickleDialect::distributed_checkpoint) {
+        build_object();
+        break;
+      }
       Item state = pop();
       if (top().value.isGenericDict()) {
         grow_top(place(state));

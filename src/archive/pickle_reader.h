@@ -50,7 +50,11 @@ using PersistentLoad = std::function<c10::IValue(const c10::IValue& persistent_i
 /// What an object of a module class is built from is read as a dict of its
 /// attributes; the class's code is not: the archive's check of its code
 /// records (archive/script_archive.h) keeps to classes without methods.
-enum class PickleDialect { torch_save, libtorch };
+/// A distributed checkpoint's .metadata (Note [Distributed checkpoints] in
+/// fulgor/interop/distributed_checkpoint.h) is a dialect of its own: its
+/// dataclasses are read as dicts of their fields, the class's name under
+/// "__class__", and nothing else is constructible.
+enum class PickleDialect { torch_save, libtorch, distributed_checkpoint };
 
 /// Note [Pickles from elsewhere]
 constexpr size_t kMaxPickleDepth = 1000;

@@ -201,6 +201,9 @@ ImportedGroup import_group(Kind kind, torch::optim::OptimizerParamGroup& into, c
     const c10::IValue& id = id_list[i];
     if (!id.isInt()) throw InteropError(fmt::format("{}'s parameter {} has id {}, not an int", where, i, id.tagKind()));
     auto it = states.find(id);
+    // A distributed checkpoint keeps dict keys as strings ("0"), as Python's
+    // DCP flattening does.
+    if (it == states.end()) it = states.find(std::to_string(id.toInt()));
     std::unique_ptr<torch::optim::OptimizerParamState> state;
     if (it != states.end()) {
       if (!it->value().isGenericDict())

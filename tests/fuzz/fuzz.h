@@ -30,6 +30,8 @@ void checkpoint(const uint8_t* data, size_t size);
 void torch_file(const uint8_t* data, size_t size);
 /// The input as a .safetensors file, read and written back.
 void safetensors(const uint8_t* data, size_t size);
+/// The input as a distributed checkpoint's .metadata, read and written back.
+void dcp_metadata(const uint8_t* data, size_t size);
 
 /// The input as a JPEG or PNG image, decoded whole and as a scaled region
 /// (see image_fuzz.cpp).

@@ -1,7 +1,7 @@
 // Runs every file of a corpus folder through a fuzz target, in name order,
 // naming each before it runs, so that a failing one is known:
 //
-//   fulgor_fuzz_replay devices|options|checkpoint|torch_file|safetensors|image|tar_shard CORPUS_FOLDER
+//   fulgor_fuzz_replay devices|options|checkpoint|torch_file|safetensors|image|tar_shard|dcp_metadata CORPUS_FOLDER
 //
 // `fulgor_fuzz_replay --write-checkpoint-seed FILE` writes the valid
 // checkpoint of the checkpoint target's corpus, and
@@ -46,7 +46,8 @@ int main(int argc, char** argv) {
       {"devices", fulgor::fuzz::devices},         {"options", fulgor::fuzz::options},
       {"checkpoint", fulgor::fuzz::checkpoint},   {"torch_file", fulgor::fuzz::torch_file},
       {"safetensors", fulgor::fuzz::safetensors}, {"image", fulgor::fuzz::image},
-      {"tar_shard", fulgor::fuzz::tar_shard}};
+      {"tar_shard", fulgor::fuzz::tar_shard},
+      {"dcp_metadata", fulgor::fuzz::dcp_metadata}};
   if (argc == 3 && std::string(argv[1]) == "--write-checkpoint-seed") {
     fulgor::fuzz::write_checkpoint_seed(argv[2]);
     return 0;
@@ -57,7 +58,7 @@ int main(int argc, char** argv) {
   }
   const auto target = argc == 3 ? targets.find(argv[1]) : targets.end();
   if (target == targets.end() || !fs::is_directory(argv[2])) {
-    std::fprintf(stderr, "usage: %s devices|options|checkpoint|torch_file|safetensors|image|tar_shard CORPUS_FOLDER\n",
+    std::fprintf(stderr, "usage: %s devices|options|checkpoint|torch_file|safetensors|image|tar_shard|dcp_metadata CORPUS_FOLDER\n",
                  argv[0]);
     return 2;
   }

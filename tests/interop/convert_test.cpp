@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <fulgor/checkpoint/checkpoint.h>
+#include <fulgor/interop/distributed_checkpoint.h>
 #include <fulgor/interop/safetensors.h>
 #include <fulgor/interop/torch_load.h>
 #include <fulgor/interop/weights_file.h>
@@ -175,6 +176,35 @@ TEST(FulgorConvert, RefusesAFifoOrADeviceAsInputOrOutputWithoutWaiting) {
   EXPECT_NE(output.find("cannot write '" + out + "': it is a FIFO, not a regular file"), std::string::npos) << output;
   EXPECT_TRUE(fs::is_fifo(out));
   EXPECT_FALSE(fs::exists(dir.path() / "x.pt"));
+}
+
+// PyTorch's 2-rank folder to safetensors, a torch.save state dict to a
+// folder, and the folder listed.
+TEST(FulgorConvert, DistributedCheckpointsToFilesAndBack) {
+  ScratchDir dir("convert_dcp");
+  std::string output;
+  auto st = dir.path() / "from_dcp.safetensors";
+  ASSERT_EQ(convert(fmt::format("{} {}", (reference_dir() / "dcp_two").string(), st.string()), &output), 0) << output;
+  EXPECT_NE(output.find("(distributed checkpoint)"), std::string::npos) << output;
+  StateDict tensors = read_safetensors(st).tensors;
+  size_t compared = 0;
+  for (const auto& entry : flatten_state_dict(torch_load(reference_dir() / "dcp_expected.pt"))) {
+    if (!entry.value.isTensor()) continue;
+    ASSERT_NE(tensors.find(entry.fqn()), nullptr) << entry.fqn();
+    EXPECT_TRUE(torch::equal(tensors[entry.fqn()], entry.value.toTensor())) << entry.fqn();
+    ++compared;
+  }
+  EXPECT_EQ(compared, tensors.size());
+
+  auto folder = dir.path() / "sd_dcp";
+  ASSERT_EQ(convert(fmt::format("{} {}/", (reference_dir() / "state_dict.pt").string(), folder.string()), &output), 0)
+      << output;
+  StateDict saved = read_weights(reference_dir() / "state_dict.pt");
+  auto back = read_distributed_checkpoint(folder).toGenericDict();
+  ASSERT_EQ(back.size(), saved.size());
+  for (const auto& entry : saved) EXPECT_TRUE(torch::equal(back.at(entry.key()).toTensor(), entry.value()));
+  ASSERT_EQ(convert(fmt::format("--list {}", folder.string()), &output), 0) << output;
+  EXPECT_NE(output.find(fmt::format(": distributed checkpoint, {} tensors", saved.size())), std::string::npos) << output;
 }
 
 }  // namespace

@@ -539,7 +539,7 @@ def save_lightning(rank, path):
 
 def lightning(directory):
     if not V2:
-        print(f"Lightning 2.6.5 requires torch >= 2.1 (requirements/pytorch/base.txt) and saves sharded checkpoints "
+        print(f"SKIP: Lightning 2.6.5 requires torch >= 2.1 (requirements/pytorch/base.txt) and saves sharded checkpoints "
               f"with torch.distributed.checkpoint, which torch {torch.__version__} has only as a prototype")
         sys.exit(CANNOT)
     os.makedirs(directory, exist_ok=True)

@@ -25,6 +25,7 @@
 #include "fulgor/distributed/process_group.h"
 #include "fulgor/distributed/sync_batchnorm.h"
 #include "fulgor/metrics.h"
+#include "dcp_scenario.h"
 #include "scenarios.h"
 #include "worker_main.h"
 
@@ -293,6 +294,22 @@ void scenario_syncbn(const Context& c) {
 
 }  // namespace
 
+// Every rank saves its part of a distributed checkpoint into FOLDER.
+void scenario_dcp_save(const Context& c, const std::string& folder) {
+  fulgor::ProcessGroup group = make_group(c);
+  fulgor::save_distributed_checkpoint(fulgor::test::dcp_state(c.env.rank, c.env.world_size, false), folder, &group);
+}
+
+// Every rank loads its part, whatever number of ranks saved it.
+void scenario_dcp_load(const Context& c, const std::string& folder) {
+  auto state = fulgor::test::dcp_state(c.env.rank, c.env.world_size, true);
+  fulgor::load_distributed_checkpoint(state, folder);
+  save(c.file("dcp_loaded"), {{"a", state[0].value.toTensor()},
+                              {"b", state[1].value.toTensor()},
+                              {"replicated", state[2].value.toTensor()},
+                              {"epoch", torch::tensor(state[3].value.toInt())}});
+}
+
 int main(int argc, char** argv) {
   const std::string scenario = argc > 1 ? argv[1] : "";
   Context c;
@@ -322,10 +339,14 @@ int main(int argc, char** argv) {
       scenario_storage_replaced(c);
     } else if (scenario == "out_of_step" && argc == 4) {
       scenario_out_of_step(c, argv[3]);
+    } else if (scenario == "dcp_save" && argc == 4) {
+      scenario_dcp_save(c, argv[3]);
+    } else if (scenario == "dcp_load" && argc == 4) {
+      scenario_dcp_load(c, argv[3]);
     } else {
       std::cerr << "usage: fulgor_distributed_worker "
                    "env|fail|sleep|collectives|metrics|train|nosync|die|syncbn|storage_replaced|"
-                   "out_of_step OUTDIR "
+                   "out_of_step|dcp_save|dcp_load OUTDIR "
                    "[ARGS...]\n";
       return 2;
     }

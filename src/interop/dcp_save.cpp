@@ -1,0 +1,364 @@
+// save_distributed_checkpoint: Note [Saving a distributed checkpoint].
+//
+// Note [Saving a distributed checkpoint]
+// As PyTorch's save does it (state_dict_saver.py: local plans, one global
+// plan, each rank writing its part, rank 0 the metadata), in four steps:
+//  1. plan: every rank lists what it holds (key, path, dtype, whole size,
+//     the box of a tensor) and the plans are all-gathered, so every rank
+//     computes the same global plan: the keys in order of first appearance,
+//     each box and object written by one rank (a box several ranks hold by
+//     the one with the fewest bytes so far, an object by its lowest holder),
+//     and the whole checked before a byte is written (agreeing dtypes,
+//     sizes and paths; boxes that do not overlap and cover each tensor);
+//  2. write: rank 0 makes a temporary folder beside the checkpoint and
+//     broadcasts its name; each rank writes its boxes and objects, each a
+//     torch.save archive, into __<rank>_0.distcp there;
+//  3. gather: each rank's storage entries (or its error) are all-gathered,
+//     so that every rank fails alike when one did;
+//  4. commit: rank 0 writes .metadata (through .metadata.tmp, as PyTorch
+//     does), replaces the checkpoint's folder with the temporary one in one
+//     rename (an exchange where one is already there, then removed) and
+//     broadcasts the outcome.
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "fulgor/core/error.h"
+#include "fulgor/distributed/process_group.h"
+#include "fulgor/interop/distributed_checkpoint.h"
+#include "interop/dcp_metadata.h"
+#include "interop/torch_save_bytes.h"
+
+namespace fulgor {
+namespace {
+
+using detail::DcpChunk;
+using detail::DcpEntry;
+using detail::DcpMetadata;
+using nlohmann::json;
+
+// What a rank holds of one key.
+struct Offer {
+  DcpEntry entry;                ///< one chunk for a tensor, none for an object
+  int64_t bytes = 0;             ///< what writing it takes
+  std::string archive;           ///< an object's torch.save archive (kept by its rank only)
+  torch::Tensor tensor;          ///< a box's values (kept by its rank only)
+};
+
+json path_json(const std::vector<c10::IValue>& path) {
+  json out = json::array();
+  for (const auto& element : path) {
+    if (element.isInt()) out.push_back(element.toInt());
+    else out.push_back(element.toStringRef());
+  }
+  return out;
+}
+
+std::vector<c10::IValue> path_of(const json& value) {
+  std::vector<c10::IValue> out;
+  for (const auto& element : value) {
+    if (element.is_number_integer()) out.emplace_back(element.get<int64_t>());
+    else out.emplace_back(element.get<std::string>());
+  }
+  return out;
+}
+
+Offer offer_of(const DistributedCheckpointEntry& given) {
+  Offer offer;
+  offer.entry.fqn = given.fqn();
+  offer.entry.path = given.path;
+  if (!given.value.isTensor()) {
+    offer.archive = detail::torch_save_bytes(given.value);
+    offer.bytes = static_cast<int64_t>(offer.archive.size());
+    return offer;
+  }
+  torch::Tensor tensor = given.value.toTensor().detach();
+  offer.entry.is_tensor = true;
+  offer.entry.dtype = tensor.scalar_type();
+  offer.entry.size = given.placement ? given.placement->size : tensor.sizes().vec();
+  std::vector<int64_t> offsets =
+      given.placement ? given.placement->offsets : std::vector<int64_t>(offer.entry.size.size(), 0);
+  if (offsets.size() != offer.entry.size.size() || tensor.dim() != static_cast<int64_t>(offsets.size()))
+    throw InteropError(fmt::format("the placement of '{}' does not have its tensor's {} dimensions", offer.entry.fqn,
+                                   tensor.dim()));
+  offer.entry.chunks.push_back(DcpChunk{offsets, tensor.sizes().vec(), {}});
+  offer.tensor = tensor;
+  offer.bytes = static_cast<int64_t>(tensor.nbytes());
+  return offer;
+}
+
+json offers_json(const std::vector<Offer>& offers) {
+  json out = json::array();
+  for (const Offer& offer : offers) {
+    const DcpEntry& e = offer.entry;
+    json item = {{"fqn", e.fqn}, {"path", path_json(e.path)}, {"tensor", e.is_tensor}, {"bytes", offer.bytes}};
+    if (e.is_tensor) {
+      item["dtype"] = static_cast<int>(e.dtype);
+      item["size"] = e.size;
+      item["offsets"] = e.chunks[0].offsets;
+      item["sizes"] = e.chunks[0].sizes;
+    }
+    out.push_back(item);
+  }
+  return out;
+}
+
+// Every rank's text, in rank order (c10d gathers tensors of one shape: the
+// lengths first).
+std::vector<std::string> all_gather_text(ProcessGroup* group, const std::string& text) {
+  if (group == nullptr) return {text};
+  const auto on_device = torch::TensorOptions().device(group->device());
+  torch::Tensor length = torch::full({1}, static_cast<int64_t>(text.size()), on_device.dtype(torch::kInt64));
+  int64_t longest = 0;
+  std::vector<int64_t> lengths;
+  for (const auto& l : group->all_gather(length)) {
+    lengths.push_back(l.cpu().item<int64_t>());
+    longest = std::max(longest, lengths.back());
+  }
+  torch::Tensor bytes = torch::zeros({std::max<int64_t>(longest, 1)}, torch::kUInt8);
+  std::copy(text.begin(), text.end(), bytes.data_ptr<uint8_t>());
+  std::vector<std::string> out;
+  auto gathered = group->all_gather(bytes.to(group->device()));
+  for (size_t r = 0; r < gathered.size(); ++r) {
+    torch::Tensor received = gathered[r].cpu();
+    const auto* data = received.data_ptr<uint8_t>();
+    out.emplace_back(data, data + lengths[r]);
+  }
+  return out;
+}
+
+// The global plan (step 1): the metadata without storage, and who writes
+// what, keyed by (key, offsets).
+struct Plan {
+  DcpMetadata metadata;
+  std::map<std::pair<std::string, std::vector<int64_t>>, int64_t> writer;
+};
+
+void agree(const DcpEntry& first, const DcpEntry& other, int64_t first_rank, int64_t rank) {
+  auto describe = [](const DcpEntry& e) {
+    return e.is_tensor ? fmt::format("a {} tensor of ({})", c10::toString(e.dtype), fmt::join(e.size, ", "))
+                       : std::string("an object");
+  };
+  if (first.is_tensor != other.is_tensor || first.dtype != other.dtype || first.size != other.size)
+    throw InteropError(fmt::format("rank {} saves '{}' as {} and rank {} as {}", first_rank, first.fqn,
+                                   describe(first), rank, describe(other)));
+  if (path_json(first.path) != path_json(other.path))
+    throw InteropError(fmt::format("ranks {} and {} place '{}' at different paths", first_rank, rank, first.fqn));
+}
+
+Plan plan_of(const std::vector<std::string>& texts) {
+  Plan plan;
+  std::map<std::string, std::pair<size_t, int64_t>> seen;  // index and first rank
+  std::map<std::pair<std::string, std::vector<int64_t>>, std::vector<std::pair<int64_t, int64_t>>> holders;
+  std::vector<std::pair<std::string, std::vector<int64_t>>> order;
+  for (size_t rank = 0; rank < texts.size(); ++rank) {
+    for (const json& item : json::parse(texts[rank])) {
+      DcpEntry e;
+      e.fqn = item["fqn"].get<std::string>();
+      e.path = path_of(item["path"]);
+      e.is_tensor = item["tensor"].get<bool>();
+      std::vector<int64_t> offsets;
+      if (e.is_tensor) {
+        e.dtype = static_cast<c10::ScalarType>(item["dtype"].get<int>());
+        e.size = item["size"].get<std::vector<int64_t>>();
+        offsets = item["offsets"].get<std::vector<int64_t>>();
+      }
+      auto [it, fresh] = seen.try_emplace(e.fqn, plan.metadata.entries.size(), static_cast<int64_t>(rank));
+      if (fresh) plan.metadata.entries.push_back(e);
+      DcpEntry& entry = plan.metadata.entries[it->second.first];
+      agree(entry, e, it->second.second, static_cast<int64_t>(rank));
+      auto key = std::make_pair(e.fqn, offsets);
+      auto& who = holders[key];
+      if (who.empty()) {
+        order.push_back(key);
+        if (e.is_tensor) entry.chunks.push_back(DcpChunk{offsets, item["sizes"].get<std::vector<int64_t>>(), {}});
+      } else if (e.is_tensor) {
+        auto chunk = std::find_if(entry.chunks.begin(), entry.chunks.end(),
+                                  [&](const DcpChunk& c) { return c.offsets == offsets; });
+        if (chunk->sizes != item["sizes"].get<std::vector<int64_t>>())
+          throw InteropError(fmt::format("{} different pieces of '{}' at ({})",
+                                         who[0].first == static_cast<int64_t>(rank)
+                                             ? fmt::format("rank {} saves two", rank)
+                                             : fmt::format("ranks {} and {} save", who[0].first, rank),
+                                         e.fqn, fmt::join(offsets, ", ")));
+      }
+      who.emplace_back(static_cast<int64_t>(rank), item["bytes"].get<int64_t>());
+    }
+  }
+  // A box or object one rank holds is its; the others go, in order, to the
+  // holder with the fewest bytes so far (objects to their lowest holder).
+  std::vector<int64_t> load(texts.size(), 0);
+  for (const auto& key : order) {
+    const auto& who = holders[key];
+    if (who.size() != 1) continue;
+    plan.writer[key] = who[0].first;
+    load[who[0].first] += who[0].second;
+  }
+  for (const auto& key : order) {
+    const auto& who = holders[key];
+    if (who.size() == 1) continue;
+    auto best = who.begin();
+    bool object = !plan.metadata.entries[seen[key.first].first].is_tensor;
+    for (auto it = who.begin(); it != who.end() && !object; ++it)
+      if (load[it->first] < load[best->first]) best = it;
+    plan.writer[key] = best->first;
+    load[best->first] += best->second;
+  }
+  return plan;
+}
+
+// Writes `data` whole into a new file `path`, flushed to the disk.
+void write_file(const std::filesystem::path& path, const std::string& data) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) throw InteropError(fmt::format("cannot create '{}': {}", path.string(), std::strerror(errno)));
+  size_t written = 0;
+  while (written < data.size()) {
+    ssize_t n = ::write(fd, data.data() + written, data.size() - written);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      int error = errno;
+      ::close(fd);
+      throw InteropError(fmt::format("cannot write '{}': {}", path.string(), std::strerror(error)));
+    }
+    written += static_cast<size_t>(n);
+  }
+  bool synced = ::fsync(fd) == 0;
+  int error = errno;
+  if (::close(fd) != 0 || !synced)
+    throw InteropError(fmt::format("cannot write '{}': {}", path.string(), std::strerror(error)));
+}
+
+// Step 2: this rank's boxes and objects into __<rank>_0.distcp; returns
+// their storage entries.
+json write_own(const std::vector<Offer>& offers, const Plan& plan, int64_t rank, const std::filesystem::path& into) {
+  std::string file = fmt::format("__{}_0.distcp", rank), data;
+  json entries = json::array();
+  for (const Offer& offer : offers) {
+    const DcpEntry& e = offer.entry;
+    std::vector<int64_t> offsets = e.is_tensor ? e.chunks[0].offsets : std::vector<int64_t>{};
+    if (plan.writer.at({e.fqn, offsets}) != rank) continue;
+    uint64_t at = data.size();
+    if (e.is_tensor) {
+      // torch.save writes a view's whole storage: a compact copy on the CPU.
+      torch::Tensor compact = offer.tensor.to(torch::kCPU).contiguous();
+      if (compact.storage_offset() != 0 || compact.storage().nbytes() != compact.nbytes()) compact = compact.clone();
+      data += detail::torch_save_bytes(compact);
+    } else {
+      data += offer.archive;
+    }
+    entries.push_back({{"fqn", e.fqn}, {"tensor", e.is_tensor}, {"offsets", offsets}, {"offset", at},
+                       {"length", data.size() - at}, {"file", file}});
+  }
+  if (!entries.empty()) write_file(into / file, data);
+  return entries;
+}
+
+void attach(DcpMetadata& metadata, const std::map<std::string, size_t>& index, const json& storage) {
+  DcpEntry& entry = metadata.entries[index.at(storage["fqn"].get<std::string>())];
+  detail::DcpStorage where{storage["file"].get<std::string>(), storage["offset"].get<uint64_t>(),
+                           storage["length"].get<uint64_t>()};
+  if (!entry.is_tensor) entry.object = where;
+  for (DcpChunk& chunk : entry.chunks)
+    if (chunk.offsets == storage["offsets"].get<std::vector<int64_t>>()) chunk.storage = where;
+}
+
+// Step 4, on rank 0: the metadata, then the temporary folder in the
+// checkpoint's place.
+void commit(const DcpMetadata& metadata, const std::filesystem::path& temporary, const std::filesystem::path& folder) {
+  write_file(temporary / ".metadata.tmp", detail::write_dcp_metadata(metadata));
+  std::filesystem::rename(temporary / ".metadata.tmp", temporary / ".metadata");
+  std::error_code error;
+  if (!std::filesystem::exists(folder, error)) {
+    std::filesystem::rename(temporary, folder);
+    return;
+  }
+  if (::renameat2(AT_FDCWD, temporary.c_str(), AT_FDCWD, folder.c_str(), RENAME_EXCHANGE) != 0) {
+    // A file system without exchange: the old one aside, the new in, the old away.
+    std::filesystem::path old = temporary;
+    old += ".old";
+    std::filesystem::rename(folder, old);
+    std::filesystem::rename(temporary, folder);
+    std::filesystem::remove_all(old, error);
+    return;
+  }
+  std::filesystem::remove_all(temporary, error);
+}
+
+std::filesystem::path make_temporary(const std::filesystem::path& folder) {
+  std::error_code error;
+  if (std::filesystem::exists(folder, error) && !is_distributed_checkpoint(folder) &&
+      !std::filesystem::is_empty(folder, error))
+    throw InteropError(fmt::format("'{}' exists and is not a distributed checkpoint; it is not replaced",
+                                   folder.string()));
+  std::filesystem::path parent = folder.parent_path().empty() ? "." : folder.parent_path();
+  std::filesystem::create_directories(parent);
+  std::filesystem::path temporary =
+      parent / fmt::format(".{}.partial{}-{}", folder.filename().string(), ::getpid(), std::random_device{}());
+  std::filesystem::create_directory(temporary);
+  return temporary;
+}
+
+}  // namespace
+
+void save_distributed_checkpoint(const DistributedStateDict& state, const std::filesystem::path& folder,
+                                 ProcessGroup* group) {
+  const int64_t rank = group ? group->rank() : 0;
+  std::vector<Offer> offers;
+  for (const auto& entry : state) offers.push_back(offer_of(entry));
+  Plan plan = plan_of(all_gather_text(group, offers_json(offers).dump()));
+  DcpMetadata checked = plan.metadata;  // the boxes, before anything is written
+  for (DcpEntry& entry : checked.entries) {
+    entry.object.relative_path = "planned";
+    for (DcpChunk& chunk : entry.chunks) chunk.storage.relative_path = "planned";
+  }
+  detail::check_dcp_metadata(checked, fmt::format("the state saved to '{}'", folder.string()));
+
+  std::string outcome;  // rank 0's temporary folder, or why there is none
+  std::filesystem::path temporary;
+  if (rank == 0) try {
+      temporary = make_temporary(folder);
+      outcome = temporary.string();
+    } catch (const std::exception& e) {
+      outcome = std::string("!") + e.what();
+    }
+  if (group) outcome = group->broadcast_text(outcome);
+  if (!outcome.empty() && outcome[0] == '!') throw InteropError(outcome.substr(1));
+  temporary = outcome;
+
+  json written;
+  try {
+    written = {{"entries", write_own(offers, plan, rank, temporary)}};
+  } catch (const std::exception& e) {
+    written = {{"error", e.what()}};
+  }
+  std::vector<std::string> all = all_gather_text(group, written.dump());
+  std::map<std::string, size_t> index;
+  for (size_t i = 0; i < plan.metadata.entries.size(); ++i) index[plan.metadata.entries[i].fqn] = i;
+  std::string failure;
+  for (size_t r = 0; r < all.size() && failure.empty(); ++r) {
+    json one = json::parse(all[r]);
+    if (one.contains("error")) failure = fmt::format("rank {}: {}", r, one["error"].get<std::string>());
+    else for (const json& storage : one["entries"]) attach(plan.metadata, index, storage);
+  }
+  if (rank == 0) try {
+      if (failure.empty()) commit(plan.metadata, temporary, folder);
+    } catch (const std::exception& e) {
+      failure = fmt::format("rank 0: {}", e.what());
+    }
+  if (rank == 0 && !failure.empty()) {
+    std::error_code ignored;
+    std::filesystem::remove_all(temporary, ignored);
+  }
+  if (group) failure = group->broadcast_text(failure);
+  if (!failure.empty())
+    throw InteropError(fmt::format("cannot save the distributed checkpoint '{}': {}", folder.string(), failure));
+}
+
+}  // namespace fulgor
