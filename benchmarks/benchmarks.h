@@ -27,6 +27,10 @@ void c_api_benchmark(Report& report, const Settings& settings);
 void sharded_benchmark(Report& report, const Settings& settings);
 /// The sharded benchmark's child mode: one rank, started by fulgor-run.
 int sharded_child(const std::string& variant, int64_t width, int64_t steps, const std::string& out);
+/// The checkpoint benchmark's rows of distributed checkpoints, and their
+/// child mode: one rank, started by fulgor-run.
+void distributed_checkpoint_rows(Report& report, const Settings& settings);
+int distributed_checkpoint_child(int64_t width, int repeats, const std::string& out);
 /// The instructions benchmark's child mode, run under callgrind.
 int instructions_child();
 /// The overhead benchmark's child mode: prints one process's pairs of run times.

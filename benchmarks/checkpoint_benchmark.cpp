@@ -182,6 +182,7 @@ void checkpoint_benchmark(Report& report, const Settings& settings) {
   async_stall(report, settings, dir);
   saving_every_n_steps(report, settings, dir);
   std::filesystem::remove_all(dir);
+  distributed_checkpoint_rows(report, settings);
 }
 
 }  // namespace fulgor::bench

@@ -46,6 +46,8 @@ int main(int argc, char** argv) {
   if (argc == 2 && std::strcmp(argv[1], "--instructions-child") == 0) return instructions_child();
   if (argc == 6 && std::strcmp(argv[1], "--sharded-child") == 0)
     return sharded_child(argv[2], std::stoll(argv[3]), std::stoll(argv[4]), argv[5]);
+  if (argc == 5 && std::strcmp(argv[1], "--distributed-checkpoint-child") == 0)
+    return distributed_checkpoint_child(std::stoll(argv[2]), std::stoi(argv[3]), argv[4]);
   if (argc == 6 && std::strcmp(argv[1], "--overhead-child") == 0)
     return overhead_child(argv[2], std::stoul(argv[3]), std::stoi(argv[4]), std::strcmp(argv[5], "1") == 0);
   for (int i = 1; i < argc; ++i) {
