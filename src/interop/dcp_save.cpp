@@ -25,7 +25,11 @@
 #include <fmt/ranges.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <optional>
+#include <utility>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -214,49 +218,79 @@ Plan plan_of(const std::vector<std::string>& texts) {
   return plan;
 }
 
-// Writes `data` whole into a new file `path`, flushed to the disk.
-void write_file(const std::filesystem::path& path, const std::string& data) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) throw InteropError(fmt::format("cannot create '{}': {}", path.string(), std::strerror(errno)));
-  size_t written = 0;
-  while (written < data.size()) {
-    ssize_t n = ::write(fd, data.data() + written, data.size() - written);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      int error = errno;
-      ::close(fd);
-      throw InteropError(fmt::format("cannot write '{}': {}", path.string(), std::strerror(error)));
-    }
-    written += static_cast<size_t>(n);
+// A new file, written through and flushed to the disk by close().
+class OutputFile {
+ public:
+  explicit OutputFile(std::filesystem::path path) : path_(std::move(path)) {
+    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd_ < 0) fail("cannot create");
   }
-  bool synced = ::fsync(fd) == 0;
-  int error = errno;
-  if (::close(fd) != 0 || !synced)
-    throw InteropError(fmt::format("cannot write '{}': {}", path.string(), std::strerror(error)));
+  ~OutputFile() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  OutputFile(const OutputFile&) = delete;
+  OutputFile& operator=(const OutputFile&) = delete;
+
+  size_t write(const void* data, size_t size) {
+    for (size_t done = 0; done < size;) {
+      ssize_t n = ::write(fd_, static_cast<const char*>(data) + done, size - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) fail("cannot write");
+      done += static_cast<size_t>(n);
+    }
+    written_ += size;
+    return size;
+  }
+  uint64_t written() const { return written_; }
+  void close() {
+    bool synced = ::fsync(fd_) == 0;
+    int fd = std::exchange(fd_, -1);
+    if (::close(fd) != 0 || !synced) fail("cannot write");
+  }
+
+ private:
+  [[noreturn]] void fail(const char* what) const {
+    throw InteropError(fmt::format("{} '{}': {}", what, path_.string(), std::strerror(errno)));
+  }
+  std::filesystem::path path_;
+  int fd_ = -1;
+  uint64_t written_ = 0;
+};
+
+void write_file(const std::filesystem::path& path, const std::string& data) {
+  OutputFile file(path);
+  file.write(data.data(), data.size());
+  file.close();
 }
 
 // Step 2: this rank's boxes and objects into __<rank>_0.distcp; returns
 // their storage entries.
 json write_own(const std::vector<Offer>& offers, const Plan& plan, int64_t rank, const std::filesystem::path& into) {
-  std::string file = fmt::format("__{}_0.distcp", rank), data;
+  std::string name = fmt::format("__{}_0.distcp", rank);
+  std::optional<OutputFile> file;
   json entries = json::array();
   for (const Offer& offer : offers) {
     const DcpEntry& e = offer.entry;
     std::vector<int64_t> offsets = e.is_tensor ? e.chunks[0].offsets : std::vector<int64_t>{};
     if (plan.writer.at({e.fqn, offsets}) != rank) continue;
-    uint64_t at = data.size();
+    if (!file) file.emplace(into / name);
+    // Each archive at a multiple of 64 bytes, so that its records (aligned
+    // within it) are aligned in the file and load without a copy.
+    static const char zeros[64] = {};
+    file->write(zeros, (64 - file->written() % 64) % 64);
+    uint64_t at = file->written();
     if (e.is_tensor) {
       // torch.save writes a view's whole storage: a compact copy on the CPU.
       torch::Tensor compact = offer.tensor.to(torch::kCPU).contiguous();
       if (compact.storage_offset() != 0 || compact.storage().nbytes() != compact.nbytes()) compact = compact.clone();
-      data += detail::torch_save_bytes(compact);
+      detail::torch_save_to(compact, [&](const void* data, size_t size) { return file->write(data, size); });
     } else {
-      data += offer.archive;
+      file->write(offer.archive.data(), offer.archive.size());
     }
     entries.push_back({{"fqn", e.fqn}, {"tensor", e.is_tensor}, {"offsets", offsets}, {"offset", at},
-                       {"length", data.size() - at}, {"file", file}});
+                       {"length", file->written() - at}, {"file", name}});
   }
-  if (!entries.empty()) write_file(into / file, data);
+  if (file) file->close();
   return entries;
 }
 

@@ -75,18 +75,22 @@ void save_state_dict(const torch::nn::Module& module, const std::filesystem::pat
 
 namespace detail {
 
-std::string torch_save_bytes(const c10::IValue& value) {
+void torch_save_to(const c10::IValue& value, const std::function<size_t(const void*, size_t)>& sink) {
   PickleWriter writer;
   writer.write(value);
-  std::string archive;
   try {
-    write_records(writer, [&](const void* data, size_t size) {
-      archive.append(static_cast<const char*>(data), size);
-      return size;
-    });
+    write_records(writer, sink);
   } catch (const c10::Error& e) {
     throw InteropError(fmt::format("cannot write a torch.save archive: {}", e.what_without_backtrace()));
   }
+}
+
+std::string torch_save_bytes(const c10::IValue& value) {
+  std::string archive;
+  torch_save_to(value, [&](const void* data, size_t size) {
+    archive.append(static_cast<const char*>(data), size);
+    return size;
+  });
   return archive;
 }
 
