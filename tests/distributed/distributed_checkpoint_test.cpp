@@ -1,8 +1,11 @@
 // Distributed checkpoints across ranks: saved by every rank of a Gloo group,
-// loaded by another number of ranks and by one process without a group.
+// loaded by another number of ranks, by one process without a group, and by
+// PyTorch's torch.distributed.checkpoint.
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+
+#include <fulgor/interop/torch_save.h>
 
 #include "support/dcp_scenario.h"
 #include "support/scenarios.h"
@@ -66,6 +69,33 @@ TEST(DistributedCheckpointRanks, SavedByFourRanksWithAnEmptyPieceLoadsAtTwo) {
   run_ranks("dcp_save", dir, folder, 2);  // replaces it whole: rank 2's and 3's files go with it
   EXPECT_FALSE(std::filesystem::exists(dir / "ckpt/__3_0.distcp"));
   EXPECT_EQ(fulgor::read_distributed_checkpoint(folder).toGenericDict().at("meta").toGenericDict().size(), 3u);
+}
+
+// What PyTorch's load finds in the folder 2 ranks saved
+// (tests/interop/distributed_checkpoint.py check): every tensor bit-equal to
+// the whole one, every object as given.
+TEST(DistributedCheckpointRanks, PyTorchReadsWhatTwoRanksSaved) {
+  TempDir dir;
+  const std::string folder = dir / "ckpt";
+  run_ranks("dcp_save", dir, folder, 2);
+  fulgor::test::DcpCase k = fulgor::test::make_dcp_case();
+  auto nested = [] { return c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get()); };
+  auto model = nested(), meta = nested(), expected = nested();
+  model.insert("a", k.a);
+  model.insert("b", k.b);
+  model.insert("replicated", k.replicated);
+  meta.insert("epoch", int64_t{5});
+  meta.insert("rank0", std::string("saved by 0"));
+  meta.insert("rank1", std::string("saved by 1"));
+  expected.insert("model", model);
+  expected.insert("meta", meta);
+  fulgor::torch_save(expected, dir / "expected.pt");
+  fulgor::test::Child python({FULGOR_DEBIAN_PYTHON3, std::string(FULGOR_INTEROP_SCRIPTS) + "/distributed_checkpoint.py",
+                              "check", folder, dir / "expected.pt"},
+                             {}, dir / "python_log");
+  const auto status = python.wait(std::chrono::seconds(120));
+  if (fulgor::test::exited_with(status, 77)) GTEST_SKIP() << python.log();
+  EXPECT_TRUE(fulgor::test::exited_with(status, 0)) << python.log();
 }
 
 }  // namespace
