@@ -339,60 +339,87 @@ std::filesystem::path make_temporary(const std::filesystem::path& folder) {
   return temporary;
 }
 
-}  // namespace
-
-void save_distributed_checkpoint(const DistributedStateDict& state, const std::filesystem::path& folder,
-                                 ProcessGroup* group) {
-  const int64_t rank = group ? group->rank() : 0;
-  std::vector<Offer> offers;
-  for (const auto& entry : state) offers.push_back(offer_of(entry));
-  Plan plan = plan_of(all_gather_text(group, offers_json(offers).dump()));
+// Step 1 on every rank: its offers, and the global plan, checked. A rank
+// that cannot plan says so in the exchange, so that no other waits for it.
+Plan plan_everywhere(const DistributedStateDict& state, ProcessGroup* group, std::vector<Offer>& offers,
+                     const std::string& saved) {
+  json local;
+  try {
+    for (const auto& entry : state) offers.push_back(offer_of(entry));
+    local = offers_json(offers);
+  } catch (const std::exception& e) {
+    local = {{"error", e.what()}};
+  }
+  std::vector<std::string> plans = all_gather_text(group, local.dump());
+  for (size_t r = 0; r < plans.size(); ++r) {
+    json one = json::parse(plans[r]);
+    if (one.is_object())
+      throw InteropError(fmt::format("cannot save {}: rank {}: {}", saved, r, one["error"].get<std::string>()));
+  }
+  Plan plan = plan_of(plans);
   DcpMetadata checked = plan.metadata;  // the boxes, before anything is written
   for (DcpEntry& entry : checked.entries) {
     entry.object.relative_path = "planned";
     for (DcpChunk& chunk : entry.chunks) chunk.storage.relative_path = "planned";
   }
-  detail::check_dcp_metadata(checked, fmt::format("the state saved to '{}'", folder.string()));
+  detail::check_dcp_metadata(checked, "the state of " + saved);
+  return plan;
+}
 
-  std::string outcome;  // rank 0's temporary folder, or why there is none
-  std::filesystem::path temporary;
+// Rank 0's temporary folder, known to every rank.
+std::filesystem::path agree_on_temporary(const std::filesystem::path& folder, ProcessGroup* group, int64_t rank) {
+  std::string outcome;  // the folder, or "!" and why there is none
   if (rank == 0) try {
-      temporary = make_temporary(folder);
-      outcome = temporary.string();
+      outcome = make_temporary(folder).string();
     } catch (const std::exception& e) {
       outcome = std::string("!") + e.what();
     }
   if (group) outcome = group->broadcast_text(outcome);
   if (!outcome.empty() && outcome[0] == '!') throw InteropError(outcome.substr(1));
-  temporary = outcome;
+  return outcome;
+}
 
+// Step 3: every rank's storage entries into the metadata; the first rank's
+// failure, if any.
+std::string gather_storage(Plan& plan, const json& written, ProcessGroup* group) {
+  std::vector<std::string> all = all_gather_text(group, written.dump());
+  std::map<std::string, size_t> index;
+  for (size_t i = 0; i < plan.metadata.entries.size(); ++i) index[plan.metadata.entries[i].fqn] = i;
+  for (size_t r = 0; r < all.size(); ++r) {
+    json one = json::parse(all[r]);
+    if (one.contains("error")) return fmt::format("rank {}: {}", r, one["error"].get<std::string>());
+    for (const json& storage : one["entries"]) attach(plan.metadata, index, storage);
+  }
+  return "";
+}
+
+}  // namespace
+
+void save_distributed_checkpoint(const DistributedStateDict& state, const std::filesystem::path& folder,
+                                 ProcessGroup* group) {
+  const int64_t rank = group ? group->rank() : 0;
+  const std::string saved = fmt::format("the distributed checkpoint '{}'", folder.string());
+  std::vector<Offer> offers;
+  Plan plan = plan_everywhere(state, group, offers, saved);
+  const std::filesystem::path temporary = agree_on_temporary(folder, group, rank);
   json written;
   try {
     written = {{"entries", write_own(offers, plan, rank, temporary)}};
   } catch (const std::exception& e) {
     written = {{"error", e.what()}};
   }
-  std::vector<std::string> all = all_gather_text(group, written.dump());
-  std::map<std::string, size_t> index;
-  for (size_t i = 0; i < plan.metadata.entries.size(); ++i) index[plan.metadata.entries[i].fqn] = i;
-  std::string failure;
-  for (size_t r = 0; r < all.size() && failure.empty(); ++r) {
-    json one = json::parse(all[r]);
-    if (one.contains("error")) failure = fmt::format("rank {}: {}", r, one["error"].get<std::string>());
-    else for (const json& storage : one["entries"]) attach(plan.metadata, index, storage);
-  }
-  if (rank == 0) try {
+  std::string failure = gather_storage(plan, written, group);
+  if (rank == 0) {
+    try {
       if (failure.empty()) commit(plan.metadata, temporary, folder);
     } catch (const std::exception& e) {
       failure = fmt::format("rank 0: {}", e.what());
     }
-  if (rank == 0 && !failure.empty()) {
     std::error_code ignored;
-    std::filesystem::remove_all(temporary, ignored);
+    if (!failure.empty()) std::filesystem::remove_all(temporary, ignored);
   }
   if (group) failure = group->broadcast_text(failure);
-  if (!failure.empty())
-    throw InteropError(fmt::format("cannot save the distributed checkpoint '{}': {}", folder.string(), failure));
+  if (!failure.empty()) throw InteropError(fmt::format("cannot save {}: {}", saved, failure));
 }
 
 }  // namespace fulgor

@@ -71,6 +71,23 @@ TEST(DistributedCheckpointRanks, SavedByFourRanksWithAnEmptyPieceLoadsAtTwo) {
   EXPECT_EQ(fulgor::read_distributed_checkpoint(folder).toGenericDict().at("meta").toGenericDict().size(), 3u);
 }
 
+// A rank that cannot plan its part fails every rank with its message, at
+// once, and nothing is written.
+TEST(DistributedCheckpointRanks, ARankThatCannotPlanFailsEveryRank) {
+  TempDir dir;
+  auto ranks = fulgor::test::start_ranks({FULGOR_DISTRIBUTED_WORKER, "dcp_save_misplaced", dir.str(), dir / "ckpt"},
+                                         dir.str(), 2);
+  for (int rank = 0; rank < 2; ++rank) {
+    const auto status = ranks[rank]->wait(std::chrono::seconds(60));
+    EXPECT_TRUE(fulgor::test::exited_with(status, 3)) << ranks[rank]->log();
+    EXPECT_NE(ranks[rank]->log().find("cannot save the distributed checkpoint '" + dir / "ckpt" +
+                                      "': rank 1: the placement of 'model.a' does not have its tensor's 2 dimensions"),
+              std::string::npos)
+        << ranks[rank]->log();
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir / "ckpt"));
+}
+
 // What PyTorch's load finds in the folder 2 ranks saved
 // (tests/interop/distributed_checkpoint.py check): every tensor bit-equal to
 // the whole one, every object as given.

@@ -294,10 +294,13 @@ void scenario_syncbn(const Context& c) {
 
 }  // namespace
 
-// Every rank saves its part of a distributed checkpoint into FOLDER.
-void scenario_dcp_save(const Context& c, const std::string& folder) {
+// Every rank saves its part of a distributed checkpoint into FOLDER; with
+// `misplaced`, rank 1 gives a placement of the wrong rank.
+void scenario_dcp_save(const Context& c, const std::string& folder, bool misplaced = false) {
   fulgor::ProcessGroup group = make_group(c);
-  fulgor::save_distributed_checkpoint(fulgor::test::dcp_state(c.env.rank, c.env.world_size, false), folder, &group);
+  auto state = fulgor::test::dcp_state(c.env.rank, c.env.world_size, false);
+  if (misplaced && c.env.rank == 1) state[0].placement->offsets.push_back(0);
+  fulgor::save_distributed_checkpoint(state, folder, &group);
 }
 
 // Every rank loads its part, whatever number of ranks saved it.
@@ -341,12 +344,14 @@ int main(int argc, char** argv) {
       scenario_out_of_step(c, argv[3]);
     } else if (scenario == "dcp_save" && argc == 4) {
       scenario_dcp_save(c, argv[3]);
+    } else if (scenario == "dcp_save_misplaced" && argc == 4) {
+      scenario_dcp_save(c, argv[3], true);
     } else if (scenario == "dcp_load" && argc == 4) {
       scenario_dcp_load(c, argv[3]);
     } else {
       std::cerr << "usage: fulgor_distributed_worker "
                    "env|fail|sleep|collectives|metrics|train|nosync|die|syncbn|storage_replaced|"
-                   "out_of_step|dcp_save|dcp_load OUTDIR "
+                   "out_of_step|dcp_save|dcp_save_misplaced|dcp_load OUTDIR "
                    "[ARGS...]\n";
       return 2;
     }
