@@ -58,26 +58,39 @@ void flatten_into(const std::vector<c10::IValue>& path, const c10::IValue& value
   }
 }
 
-// Sets `value` at `path` in `root`, making dicts and lists on the way.
-void place(c10::IValue& root, const std::vector<c10::IValue>& path, size_t at, const c10::IValue& value) {
+// Sets `value` at `path` in `root`, making dicts and lists on the way. The
+// paths may come from a file: they must nest (no key both a value and a
+// container), and a list index stays below `entries`, the number of values,
+// so that no path makes a list longer than the state it comes from.
+void place(c10::IValue& root, const std::vector<c10::IValue>& path, size_t at, const c10::IValue& value,
+           int64_t entries, const std::string& fqn) {
+  auto conflict = [&] {
+    throw InteropError(fmt::format("the path of '{}' runs through a value of another key: the keys do not nest", fqn));
+  };
   if (at == path.size()) {
+    if (root.isList() || root.isGenericDict()) conflict();
     root = value;
     return;
   }
   const c10::IValue& key = path[at];
   if (key.isInt()) {
     if (root.isNone()) root = c10::impl::GenericList(c10::AnyType::get());
+    if (!root.isList()) conflict();
+    if (key.toInt() < 0 || key.toInt() >= entries)
+      throw InteropError(fmt::format("the path of '{}' has the list index {}, outside the {} values of the state", fqn,
+                                     key.toInt(), entries));
     auto list = root.toList();
     while (static_cast<int64_t>(list.size()) <= key.toInt()) list.push_back(c10::IValue());
     c10::IValue element = list.get(key.toInt());
-    place(element, path, at + 1, value);
+    place(element, path, at + 1, value, entries, fqn);
     list.set(key.toInt(), element);
   } else {
     if (root.isNone()) root = c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get());
+    if (!root.isGenericDict()) conflict();
     auto dict = root.toGenericDict();
     auto found = dict.find(key);
     c10::IValue element = found == dict.end() ? c10::IValue() : found->value();
-    place(element, path, at + 1, value);
+    place(element, path, at + 1, value, entries, fqn);
     dict.insert_or_assign(key, element);
   }
 }
@@ -217,7 +230,7 @@ c10::IValue unflatten_state_dict(const DistributedStateDict& flat) {
   for (const auto& entry : flat) {
     if (entry.placement)
       throw InteropError(fmt::format("'{}' is a piece of a tensor, not a value of a nested state", entry.fqn()));
-    place(root, entry.path, 0, entry.value);
+    place(root, entry.path, 0, entry.value, static_cast<int64_t>(flat.size()), entry.fqn());
   }
   return root;
 }

@@ -224,5 +224,26 @@ TEST(DistributedCheckpoint, RefusesFoldersThatPointOutsideOrEndEarly) {
   EXPECT_NE(absent.find("has no 'v'"), std::string::npos) << absent;
 }
 
+// The paths of a folder nest its values again only where they nest: a key
+// that is both a value and a container, or a list index beyond the state's
+// values, is an error, not a crash or a list of a billion Nones.
+TEST(DistributedCheckpoint, RefusesPathsThatDoNotNest) {
+  ScratchDir dir("dcp_paths");
+  auto entry = [](std::vector<c10::IValue> path) {
+    return DistributedCheckpointEntry{std::move(path), torch::ones({1}), std::nullopt};
+  };
+  save_distributed_checkpoint({entry({std::string("a"), int64_t{0}}), entry({std::string("a"), std::string("b")})},
+                              dir.path() / "crossed");
+  EXPECT_NE(load_error(dir.path() / "crossed").find("the path of 'a.b' runs through a value of another key"),
+            std::string::npos)
+      << load_error(dir.path() / "crossed");
+  save_distributed_checkpoint({entry({std::string("a"), int64_t{1000000000}})}, dir.path() / "far");
+  EXPECT_NE(load_error(dir.path() / "far").find("has the list index 1000000000, outside the 1 values of the state"),
+            std::string::npos)
+      << load_error(dir.path() / "far");
+  EXPECT_THROW(unflatten_state_dict({entry({std::string("a")}), entry({std::string("a"), std::string("b")})}),
+               InteropError);
+}
+
 }  // namespace
 }  // namespace fulgor::interop_test
