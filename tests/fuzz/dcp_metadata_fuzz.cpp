@@ -1,8 +1,10 @@
 // The .metadata of a distributed checkpoint, read with the checks of
 // Note [A distributed checkpoint from elsewhere]; what is taken is written
-// back and must read back the same.
+// back and must read back the same, and its paths nest the values again or
+// are refused (as read_distributed_checkpoint nests them).
 
 #include "fulgor/core/error.h"
+#include "fulgor/interop/distributed_checkpoint.h"
 #include "fuzz.h"
 #include "interop/dcp_metadata.h"
 
@@ -23,6 +25,13 @@ void dcp_metadata(const uint8_t* data, size_t size) {
     const auto& b = back.entries[i];
     require(a.fqn == b.fqn && a.is_tensor == b.is_tensor && a.size == b.size && a.chunks.size() == b.chunks.size(),
             "each key reads back the same");
+  }
+  DistributedStateDict values;
+  for (const auto& entry : metadata.entries)
+    values.push_back({entry.path.empty() ? std::vector<c10::IValue>{entry.fqn} : entry.path, int64_t{0}, std::nullopt});
+  try {
+    unflatten_state_dict(values);
+  } catch (const Error&) {
   }
 }
 
