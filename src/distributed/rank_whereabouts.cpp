@@ -70,7 +70,11 @@ RankWhereabouts find_whereabouts(const c10::intrusive_ptr<c10d::Store>& store, i
                     slack.count() + 1000);
     return found;
   }
-  if (!outcome->error.empty()) {
+  // Rank 0 hosts the store, and its own failure, once it has posted, ends
+  // the store with the window of the ranks still reading: what they read
+  // until then stands.
+  const bool host_left = rank != 0 && !outcome->posts[0].empty();
+  if (!outcome->error.empty() && !host_left) {
     found.unknown_because =
         fmt::format("the job's store, hosted by rank 0, failed ({}): rank 0 may be stopped or gone", outcome->error);
     return found;

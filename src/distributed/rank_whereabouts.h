@@ -9,7 +9,10 @@
 // outside collectives, which no timeout can tell apart); one that posts
 // another collective called the collectives in another order. Rank 0 hosts
 // the store, so the posting runs on a thread of its own: when rank 0 is the
-// rank that stopped, the others give up on it after the same bounded while.
+// rank that stopped, the others give up on it after the same bounded while;
+// when rank 0 posted and then ended (failing too, a little before them), the
+// store closes under the others' reading, and what they read until then
+// stands.
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
