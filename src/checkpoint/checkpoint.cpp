@@ -25,6 +25,7 @@
 #include "checkpoint/meta.h"
 #include "detail/read_at.h"
 #include "detail/regular_file.h"
+#include "detail/sync_folder.h"
 #include "fulgor/core/error.h"
 #include "fulgor/module.h"
 
@@ -248,12 +249,7 @@ void write_checkpoint_file(const std::string& path, torch::serialize::OutputArch
   }
   // fsync has reported any error writing the data; nothing is left for close to report.
   ::close(fd);
-  // The rename is durable once the folder's entry is.
-  int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd >= 0) {
-    ::fsync(dir_fd);
-    ::close(dir_fd);
-  }
+  detail::sync_folder(dir);
 }
 
 namespace impl {

@@ -34,6 +34,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "detail/sync_folder.h"
 #include "fulgor/core/error.h"
 #include "fulgor/distributed/process_group.h"
 #include "fulgor/interop/distributed_checkpoint.h"
@@ -308,9 +309,12 @@ void attach(DcpMetadata& metadata, const std::map<std::string, size_t>& index, c
 void commit(const DcpMetadata& metadata, const std::filesystem::path& temporary, const std::filesystem::path& folder) {
   write_file(temporary / ".metadata.tmp", detail::write_dcp_metadata(metadata));
   std::filesystem::rename(temporary / ".metadata.tmp", temporary / ".metadata");
+  detail::sync_folder(temporary);  // every rank's file and the metadata, before the folder is put in place
+  const std::filesystem::path parent = folder.parent_path().empty() ? "." : folder.parent_path();
   std::error_code error;
   if (!std::filesystem::exists(folder, error)) {
     std::filesystem::rename(temporary, folder);
+    detail::sync_folder(parent);
     return;
   }
   if (::renameat2(AT_FDCWD, temporary.c_str(), AT_FDCWD, folder.c_str(), RENAME_EXCHANGE) != 0) {
@@ -319,9 +323,11 @@ void commit(const DcpMetadata& metadata, const std::filesystem::path& temporary,
     old += ".old";
     std::filesystem::rename(folder, old);
     std::filesystem::rename(temporary, folder);
+    detail::sync_folder(parent);
     std::filesystem::remove_all(old, error);
     return;
   }
+  detail::sync_folder(parent);
   std::filesystem::remove_all(temporary, error);
 }
 

@@ -30,6 +30,16 @@ std::string key_text(const c10::IValue& key) {
                                  key.tagKind()));
 }
 
+// A path's key: its parts joined with ".".
+std::string joined(const std::vector<c10::IValue>& path) {
+  std::string out;
+  for (size_t i = 0; i < path.size(); ++i) {
+    if (i) out += '.';
+    out += key_text(path[i]);
+  }
+  return out;
+}
+
 // Python's flatten_state_dict keeps walking a list that holds a tensor, a
 // dict, or a list it would walk (_traverse.py, _is_terminal).
 bool walks_list(const c10::IValue& value) {
@@ -208,14 +218,7 @@ void load_entries(FolderReader& reader, const detail::DcpMetadata& metadata, Dis
 
 }  // namespace
 
-std::string DistributedCheckpointEntry::fqn() const {
-  std::string out;
-  for (size_t i = 0; i < path.size(); ++i) {
-    if (i) out += '.';
-    out += key_text(path[i]);
-  }
-  return out;
-}
+std::string DistributedCheckpointEntry::fqn() const { return joined(path); }
 
 DistributedStateDict flatten_state_dict(const c10::IValue& nested) {
   if (!nested.isGenericDict())
@@ -247,8 +250,7 @@ c10::IValue read_distributed_checkpoint(const std::filesystem::path& folder) {
   for (const DcpEntry& entry : metadata.entries) {
     // A key without planner_data (no nesting recorded) stays one key.
     std::vector<c10::IValue> path = entry.path;
-    DistributedCheckpointEntry probe{path, {}, std::nullopt};
-    if (path.empty() || probe.fqn() != entry.fqn) path = {c10::IValue(entry.fqn)};
+    if (path.empty() || joined(path) != entry.fqn) path = {c10::IValue(entry.fqn)};
     c10::IValue value;
     if (entry.is_tensor) value = torch::empty(entry.size, torch::TensorOptions().dtype(entry.dtype));
     state.push_back(DistributedCheckpointEntry{path, value, std::nullopt});
