@@ -2,10 +2,12 @@
 // parameters, in their gradients and in the optimizer's state, counted from
 // the tensors after an optimizer step, and the process's peak resident
 // memory, with steps per second, for ddp, ZeRO-1 (zero_redundancy_optimizer)
-// and fsdp's SHARD_GRAD_OP on 2 and 4 CPU ranks started by fulgor-run,
-// against ddp's figures and the ZeRO paper's bounds for Adam in float32
-// (Ψ parameters, N ranks: optimizer state 8Ψ under ddp, 8Ψ/N sharded;
-// gradients 4Ψ, 4Ψ/N under SHARD_GRAD_OP).
+// and fsdp's SHARD_GRAD_OP and FULL_SHARD on 2 and 4 CPU ranks started by
+// fulgor-run, against ddp's figures and the ZeRO paper's bounds for Adam in
+// float32 (Ψ parameters, N ranks: optimizer state 8Ψ under ddp, 8Ψ/N
+// sharded; gradients 4Ψ, 4Ψ/N under SHARD_GRAD_OP; everything 16Ψ/N under
+// FULL_SHARD). The parameters' bytes are those their storage holds (a
+// released unit's hold none) plus the optimizer's pieces.
 
 #include <sys/resource.h>
 #include <torch/torch.h>
@@ -20,6 +22,7 @@
 #include "benchmarks.h"
 #include "fulgor/data/tensor_loader.h"
 #include "fulgor/distributed/environment.h"
+#include "fulgor/distributed/sharded_unit.h"
 #include "fulgor/module.h"
 #include "fulgor/optim/adam.h"
 #include "fulgor/trainer.h"
@@ -29,13 +32,15 @@ namespace {
 
 constexpr int64_t kRankBatch = 8;
 
-// Three square layers: 50.3M parameters at width 4096.
+// Three square layers, each a unit of FULL_SHARD: 50.3M parameters at width
+// 4096.
 struct Stack : fulgor::Module {
   torch::nn::Sequential net{nullptr};
   explicit Stack(int64_t width) {
-    net = register_module("net", torch::nn::Sequential(torch::nn::Linear(width, width), torch::nn::ReLU(),
-                                                       torch::nn::Linear(width, width), torch::nn::ReLU(),
-                                                       torch::nn::Linear(width, width)));
+    net = register_module("net",
+                          torch::nn::Sequential(fulgor::Sharded(torch::nn::Linear(width, width)), torch::nn::ReLU(),
+                                                fulgor::Sharded(torch::nn::Linear(width, width)), torch::nn::ReLU(),
+                                                fulgor::Sharded(torch::nn::Linear(width, width))));
   }
   torch::Tensor training_step(torch::data::Example<> batch, int64_t) override {
     return torch::mse_loss(net->forward(batch.data), batch.target);
@@ -63,12 +68,15 @@ class Meter final : public fulgor::Callback {
     seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
     auto& optimizer = *trainer.optimizers().front();
     for (const auto& p : module.parameters()) {
-      params += bytes_of(p);
+      params += static_cast<int64_t>(p.storage().nbytes());
       grads += bytes_of(p.grad());
     }
     for (const auto& group : optimizer.param_groups())
       for (const auto& p : group.params())
-        if (!module_owns(module, p)) grads += bytes_of(p.grad());  // a shard
+        if (!module_owns(module, p)) {  // a piece
+          params += bytes_of(p);
+          grads += bytes_of(p.grad());
+        }
     for (const auto& [key, state] : optimizer.state()) {
       const auto& adam = static_cast<const torch::optim::AdamParamState&>(*state);
       this->state += bytes_of(adam.exp_avg()) + bytes_of(adam.exp_avg_sq()) + bytes_of(adam.max_exp_avg_sq());
@@ -90,8 +98,8 @@ class Meter final : public fulgor::Callback {
 fulgor::TrainerOptions options_for(const std::string& variant, int64_t steps) {
   fulgor::TrainerOptions o;
   o.accelerator = "cpu";
-  o.strategy = variant == "shard_grad_op" ? "fsdp" : "ddp";
-  o.sharding_strategy = "SHARD_GRAD_OP";
+  o.strategy = variant == "shard_grad_op" || variant == "full_shard" ? "fsdp" : "ddp";
+  o.sharding_strategy = variant == "full_shard" ? "FULL_SHARD" : "SHARD_GRAD_OP";
   o.zero_redundancy_optimizer = variant == "zero1";
   o.max_steps = steps;
   o.logger = false;
@@ -171,14 +179,16 @@ void sharded_benchmark(Report& report, const Settings& settings) {
                 fmt::format("state {}, grads {}, params {}, peak {}; {:.2f} steps/s", megabytes(ddp.state),
                             megabytes(ddp.grads), megabytes(ddp.params), megabytes(ddp.peak), ddp.steps_per_second),
                 ""});
-    for (const char* variant : {"zero1", "shard_grad_op"}) {
+    for (const char* variant : {"zero1", "shard_grad_op", "full_shard"}) {
       const Figures f = run_ranks(variant, ranks, width, steps);
-      const double state_bound = 8 * psi / ranks, grads_bound = 4 * psi / ranks;
+      const double state_bound = 8 * psi / ranks, grads_bound = 4 * psi / ranks, all_bound = 16 * psi / ranks;
       report.row({"sharded", fmt::format("{:.1f}M params, {} ranks, {}", psi / 1e6, ranks, variant),
                   fmt::format("state {}, grads {}, params {}, peak {}; {:.2f} steps/s", megabytes(f.state),
                               megabytes(f.grads), megabytes(f.params), megabytes(f.peak), f.steps_per_second),
-                  fmt::format("state {:.3f}× 8Ψ/N, grads {:.3f}× 4Ψ/N, peak {:.2f}× ddp's, {:.2f}× ddp's time",
+                  fmt::format("state {:.3f}× 8Ψ/N, grads {:.3f}× 4Ψ/N, all {:.3f}× 16Ψ/N, peak {:.2f}× ddp's, "
+                              "{:.2f}× ddp's time",
                               static_cast<double>(f.state) / state_bound, static_cast<double>(f.grads) / grads_bound,
+                              static_cast<double>(f.state + f.grads + f.params) / all_bound,
                               static_cast<double>(f.peak) / static_cast<double>(ddp.peak),
                               ddp.steps_per_second / f.steps_per_second)});
       report.figures[fmt::format("sharded_{}_{}_state_vs_bound", variant, ranks)] =

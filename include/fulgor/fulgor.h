@@ -47,6 +47,7 @@
 #include "fulgor/distributed/environment.h"
 #include "fulgor/distributed/gradient_sync.h"
 #include "fulgor/distributed/process_group.h"
+#include "fulgor/distributed/sharded_unit.h"
 #include "fulgor/data/distributed_sampler.h"
 #include "fulgor/distributed/sync_batchnorm.h"
 #include "fulgor/core/error.h"

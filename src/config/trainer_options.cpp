@@ -427,12 +427,11 @@ std::string sharding_strategy_name(std::string name) {
   static const std::vector<std::string> known = {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"};
   if (std::find(known.begin(), known.end(), name) == known.end())
     throw ConfigError(fmt::format("unknown sharding_strategy '{}'; known: {}", name, fmt::join(known, ", ")));
-  if (name == "FULL_SHARD" || name == "HYBRID_SHARD")
-    throw ConfigError(fmt::format(
-        "sharding_strategy={} shards the parameters too (ZeRO-3), which fulgor does not: every rank keeps whole "
-        "parameters. Use sharding_strategy=SHARD_GRAD_OP (gradients and optimizer state sharded, ZeRO-2) or "
-        "NO_SHARD (ddp)",
-        name));
+  if (name == "HYBRID_SHARD")
+    throw ConfigError(
+        "sharding_strategy=HYBRID_SHARD (shard within each node, replicate across nodes) is not supported: use "
+        "FULL_SHARD (the parameters of the fulgor::Sharded units sharded too, ZeRO-3), SHARD_GRAD_OP (gradients "
+        "and optimizer state sharded, ZeRO-2) or NO_SHARD (ddp)");
   return name;
 }
 

@@ -14,6 +14,7 @@
 #include <unordered_set>
 
 #include "fulgor/core/error.h"
+#include "sharded_unit_access.h"
 
 namespace fulgor::detail {
 namespace {
@@ -81,9 +82,43 @@ void accumulate(torch::Tensor& shard, const torch::Tensor& gradient) {
     shard.mutable_grad() = gradient.clone();
 }
 
+// Note [Fully sharded units]: a released parameter keeps its tensor and
+// storage objects, whose memory is freed; gathering gives the storage the
+// memory of a new tensor, allocated as the device allocates any (a loaded
+// checkpoint's parameters may have come with memory of no allocator's).
+void release_storage(const torch::Tensor& param) {
+  c10::StorageImpl* storage = param.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(at::DataPtr(nullptr, storage->device()));
+  storage->set_nbytes(0);
+}
+
+void allocate_storage(const torch::Tensor& param) {
+  const torch::Tensor memory = torch::empty({param.numel()}, param.options());
+  c10::StorageImpl* storage = param.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(
+      memory.storage().unsafeGetStorageImpl()->set_data_ptr(at::DataPtr(nullptr, storage->device())));
+  storage->set_nbytes(static_cast<size_t>(param.numel()) * param.element_size());
+}
+
+// `param` itself, under a version counter of its own: writing through it
+// leaves the parameter's, which autograd checks its saved tensors against.
+torch::Tensor unversioned(const torch::Tensor& param) {
+  torch::Tensor alias = param.detach();
+  alias.unsafeGetTensorImpl()->set_version_counter(c10::VariableVersion(0));
+  return alias;
+}
+
+// Whether `param`'s storage holds it alone, so that releasing it frees
+// nothing else.
+bool owns_storage(const torch::Tensor& param) {
+  return param.storage_offset() == 0 && param.is_contiguous() &&
+         param.storage().nbytes() == static_cast<size_t>(param.numel()) * param.element_size();
+}
+
 }  // namespace
 
-ParameterShards::ParameterShards(ProcessGroup group, torch::nn::Module& module, bool gradients_reduced)
+ParameterShards::ParameterShards(ProcessGroup group, torch::nn::Module& module, bool gradients_reduced,
+                                 bool shard_units)
     : group_(std::move(group)), gradients_reduced_(gradients_reduced) {
   torch::NoGradGuard no_grad;
   const int64_t n = group_.size();
@@ -95,33 +130,81 @@ ParameterShards::ParameterShards(ProcessGroup group, torch::nn::Module& module, 
       piece.size = (piece.numel + n - 1) / n;
       pieces_.push_back(std::move(piece));
     }
+  if (shard_units) find_units(module);
   // The ranks must cut the same parameters the same way.
-  torch::Tensor shape = torch::tensor({static_cast<double>(pieces_.size()), 0.0}, torch::kFloat64);
+  torch::Tensor shape =
+      torch::tensor({static_cast<double>(pieces_.size()), 0.0, static_cast<double>(units_.size())}, torch::kFloat64);
   for (const auto& piece : pieces_) shape[1] += static_cast<double>(piece.numel);
   torch::Tensor largest = shape.to(group_.device()), smallest = largest.clone();
   group_.all_reduce(largest, ReduceOp::max);
   group_.all_reduce(smallest, ReduceOp::min);
   if (!torch::equal(largest, smallest))
     throw DistributedError(fmt::format(
-        "the ranks' modules differ: rank {} has {} trainable parameters of {} elements, and the ranks range from "
-        "{} to {} parameters and {} to {} elements",
-        group_.rank(), pieces_.size(), shape[1].item<int64_t>(), smallest[0].item<int64_t>(),
-        largest[0].item<int64_t>(), smallest[1].item<int64_t>(), largest[1].item<int64_t>()));
+        "the ranks' modules differ: rank {} has {} trainable parameters of {} elements in {} sharded units, and the "
+        "ranks range from {} to {} parameters, {} to {} elements and {} to {} units",
+        group_.rank(), pieces_.size(), shape[1].item<int64_t>(), units_.size(), smallest[0].item<int64_t>(),
+        largest[0].item<int64_t>(), smallest[1].item<int64_t>(), largest[1].item<int64_t>(),
+        smallest[2].item<int64_t>(), largest[2].item<int64_t>()));
   if (!gradients_reduced_) group_.broadcast_module(module);  // else the GradientSynchronizer did
   for (size_t i = 0; i < pieces_.size(); ++i) {
     Piece& piece = pieces_[i];
     piece.shard = own_piece(piece, piece.param).clone().set_requires_grad(true);
     const int64_t bytes = n * piece.size * static_cast<int64_t>(piece.param.element_size());
-    const bool joins = !buckets_.empty() &&
-                       pieces_[buckets_.back().pieces.front()].param.scalar_type() == piece.param.scalar_type() &&
-                       (buckets_.back().row * n * static_cast<int64_t>(piece.param.element_size()) + bytes <=
-                        kBucketBytes);
-    if (!joins) buckets_.emplace_back();
+    const bool joins =
+        !buckets_.empty() && buckets_.back().unit == piece.unit &&
+        pieces_[buckets_.back().pieces.front()].param.scalar_type() == piece.param.scalar_type() &&
+        (buckets_.back().row * n * static_cast<int64_t>(piece.param.element_size()) + bytes <= kBucketBytes);
+    if (!joins) {
+      buckets_.emplace_back();
+      buckets_.back().unit = piece.unit;
+      if (piece.unit >= 0) units_[static_cast<size_t>(piece.unit)].buckets.push_back(buckets_.size() - 1);
+    }
     piece.offset = buckets_.back().row;
     buckets_.back().pieces.push_back(i);
     buckets_.back().row += piece.size;
   }
   version_ = shards_version();
+  for (size_t u = 0; u < units_.size(); ++u) {
+    release_unit(u);
+    ShardedUnitAccess::set_sharding(*units_[u].module.lock(), units_[u].handle);
+  }
+}
+
+ParameterShards::~ParameterShards() { detach_units(); }
+
+// The units in the module's order, parents before the units inside them; a
+// parameter belongs to the innermost unit that holds it. Pieces are ordered
+// by unit (a unit's buckets hold its parameters alone), the parameters
+// outside every unit first.
+void ParameterShards::find_units(torch::nn::Module& module) {
+  std::unordered_map<const void*, int64_t> owner;
+  for (const auto& child : module.modules(/*include_self=*/false))
+    if (auto unit = std::dynamic_pointer_cast<ShardedUnit>(child)) {
+      for (const auto& item : unit->named_parameters()) {
+        if (!item.value().requires_grad()) continue;
+        if (!owns_storage(item.value()))
+          throw ConfigError(fmt::format(
+              "the parameter '{}' of a fulgor::Sharded unit shares its storage with other tensors (it is a view, or "
+              "a part of a larger storage), so FULL_SHARD cannot release it between the unit's passes: make it a "
+              "tensor of its own (register_parameter(name, tensor.clone())), or use sharding_strategy SHARD_GRAD_OP",
+              item.key()));
+        owner[item.value().unsafeGetTensorImpl()] = static_cast<int64_t>(units_.size());
+      }
+      units_.emplace_back();
+      units_.back().module = unit;
+      units_.back().handle = std::make_shared<UnitSharding>(this, units_.size() - 1);
+    }
+  for (Piece& piece : pieces_)
+    if (auto it = owner.find(piece.param.unsafeGetTensorImpl()); it != owner.end()) piece.unit = it->second;
+  std::stable_sort(pieces_.begin(), pieces_.end(), [](const Piece& a, const Piece& b) { return a.unit < b.unit; });
+}
+
+void ParameterShards::detach_units() {
+  for (Unit& unit : units_) {
+    unit.handle->shards_ = nullptr;
+    if (auto module = unit.module.lock()) ShardedUnitAccess::set_sharding(*module, nullptr);
+  }
+  units_.clear();
 }
 
 torch::Tensor ParameterShards::padded_flat(const torch::Tensor& t, int64_t size) const {
@@ -170,13 +253,39 @@ void ParameterShards::reduce_gradients() {
     any = any.cpu();
     for (size_t i = 0; i < had.size(); ++i) had[i] = any[static_cast<int64_t>(i)].item<float>() > 0;
   }
-  for (const Bucket& bucket : buckets_) reduce_bucket(bucket, had);
+  for (const Bucket& bucket : buckets_)
+    if (bucket.unit < 0 || !units_[static_cast<size_t>(bucket.unit)].reduced) reduce_bucket(bucket, had);
   for (size_t i = 0; i < pieces_.size(); ++i) {
     Piece& piece = pieces_[i];
-    piece.shard.detach().copy_(own_piece(piece, piece.param));
+    if (piece.unit >= 0 && units_[static_cast<size_t>(piece.unit)].reduced && piece.param.grad().defined())
+      throw Error(fmt::format(
+          "rank {}: a parameter of fulgor::Sharded unit {} received a gradient after the unit's backward pass "
+          "ended, which FULL_SHARD cannot reduce: it is used outside the unit's forward",
+          group_.rank(), piece.unit));
+    if (piece.unit < 0) piece.shard.detach().copy_(own_piece(piece, piece.param));
     piece.param.mutable_grad().reset();
   }
+  end_unsynchronized_pass();
+  for (Unit& unit : units_) unit.reduced = false;
   version_ = shards_version();
+}
+
+void ParameterShards::end_unsynchronized_pass() {
+  for (size_t u = 0; u < units_.size(); ++u) {
+    release_unit(u);
+    units_[u].forwards = units_[u].backwards = 0;
+  }
+}
+
+void ParameterShards::reduce_unit(size_t unit) {
+  torch::NoGradGuard no_grad;
+  std::vector<char> had(pieces_.size());
+  for (size_t b : units_[unit].buckets) {
+    for (size_t i : buckets_[b].pieces) had[i] = pieces_[i].param.grad().defined();
+    reduce_bucket(buckets_[b], had);
+    for (size_t i : buckets_[b].pieces) pieces_[i].param.mutable_grad().reset();
+  }
+  units_[unit].reduced = true;
 }
 
 void ParameterShards::reduce_bucket(const Bucket& bucket, std::vector<char>& had) {
@@ -211,19 +320,71 @@ void ParameterShards::reduce_bucket(const Bucket& bucket, std::vector<char>& had
   }
 }
 
+// FSDP2's all-gather: copy-in (this rank's pieces side by side), the
+// collective, copy-out (each parameter from its pieces of every rank).
+void ParameterShards::gather_bucket(const Bucket& bucket) {
+  std::vector<torch::Tensor> row;
+  for (size_t i : bucket.pieces) row.push_back(pieces_[i].shard.detach());
+  const torch::Tensor all = torch::stack(group_.all_gather(torch::cat(row)));  // [ranks, row]
+  for (size_t i : bucket.pieces) {
+    Piece& piece = pieces_[i];
+    const torch::Tensor whole = all.narrow(1, piece.offset, piece.size).reshape({-1}).narrow(0, 0, piece.numel);
+    unversioned(piece.param).copy_(whole.view(piece.param.sizes()));
+  }
+}
+
 void ParameterShards::gather_parameters() {
   torch::NoGradGuard no_grad;
-  for (const Bucket& bucket : buckets_) {
-    std::vector<torch::Tensor> row;
-    for (size_t i : bucket.pieces) row.push_back(pieces_[i].shard.detach());
-    const torch::Tensor all = torch::stack(group_.all_gather(torch::cat(row)));  // [ranks, row]
-    for (size_t i : bucket.pieces) {
-      Piece& piece = pieces_[i];
-      const torch::Tensor whole = all.narrow(1, piece.offset, piece.size).reshape({-1}).narrow(0, 0, piece.numel);
-      piece.param.detach().copy_(whole.view(piece.param.sizes()));
-    }
-  }
+  for (const Bucket& bucket : buckets_)
+    if (bucket.unit < 0) gather_bucket(bucket);
   version_ = shards_version();
+}
+
+void ParameterShards::gather_unit(size_t unit) {
+  if (units_[unit].gathered) return;
+  torch::NoGradGuard no_grad;
+  for (size_t b : units_[unit].buckets) {
+    for (size_t i : buckets_[b].pieces) allocate_storage(pieces_[i].param);
+    gather_bucket(buckets_[b]);
+  }
+  units_[unit].gathered = true;
+}
+
+void ParameterShards::release_unit(size_t unit) {
+  if (!units_[unit].gathered) return;
+  for (size_t b : units_[unit].buckets)
+    for (size_t i : buckets_[b].pieces) release_storage(pieces_[i].param);
+  units_[unit].gathered = false;
+}
+
+void ParameterShards::with_whole_parameters(const std::function<void()>& body, bool loads) {
+  std::vector<size_t> gathered;
+  for (size_t u = 0; u < units_.size(); ++u)
+    if (!units_[u].gathered) {
+      gather_unit(u);
+      gathered.push_back(u);
+    }
+  auto release = [&] {
+    for (size_t u : gathered) release_unit(u);
+  };
+  try {
+    body();
+  } catch (...) {
+    release();
+    throw;
+  }
+  if (loads) {
+    torch::NoGradGuard no_grad;
+    for (Piece& piece : pieces_)
+      if (piece.unit >= 0) piece.shard.detach().copy_(own_piece(piece, piece.param));
+    version_ = shards_version();
+  }
+  release();
+}
+
+void ParameterShards::unshard_units() {
+  for (size_t u = 0; u < units_.size(); ++u) gather_unit(u);
+  detach_units();
 }
 
 double ParameterShards::gradient_norm(const std::vector<torch::Tensor>& shards) {
@@ -327,6 +488,34 @@ void ParameterShards::load_whole_state(torch::optim::Optimizer& optimizer, const
     states[state_key(piece.shard, states)] = std::move(mine);
   }
   swap_in(optimizer, /*shards=*/true);
+}
+
+ParameterShards& UnitSharding::shards() const {
+  if (shards_ == nullptr)
+    throw Error(
+        "a fulgor::Sharded unit ran a pass after the strategy that shards it ended (a backward pass of a graph "
+        "made during the fit, or a forward pass of a module that a Fabric no longer sets up)");
+  return *shards_;
+}
+
+void UnitSharding::forward_begins() {
+  ParameterShards& shards = this->shards();
+  shards.gather_unit(unit_);
+  if (torch::GradMode::is_enabled()) ++shards.units_[unit_].forwards;
+}
+
+void UnitSharding::forward_ends(bool routed) {
+  if (routed || !torch::GradMode::is_enabled()) shards().release_unit(unit_);
+}
+
+void UnitSharding::backward_begins() { shards().gather_unit(unit_); }
+
+void UnitSharding::backward_ends() {
+  ParameterShards& shards = this->shards();
+  auto& unit = shards.units_[unit_];
+  ++unit.backwards;
+  if (shards.synchronizing_ && unit.backwards == unit.forwards) shards.reduce_unit(unit_);
+  shards.release_unit(unit_);
 }
 
 }  // namespace fulgor::detail

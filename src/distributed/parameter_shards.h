@@ -1,15 +1,18 @@
 #pragma once
 
-// The parameters' shards of the sharded strategies (ZeRO-1 and ZeRO-2).
+// The parameters' shards of the sharded strategies (ZeRO-1, ZeRO-2 and,
+// for the units of fulgor::Sharded, ZeRO-3).
 
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 #include <torch/types.h>
 
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "fulgor/distributed/process_group.h"
+#include "fulgor/distributed/sharded_unit.h"
 
 namespace fulgor::detail {
 
@@ -27,12 +30,44 @@ namespace fulgor::detail {
 // rank's pieces of a bucket side by side, so that one bucket is one message.
 // Padding stays zero: its gradient is zero, and Adam, AdamW and SGD leave a
 // zero with a zero gradient at zero.
+//
+// Note [Fully sharded units]
+// Under FULL_SHARD (ZeRO-3) the parameters of each fulgor::Sharded unit are
+// not kept whole: their storage is released (shapes, names and the tensors
+// themselves stay, so that autograd's saved tensors and the module's members
+// keep pointing at them) and they are gathered only while needed, in FSDP2's
+// steps:
+//   - forward: gather (allocate, all-gather the unit's buckets, copy in),
+//     the unit's forward, release. The unit's tensor inputs go through
+//     AfterUnitBackward and its outputs through BeforeUnitBackward, two
+//     identity autograd functions (src/distributed/sharded_unit.cpp): C++
+//     modules have no hooks, and these are where backward tells the unit.
+//   - backward: BeforeUnitBackward gathers again before autograd computes
+//     the unit's gradients (the saved tensors alias the parameters'
+//     storage, so they see the gathered values); AfterUnitBackward, which
+//     autograd runs once the gradients of the unit's inputs are done (its
+//     parameters' accumulations run first: they have the highest priority),
+//     reduce-scatters the unit's gradients into the pieces and releases the
+//     parameters and their gradients. A unit used twice reduces after its
+//     last backward.
+//   - after backward: the units whose AfterUnitBackward did not run (the
+//     first unit, whose inputs need no gradient) are reduced then, with the
+//     parameters outside any unit, as under SHARD_GRAD_OP.
+// Parameters outside every unit stay whole, as under SHARD_GRAD_OP. The
+// copy into a gathered parameter does not move its version counter, which
+// autograd checks its saved tensors against.
 class ParameterShards {
  public:
   /// A collective. `gradients_reduced`: the module's gradients arrive
   /// averaged already (ZeRO-1, behind a GradientSynchronizer); otherwise they
   /// are reduce-scattered here (ZeRO-2).
-  ParameterShards(ProcessGroup group, torch::nn::Module& module, bool gradients_reduced);
+  /// `shard_units`: the parameters of the module's fulgor::Sharded units are
+  /// released and gathered only for their passes (Note [Fully sharded
+  /// units]); throws ConfigError for a parameter that shares its storage.
+  ParameterShards(ProcessGroup group, torch::nn::Module& module, bool gradients_reduced, bool shard_units = false);
+  ~ParameterShards();
+  ParameterShards(const ParameterShards&) = delete;
+  ParameterShards& operator=(const ParameterShards&) = delete;
 
   /// Puts the shards in place of the module's parameters in `optimizer`'s
   /// parameter groups. Throws ConfigError for an optimizer that needs whole
@@ -44,8 +79,21 @@ class ParameterShards {
   /// shard's as it was), the shards refreshed from the parameters' values,
   /// and the parameters' gradients freed.
   void reduce_gradients();
-  /// A collective: the shards' values into the module's parameters.
+  /// A collective: the shards' values into the module's parameters (those
+  /// outside the units: a unit gathers its own when it runs).
   void gather_parameters();
+  /// Whether the backward passes to come reduce their gradients (false in
+  /// passes that accumulate: no_backward_sync). The units read it.
+  void set_synchronizing(bool synchronizing) { synchronizing_ = synchronizing; }
+  /// After a backward pass that did not synchronize: the units' parameters
+  /// released, their gradients kept.
+  void end_unsynchronized_pass();
+  /// A collective: runs `body` with every unit's parameters whole (a save,
+  /// or a load: what `body` loaded into them is cut into the shards).
+  void with_whole_parameters(const std::function<void()>& body, bool loads = false);
+  /// A collective: the units' parameters gathered for good and the units
+  /// no longer sharded (the end of a fit).
+  void unshard_units();
   /// A collective: the 2-norm of the gradients of `shards` (tensors of the
   /// optimizers' groups) over the ranks.
   double gradient_norm(const std::vector<torch::Tensor>& shards);
@@ -69,15 +117,32 @@ class ParameterShards {
   void load_whole_state(torch::optim::Optimizer& optimizer, const std::function<void()>& load);
 
  private:
+  friend class UnitSharding;
   struct Piece {
     torch::Tensor param;  // the module's parameter
     torch::Tensor shard;  // this rank's piece, padded
     int64_t numel = 0, size = 0, offset = 0;  // offset: within its bucket's row
+    int64_t unit = -1;                        // the unit whose parameter it is, or -1
   };
   struct Bucket {
     std::vector<size_t> pieces;
     int64_t row = 0;  // elements of one rank's pieces
+    int64_t unit = -1;
   };
+  struct Unit {
+    std::weak_ptr<ShardedUnit> module;
+    std::shared_ptr<UnitSharding> handle;
+    std::vector<size_t> buckets;
+    bool gathered = true, reduced = false;
+    int64_t forwards = 0, backwards = 0;  // passes since the last reduction
+  };
+
+  void find_units(torch::nn::Module& module);
+  void gather_bucket(const Bucket& bucket);
+  void gather_unit(size_t unit);
+  void release_unit(size_t unit);
+  void reduce_unit(size_t unit);
+  void detach_units();
 
   torch::Tensor padded_flat(const torch::Tensor& t, int64_t size) const;
   torch::Tensor own_piece(const Piece& piece, const torch::Tensor& whole) const;
@@ -87,11 +152,33 @@ class ParameterShards {
 
   ProcessGroup group_;
   bool gradients_reduced_;
+  bool synchronizing_ = true;
   std::vector<Piece> pieces_;
   std::vector<Bucket> buckets_;
+  std::vector<Unit> units_;
   // shards_version() after the last collective: in-place changes to the
   // shards (an optimizer's step) move their tensors' version counters.
   int64_t version_ = 0;
+};
+
+/// What a fulgor::Sharded unit calls during its passes (Note [Fully sharded
+/// units]). The autograd graph may outlive the strategy: a pass after it
+/// ended throws Error.
+class UnitSharding {
+ public:
+  UnitSharding(ParameterShards* shards, size_t unit) : shards_(shards), unit_(unit) {}
+
+  void forward_begins();
+  /// `routed`: whether backward will call backward_begins first.
+  void forward_ends(bool routed);
+  void backward_begins();
+  void backward_ends();
+
+ private:
+  friend class ParameterShards;
+  ParameterShards& shards() const;
+  ParameterShards* shards_;
+  size_t unit_;
 };
 
 }  // namespace fulgor::detail

@@ -90,17 +90,21 @@ Sharding sharding_of(const std::string& strategy, const std::string& sharding_st
                      bool zero_redundancy_optimizer) {
   if (zero_redundancy_optimizer) return Sharding::optimizer_state;
   if (strategy != "fsdp") return Sharding::none;
-  return sharding_strategy_name(sharding_strategy) == "NO_SHARD" ? Sharding::none : Sharding::gradients;
+  const std::string name = sharding_strategy_name(sharding_strategy);
+  if (name == "NO_SHARD") return Sharding::none;
+  return name == "FULL_SHARD" ? Sharding::parameters : Sharding::gradients;
 }
 
 DataParallelModule attach_data_parallel(ProcessGroup& group, torch::nn::Module& module, Sharding sharding) {
   DataParallelModule attached;
-  // Under Sharding::gradients the gradients are reduce-scattered after
-  // backward, not all_reduced during it.
-  if (sharding != Sharding::gradients) attached.synchronizer = std::make_unique<GradientSynchronizer>(group, module);
+  // Where the gradients are sharded they are reduce-scattered after
+  // backward (or after each unit's backward), not all_reduced during it.
+  if (sharding == Sharding::none || sharding == Sharding::optimizer_state)
+    attached.synchronizer = std::make_unique<GradientSynchronizer>(group, module);
   if (sharding != Sharding::none)
-    attached.shards =
-        std::make_unique<ParameterShards>(group, module, /*gradients_reduced=*/attached.synchronizer != nullptr);
+    attached.shards = std::make_unique<ParameterShards>(group, module,
+                                                        /*gradients_reduced=*/attached.synchronizer != nullptr,
+                                                        /*shard_units=*/sharding == Sharding::parameters);
   return attached;
 }
 
@@ -146,6 +150,17 @@ void DdpStrategy::load_whole_state(torch::optim::Optimizer& optimizer, const std
     load();
 }
 
+void DdpStrategy::with_whole_parameters(const std::function<void()>& body) {
+  if (shards_)
+    shards_->with_whole_parameters(body);
+  else
+    body();
+}
+
+void DdpStrategy::unshard() {
+  if (shards_) shards_->unshard_units();
+}
+
 void DdpStrategy::detach() {
   // The shards stay until the next attach: the optimizers hold them, and a
   // checkpoint saved after the fit gathers their whole states.
@@ -155,6 +170,7 @@ void DdpStrategy::detach() {
 
 void DdpStrategy::before_forward(bool sync) {
   synchronized_ = sync;
+  if (shards_) shards_->set_synchronizing(sync);
   if (!synchronizer_) return;
   synchronizer_->set_sync(sync);
   synchronizer_->before_forward();
@@ -162,7 +178,10 @@ void DdpStrategy::before_forward(bool sync) {
 
 void DdpStrategy::after_backward() {
   if (synchronizer_) synchronizer_->finish_backward();
-  if (shards_ && synchronized_) shards_->reduce_gradients();
+  if (shards_ && synchronized_)
+    shards_->reduce_gradients();
+  else if (shards_)
+    shards_->end_unsynchronized_pass();
 }
 
 void DdpStrategy::reduce_gradients() {

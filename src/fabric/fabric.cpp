@@ -196,6 +196,14 @@ BackwardSyncGuard Fabric::no_backward_sync(torch::nn::Module& module, bool enabl
   return BackwardSyncGuard(set_up(module, "no_backward_sync"), enabled);
 }
 
+void Fabric::with_whole_parameters(torch::nn::Module& module, const std::function<void()>& body) {
+  detail::FabricModule* set_up = this->set_up(module, "with_whole_parameters");
+  if (set_up->parallel.shards)
+    set_up->parallel.shards->with_whole_parameters(body, /*loads=*/true);
+  else
+    body();
+}
+
 // Note [Buffers under Fabric's ddp]
 // PyTorch's DDP copies rank 0's buffers (batch-norm statistics) to every rank
 // before each synchronized forward pass, which it sees because the module is
@@ -218,6 +226,8 @@ void Fabric::backward(const torch::Tensor& loss) {
     if (m->parallel.shards && m->sync()) {
       check_stepped_through_fabric(*m, options_);
       m->parallel.shards->reduce_gradients();
+    } else if (m->parallel.shards) {
+      m->parallel.shards->end_unsynchronized_pass();
     }
   }
 }

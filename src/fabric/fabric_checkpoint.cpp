@@ -173,6 +173,18 @@ void unsharded(const std::vector<std::pair<detail::ParameterShards*, torch::opti
     sharded[i].first->with_whole_state(*sharded[i].second, rest);
 }
 
+// Runs `body` with the set-up modules' parameters whole (FULL_SHARD gathers
+// its units' for a save, or for a load, which then cuts them into pieces).
+void with_whole_modules(const std::vector<std::unique_ptr<detail::FabricModule>>& modules, bool load,
+                        const std::function<void()>& body, size_t i = 0) {
+  if (i == modules.size()) return body();
+  auto rest = [&] { with_whole_modules(modules, load, body, i + 1); };
+  if (modules[i]->parallel.shards)
+    modules[i]->parallel.shards->with_whole_parameters(rest, load);
+  else
+    rest();
+}
+
 }  // namespace
 
 void Fabric::with_whole_states(const FabricState& state, bool load, const std::function<void()>& body) {
@@ -192,7 +204,9 @@ void Fabric::save(const std::string& path, const FabricState& state) {
   // Gathering a sharded optimizer's whole state is a collective, so every
   // rank runs it, and rank 0 alone writes the file.
   with_whole_states(state, /*load=*/false, [&] {
-    if (is_global_zero()) write_fabric_file(path, state);
+    with_whole_modules(modules_, /*load=*/false, [&] {
+      if (is_global_zero()) write_fabric_file(path, state);
+    });
   });
   barrier();
 }
@@ -347,9 +361,11 @@ nlohmann::json Fabric::load(const std::string& path, const FabricState& state, b
   const LoadRequest request{path, state, strict, [this](torch::optim::Optimizer& optimizer, const auto& load) {
                               with_whole_states({{"optimizer", optimizer}}, /*load=*/true, load);
                             }};
-  nlohmann::json remainder = format == WeightsFormat::fulgor_checkpoint
-                                 ? load_fabric_file(request, *accelerator_, device())
-                                 : load_torch_file(request);
+  nlohmann::json remainder;
+  with_whole_modules(modules_, /*load=*/true, [&] {
+    remainder = format == WeightsFormat::fulgor_checkpoint ? load_fabric_file(request, *accelerator_, device())
+                                                           : load_torch_file(request);
+  });
   barrier();
   // Note [Ranks in step] (gradient_sync.h): a load must leave the ranks equal.
   const std::string when = fmt::format("Fabric::load('{}')", path);
@@ -365,7 +381,7 @@ void Fabric::load_raw(const std::string& path, torch::nn::Module& module, bool s
   require_launched("load_raw");
   LoadStateDictOptions options;
   options.strict = strict;
-  load_state_dict(module, read_weights(path), options);
+  with_whole_modules(modules_, /*load=*/true, [&] { load_state_dict(module, read_weights(path), options); });
 }
 
 void Fabric::load_raw(const std::string& path, torch::optim::Optimizer& optimizer) {

@@ -19,6 +19,7 @@ struct FabricModule {
   /// no_backward_sync). The synchronizer holds it where there is one.
   bool sync() const { return parallel.synchronizer ? parallel.synchronizer->sync() : sync_; }
   void set_sync(bool sync) {
+    if (parallel.shards) parallel.shards->set_synchronizing(sync);
     if (parallel.synchronizer)
       parallel.synchronizer->set_sync(sync);
     else
@@ -26,7 +27,7 @@ struct FabricModule {
   }
 
  private:
-  bool sync_ = true;  // under Sharding::gradients, which has no synchronizer
+  bool sync_ = true;  // where the gradients are sharded, with no synchronizer
 };
 
 }  // namespace fulgor::detail

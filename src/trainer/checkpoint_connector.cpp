@@ -348,11 +348,18 @@ bool CheckpointConnector::prepare_to_write(const std::string& path) {
 void CheckpointConnector::save(const std::string& path) {
   if (!s.module) throw Error(fmt::format("save_checkpoint('{}'): this Trainer has not fitted a module", path));
   writer_.finish();
-  auto archive = this->archive(/*snapshot=*/nullptr);
-  if (prepare_to_write(path)) {
-    CheckpointWeights swapped(s);  // Note [Weights a checkpoint holds]
-    write_checkpoint_file(path, archive);
-  }
+  auto save = [&] {
+    auto archive = this->archive(/*snapshot=*/nullptr);
+    if (prepare_to_write(path)) {
+      CheckpointWeights swapped(s);  // Note [Weights a checkpoint holds]
+      write_checkpoint_file(path, archive);
+    }
+  };
+  // FULL_SHARD: the units' parameters whole while the archive refers to them.
+  if (s.ddp)
+    s.ddp->with_whole_parameters(save);
+  else
+    save();
   // The other ranks wait for the file.
   if (s.ddp) s.ddp->barrier();
 }
@@ -364,9 +371,14 @@ void CheckpointConnector::save_async(const std::string& path, std::function<void
     writer_.finish();
   }
   std::vector<torch::Tensor> owned;
-  auto archive = this->archive(&owned);
+  std::optional<torch::serialize::OutputArchive> archive;
+  auto snapshot = [&] { archive = this->archive(&owned); };  // copies the weights
+  if (s.ddp)
+    s.ddp->with_whole_parameters(snapshot);
+  else
+    snapshot();
   const bool write = prepare_to_write(path);
-  writer_.start(path, std::move(archive), std::move(owned), write, std::move(on_written));
+  writer_.start(path, std::move(*archive), std::move(owned), write, std::move(on_written));
 }
 
 void CheckpointConnector::wait_for_write() {

@@ -92,6 +92,8 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
     if (!s.fit_loop.restarting()) s.fit_loop.epoch_loop.val_loop.sanity_check();
     s.fit_loop.run();
     s.checkpoints.wait_for_write();
+    // FULL_SHARD: the module whole again for on_fit_end and what follows.
+    if (s.ddp) s.ddp->unshard();
     s.hooks.both("on_fit_end", &Callback::on_fit_end, &ModuleBase::on_fit_end);
     s.finish(model, s.fit_loop.stopped_by_signal() ? "interrupted" : "success");
   });

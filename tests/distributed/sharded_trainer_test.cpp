@@ -1,5 +1,5 @@
-// Trainer.fit under the sharded strategies (fsdp's SHARD_GRAD_OP and
-// NO_SHARD, ddp's zero_redundancy_optimizer) on 2 and 4 CPU ranks, checked
+// Trainer.fit under the sharded strategies (fsdp's FULL_SHARD, SHARD_GRAD_OP
+// and NO_SHARD, ddp's zero_redundancy_optimizer) on 2 and 4 CPU ranks, checked
 // against the same fit under ddp, against itself interrupted and resumed, and
 // through its checkpoints in one process.
 
@@ -26,9 +26,20 @@ using namespace fulgor::test;
 constexpr double kRelative = 1e-12;
 
 std::vector<std::string> two_rank_variants() {
-  return {"ddp_adam",           "ddp_sgd",           "zero1_adam",         "zero1_sgd",
-          "shard_grad_op_adam", "shard_grad_op_sgd", "no_shard_adam",      "zero1_adam_resumed",
-          "shard_grad_op_adam_resumed", "shard_grad_op_sgd_resumed"};
+  return {"ddp_adam",
+          "ddp_sgd",
+          "zero1_adam",
+          "zero1_sgd",
+          "shard_grad_op_adam",
+          "shard_grad_op_sgd",
+          "full_shard_adam",
+          "full_shard_sgd",
+          "no_shard_adam",
+          "zero1_adam_resumed",
+          "shard_grad_op_adam_resumed",
+          "shard_grad_op_sgd_resumed",
+          "full_shard_adam_resumed",
+          "full_shard_sgd_resumed"};
 }
 
 std::map<std::string, torch::Tensor> run_ranks(int ranks, const TempDir& dir, const std::vector<std::string>& variants,
@@ -70,7 +81,10 @@ class ShardedTrainer : public ::testing::Test {
     params_ = run_ranks(2, *two_, two_rank_variants(), failure_);
     if (!failure_.empty()) return;
     const std::string mid = *two_ / "mid_shard_grad_op_adam_resumed.ckpt";
-    auto four = run_ranks(4, *four_, {"ddp_adam", "shard_grad_op_adam", "zero1_sgd", "shard_grad_op_adam_from=" + mid},
+    const std::string full_mid = *two_ / "mid_full_shard_adam_resumed.ckpt";
+    auto four = run_ranks(4, *four_,
+                          {"ddp_adam", "shard_grad_op_adam", "zero1_sgd", "full_shard_adam",
+                           "shard_grad_op_adam_from=" + mid, "full_shard_adam_from=" + full_mid},
                           failure_);
     for (auto& [name, value] : four) params_["4:" + name] = value;
   }
@@ -92,7 +106,8 @@ TEST_F(ShardedTrainer, EveryRankEndsWithTheSameParameters) {
     const std::string name = parse_variant(variant).name;
     EXPECT_TRUE(torch::equal(at(name + "@0"), at(name + "@1"))) << name;
   }
-  for (const char* name : {"ddp_adam", "shard_grad_op_adam", "zero1_sgd", "shard_grad_op_adam_from"})
+  for (const char* name : {"ddp_adam", "shard_grad_op_adam", "zero1_sgd", "full_shard_adam", "shard_grad_op_adam_from",
+                           "full_shard_adam_from"})
     for (const char* rank : {"@1", "@2", "@3"})
       EXPECT_TRUE(torch::equal(at(std::string("4:") + name + "@0"), at(std::string("4:") + name + rank))) << name;
 }
@@ -102,7 +117,7 @@ TEST_F(ShardedTrainer, EndsWithDdpsParametersOnTwoRanks) {
   for (const char* optimizer : {"adam", "sgd"}) {
     const torch::Tensor ddp = at(std::string("ddp_") + optimizer + "@0");
     EXPECT_FALSE(close(ddp, flat_parameters(untrained))) << "training changed nothing";
-    for (const char* strategy : {"zero1_", "shard_grad_op_"})
+    for (const char* strategy : {"zero1_", "shard_grad_op_", "full_shard_"})
       EXPECT_TRUE(close(at(strategy + std::string(optimizer) + "@0"), ddp)) << strategy << optimizer;
   }
   // NO_SHARD is ddp itself.
@@ -111,13 +126,15 @@ TEST_F(ShardedTrainer, EndsWithDdpsParametersOnTwoRanks) {
 
 TEST_F(ShardedTrainer, EndsWithDdpsParametersOnFourRanks) {
   EXPECT_TRUE(close(at("4:shard_grad_op_adam@0"), at("4:ddp_adam@0")));
+  EXPECT_TRUE(close(at("4:full_shard_adam@0"), at("4:ddp_adam@0")));
   // The four ranks' batches together are the two ranks' (make_loader).
   EXPECT_TRUE(close(at("4:shard_grad_op_adam@0"), at("ddp_adam@0")));
   EXPECT_TRUE(close(at("4:zero1_sgd@0"), at("ddp_sgd@0")));
 }
 
 TEST_F(ShardedTrainer, ResumedFitEqualsTheUninterruptedOne) {
-  for (const char* name : {"zero1_adam", "shard_grad_op_adam", "shard_grad_op_sgd"})
+  for (const char* name :
+       {"zero1_adam", "shard_grad_op_adam", "shard_grad_op_sgd", "full_shard_adam", "full_shard_sgd"})
     for (const char* rank : {"@0", "@1"})
       EXPECT_TRUE(torch::equal(at(std::string(name) + "_resumed" + rank), at(name + std::string(rank)))) << name << rank;
 }
@@ -126,13 +143,16 @@ TEST_F(ShardedTrainer, ResumedFitEqualsTheUninterruptedOne) {
 // ranks, and one process without a process group, continue the 2 ranks' fit.
 TEST_F(ShardedTrainer, CheckpointOfTwoRanksContinuesOnFourAndInOneProcess) {
   EXPECT_TRUE(close(at("4:shard_grad_op_adam_from@0"), at("shard_grad_op_adam@0")));
-  ShardedNet model(kShardedSeed + 1, "adam");
-  auto loader = make_loader(1, 0);
-  auto options = sharded_options(parse_variant("ddp_adam"), *two_ / "alone");
-  options.strategy = "auto";
-  fulgor::Trainer trainer(options);
-  trainer.fit(model, loader, fulgor::FitOptions{*two_ / "mid_shard_grad_op_adam_resumed.ckpt"});
-  EXPECT_TRUE(close(flat_parameters(model), at("shard_grad_op_adam@0")));
+  EXPECT_TRUE(close(at("4:full_shard_adam_from@0"), at("full_shard_adam@0")));
+  for (const std::string strategy : {"shard_grad_op", "full_shard"}) {
+    ShardedNet model(kShardedSeed + 1, "adam");
+    auto loader = make_loader(1, 0);
+    auto options = sharded_options(parse_variant("ddp_adam"), *two_ / ("alone_" + strategy));
+    options.strategy = "auto";
+    fulgor::Trainer trainer(options);
+    trainer.fit(model, loader, fulgor::FitOptions{*two_ / ("mid_" + strategy + "_adam_resumed.ckpt")});
+    EXPECT_TRUE(close(flat_parameters(model), at(strategy + "_adam@0"))) << strategy;
+  }
 }
 
 fulgor::TrainerOptions one_process(const std::string& strategy) {
@@ -155,7 +175,11 @@ std::string fit_error(const fulgor::TrainerOptions& options) {
 
 TEST(ShardedOptions, SayWhatIsRefusedAndWhatIsAccepted) {
   auto o = one_process("fsdp");
-  EXPECT_NE(fit_error(o).find("sharding_strategy=FULL_SHARD shards the parameters too"), std::string::npos)
+  EXPECT_EQ(fit_error(o), "");  // FULL_SHARD, Lightning's default
+  o.sharding_strategy = "hybrid_shard";
+  EXPECT_NE(fit_error(o).find("sharding_strategy=HYBRID_SHARD (shard within each node, replicate across nodes) is "
+                              "not supported: use FULL_SHARD"),
+            std::string::npos)
       << fit_error(o);
   o.sharding_strategy = "zero3";
   EXPECT_NE(fit_error(o).find("unknown sharding_strategy 'ZERO3'; known: FULL_SHARD, SHARD_GRAD_OP, NO_SHARD"),

@@ -29,13 +29,15 @@ TEST(FabricSharded, LoopsEndAsUnderDdpAndResumeExactly) {
   auto [status, log] = fulgor::test::run_two_ranks(
       FULGOR_FABRIC_WORKER,
       {"sharded", dir.str(),
-       "ddp,zero1,shard_grad_op,zero1_resumed,shard_grad_op_resumed,ddp_twice,zero1_twice,shard_grad_op_twice", "run"},
+       "ddp,zero1,shard_grad_op,full_shard,zero1_resumed,shard_grad_op_resumed,full_shard_resumed,ddp_twice,"
+       "zero1_twice,shard_grad_op_twice,full_shard_twice",
+       "run"},
       dir / "sharded.log", std::chrono::seconds(180));
   ASSERT_TRUE(fulgor::test::exited_with(status, 0)) << log;
   for (int rank = 0; rank < 2; ++rank) {
     const torch::Tensor ddp = parameters_of(dir, rank, "ddp");
     const double scale = ddp.abs().max().item<double>();
-    for (const std::string variant : {"zero1", "shard_grad_op"}) {
+    for (const std::string variant : {"zero1", "shard_grad_op", "full_shard"}) {
       const torch::Tensor sharded = parameters_of(dir, rank, variant);
       EXPECT_LE((sharded - ddp).abs().max().item<double>(), 1e-12 * scale) << variant << ", rank " << rank;
       const torch::Tensor resumed = parameters_of(dir, rank, variant + "_resumed");

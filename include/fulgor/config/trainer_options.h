@@ -67,15 +67,17 @@ struct FULGOR_API TrainerOptions {
   std::string accelerator = "auto";
   /// "auto", "single_device", "ddp" (one process per device, started by
   /// fulgor-run, torchrun or srun; "auto" is "ddp" under such a launcher) or
-  /// "fsdp" (ddp's processes, with the gradients and the optimizers' state
-  /// sharded over the ranks: sharding_strategy; docs/distributed.md).
+  /// "fsdp" (ddp's processes, with the optimizers' state, the gradients and
+  /// the parameters sharded over the ranks: sharding_strategy;
+  /// docs/distributed.md).
   std::string strategy = "auto";
   /// Under strategy "fsdp", what is sharded, by Lightning's (and PyTorch
-  /// FSDP's) names, in any case: "SHARD_GRAD_OP" (the gradients and the
-  /// optimizers' state, ZeRO-2) or "NO_SHARD" (nothing: ddp). "FULL_SHARD"
-  /// (ZeRO-3, the parameters too; Lightning's default) and "HYBRID_SHARD"
-  /// are refused with a ConfigError: fulgor keeps whole parameters on every
-  /// rank.
+  /// FSDP's) names, in any case: "FULL_SHARD" (ZeRO-3, Lightning's default:
+  /// the gradients, the optimizers' state and the parameters of the module's
+  /// fulgor::Sharded units, gathered only for their passes; the parameters
+  /// outside every unit stay whole), "SHARD_GRAD_OP" (the gradients and the
+  /// optimizers' state, ZeRO-2) or "NO_SHARD" (nothing: ddp). "HYBRID_SHARD"
+  /// is refused with a ConfigError.
   std::string sharding_strategy = "FULL_SHARD";
   /// Under strategy "ddp", the optimizers' state sharded over the ranks
   /// (ZeRO-1, as PyTorch's ZeroRedundancyOptimizer): each rank steps its

@@ -47,12 +47,12 @@ namespace fulgor::detail {
 class ParameterShards;
 
 /// What a data-parallel strategy shards over the ranks (Note [Parameter
-/// shards] in src/distributed/parameter_shards.h); the parameters stay whole
-/// on every rank.
+/// shards] in src/distributed/parameter_shards.h).
 enum class Sharding {
   none,             // ddp, and fsdp's NO_SHARD
   optimizer_state,  // ZeRO-1: ddp's zero_redundancy_optimizer
   gradients,        // ZeRO-2, fsdp's SHARD_GRAD_OP: the gradients and the optimizer state
+  parameters,       // ZeRO-3, fsdp's FULL_SHARD: and the parameters of the fulgor::Sharded units
 };
 
 /// The sharding that the options `strategy`, `sharding_strategy` and
@@ -63,7 +63,7 @@ Sharding sharding_of(const std::string& strategy, const std::string& sharding_st
 /// What a data-parallel strategy keeps for a module it trains: DdpStrategy's
 /// for its module, Fabric's for each module it set up.
 struct DataParallelModule {
-  std::unique_ptr<GradientSynchronizer> synchronizer;  // none under Sharding::gradients
+  std::unique_ptr<GradientSynchronizer> synchronizer;  // none where the gradients are sharded
   std::unique_ptr<ParameterShards> shards;             // under sharding
 };
 
@@ -106,6 +106,8 @@ void check_job_size(const Devices& devices, size_t selected, int64_t num_nodes, 
 ///     shard() then puts the optimizers on the shards, and after each
 ///     optimizer step after_optimizer_step() gathers the parameters; the
 ///     optimizers keep the shards after detach(), until the next attach().
+///     Under Sharding::parameters, unshard() gathers the units' parameters
+///     for good at the end of a fit; a fit that fails leaves them released.
 ///   - Each training batch: before_forward(sync), forward, the backward pass,
 ///     after_backward().
 ///     With sync false the gradients only accumulate locally, without any
@@ -131,6 +133,8 @@ class DdpStrategy {
   /// cannot, Note [Parameter shards]).
   void shard(const std::vector<std::shared_ptr<torch::optim::Optimizer>>& optimizers);
   void detach();
+  /// Under Sharding::parameters, the units' parameters gathered for good.
+  void unshard();
   void before_forward(bool sync);
   /// Waits for the gradients' averaging that the backward pass began.
   void after_backward();
@@ -147,6 +151,9 @@ class DdpStrategy {
   void with_whole_state(torch::optim::Optimizer& optimizer, const std::function<void()>& save);
   /// Runs `load` of a whole state into `optimizer`, then shards it.
   void load_whole_state(torch::optim::Optimizer& optimizer, const std::function<void()>& load);
+  /// Runs `body` (a save) with the module's parameters whole (a collective
+  /// under Sharding::parameters).
+  void with_whole_parameters(const std::function<void()>& body);
   /// A logged value combined over the ranks.
   double reduce(double value, Reduce reduce);
   /// The largest of the ranks' values: the ranks agree on whether to stop
@@ -161,7 +168,7 @@ class DdpStrategy {
 
   Sharding sharding_;
   torch::nn::Module* module_ = nullptr;
-  std::unique_ptr<GradientSynchronizer> synchronizer_;  // none under Sharding::gradients
+  std::unique_ptr<GradientSynchronizer> synchronizer_;  // none where the gradients are sharded
   std::unique_ptr<ParameterShards> shards_;
   bool synchronized_ = true;  // whether the current backward pass synchronizes
 };

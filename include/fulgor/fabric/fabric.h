@@ -55,14 +55,16 @@ struct FabricOptions {
   /// or their aliases (fulgor::Precision); Lightning's default is "32-true".
   std::string precision = "32-true";
   /// "auto", "ddp", "fsdp" or "single_device", as the Trainer's; "fsdp" is
-  /// ddp's processes with the gradients and the optimizers' state sharded
-  /// over the ranks (sharding_strategy; docs/distributed.md).
+  /// ddp's processes with the optimizers' state, the gradients and the
+  /// parameters sharded over the ranks (sharding_strategy;
+  /// docs/distributed.md).
   std::string strategy = "auto";
-  /// Under strategy "fsdp", what is sharded, as the Trainer's option:
-  /// "SHARD_GRAD_OP" (the gradients and the optimizers' state, ZeRO-2) or
-  /// "NO_SHARD" (nothing: ddp), in any case. "FULL_SHARD" (Lightning's
-  /// default, ZeRO-3) and "HYBRID_SHARD" are refused with a ConfigError:
-  /// fulgor keeps whole parameters on every rank.
+  /// Under strategy "fsdp", what is sharded, as the Trainer's option, in any
+  /// case: "FULL_SHARD" (Lightning's default, ZeRO-3: the parameters of the
+  /// set-up modules' fulgor::Sharded units too, between their passes; keep
+  /// the Fabric while the module is used), "SHARD_GRAD_OP" (the gradients
+  /// and the optimizers' state, ZeRO-2) or "NO_SHARD" (nothing: ddp).
+  /// "HYBRID_SHARD" is refused with a ConfigError.
   std::string sharding_strategy = "FULL_SHARD";
   /// Under strategy "ddp", the optimizers' state sharded over the ranks
   /// (ZeRO-1), as the Trainer's option.
@@ -449,6 +451,12 @@ class FULGOR_API Fabric {
   /// makes it a no-op. A no-op on one process. Throws ConfigError for a
   /// module setup has not seen.
   BackwardSyncGuard no_backward_sync(torch::nn::Module& module, bool enabled = true);
+  /// Runs `body` with the set-up `module`'s parameters whole: under
+  /// FULL_SHARD a collective that gathers its units' parameters, and cuts
+  /// what `body` changed in them back into the ranks' pieces (FSDP's
+  /// summon_full_params); elsewhere it runs `body`. Throws ConfigError for a
+  /// module setup has not seen.
+  void with_whole_parameters(torch::nn::Module& module, const std::function<void()>& body);
   /// The FabricOptimizer's step (see there); under sharding, then gathers
   /// the pieces it stepped into the modules' parameters (a collective).
   bool step(torch::optim::Optimizer& optimizer);

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "ddp_trainer_scenario.h"
+#include "fulgor/distributed/sharded_unit.h"
 #include "fulgor/optim/adam.h"
 
 namespace fulgor::test {
@@ -22,19 +23,33 @@ constexpr int64_t kShardedMidStep = 3;
 
 /// Linear(4, 5), Tanh, Linear(5, 1) in float64: 20 + 5 + 5 + 1 elements, so
 /// that 2 and 4 ranks pad three of the parameters, and the last is a single
-/// element (three of four ranks hold only padding of it).
+/// element (three of four ranks hold only padding of it). Each Linear is a
+/// fulgor::Sharded unit, which FULL_SHARD alone shards: the first, whose
+/// input needs no gradient, is reduced after backward; the second when its
+/// own backward ends.
 struct ShardedNet : fulgor::Module {
   torch::nn::Sequential net{nullptr};
   std::string optimizer;
 
   ShardedNet(uint64_t seed, std::string optimizer_name) : optimizer(std::move(optimizer_name)) {
     torch::manual_seed(seed);
-    net = register_module("net", torch::nn::Sequential(torch::nn::Linear(kFeatures, 5), torch::nn::Tanh(),
-                                                       torch::nn::Linear(5, 1)));
+    net = register_module("net", torch::nn::Sequential(fulgor::Sharded(torch::nn::Linear(kFeatures, 5)),
+                                                       torch::nn::Tanh(), fulgor::Sharded(torch::nn::Linear(5, 1))));
     to(torch::kFloat64);
+  }
+  /// The parameters' bytes in memory on this rank.
+  int64_t parameter_bytes() const {
+    int64_t bytes = 0;
+    for (const auto& p : parameters()) bytes += static_cast<int64_t>(p.storage().nbytes());
+    return bytes;
   }
   torch::Tensor training_step(torch::data::Example<> batch, int64_t) override {
     return torch::mse_loss(net->forward(batch.data.to(torch::kFloat64)), batch.target.to(torch::kFloat64));
+  }
+  // Under inference mode, where FULL_SHARD's units gather and release too.
+  void validation_step(torch::data::Example<> batch, int64_t) override {
+    log("val_loss",
+        torch::mse_loss(net->forward(batch.data.to(torch::kFloat64)), batch.target.to(torch::kFloat64)));
   }
   fulgor::OptimizerConfig configure_optimizers() override {
     if (optimizer == "adam")
@@ -55,7 +70,7 @@ inline ShardedVariant parse_variant(const std::string& text) {
   v.name = text.substr(0, equals);
   if (equals != std::string::npos) v.from = text.substr(equals + 1);
   v.resumed = v.name.size() > 8 && v.name.compare(v.name.size() - 8, 8, "_resumed") == 0;
-  for (const char* strategy : {"ddp", "zero1", "shard_grad_op", "no_shard"})
+  for (const char* strategy : {"ddp", "zero1", "shard_grad_op", "no_shard", "full_shard"})
     if (v.name.rfind(std::string(strategy) + "_", 0) == 0) v.strategy = strategy;
   v.optimizer = v.name.find("_adam") != std::string::npos ? "adam" : "sgd";
   if (v.strategy.empty()) throw std::invalid_argument("unknown variant " + text);
@@ -65,8 +80,12 @@ inline ShardedVariant parse_variant(const std::string& text) {
 /// The Trainer's options for `variant`: quiet, float64, 3 epochs.
 inline fulgor::TrainerOptions sharded_options(const ShardedVariant& variant, const std::string& root) {
   fulgor::TrainerOptions o = quiet(ddp_options(root, kShardedEpochs, variant.optimizer == "adam" ? 2 : 1));
-  o.strategy = variant.strategy == "shard_grad_op" || variant.strategy == "no_shard" ? "fsdp" : "ddp";
-  o.sharding_strategy = variant.strategy == "no_shard" ? "NO_SHARD" : "SHARD_GRAD_OP";
+  const bool fsdp =
+      variant.strategy == "shard_grad_op" || variant.strategy == "no_shard" || variant.strategy == "full_shard";
+  o.strategy = fsdp ? "fsdp" : "ddp";
+  o.sharding_strategy = variant.strategy == "no_shard"     ? "NO_SHARD"
+                        : variant.strategy == "full_shard" ? "FULL_SHARD"
+                                                           : "SHARD_GRAD_OP";
   o.zero_redundancy_optimizer = variant.strategy == "zero1";
   o.gradient_clip_algorithm = variant.optimizer == "adam" ? "norm" : "value";
   o.gradient_clip_val = variant.optimizer == "adam" ? 0.3 : 0.05;

@@ -4,8 +4,8 @@
 //   fulgor_sharded_worker OUTDIR VARIANT...
 //
 // Each VARIANT is STRATEGY_OPTIMIZER, where STRATEGY is ddp, zero1 (ddp with
-// zero_redundancy_optimizer), shard_grad_op or no_shard (fsdp with that
-// sharding_strategy) and OPTIMIZER is adam (fulgor::Adam with weight decay,
+// zero_redundancy_optimizer), shard_grad_op, no_shard or full_shard (fsdp
+// with that sharding_strategy) and OPTIMIZER is adam (fulgor::Adam with weight decay,
 // gradients clipped by norm, accumulating 2 batches) or sgd
 // (torch::optim::SGD with momentum, clipped by value). For each, the rank
 // fits ShardedNet kEpochs epochs in float64 and saves a checkpoint at the
@@ -14,13 +14,16 @@
 // it with a new Trainer and model; "_from=PATH" resumes from the mid-fit
 // checkpoint PATH (written by another run, of another world size). Rank 0
 // writes every variant's final parameters to OUTDIR/params_rank0.pt under the
-// variant's name, and so does every rank to its own file. Exits 0 on
+// variant's name, and so does every rank to its own file. Under full_shard
+// each rank checks that the units' parameters hold no memory between steps
+// (Note [Fully sharded units]), and validates after each epoch. Exits 0 on
 // success, 3 with the message on a fulgor::Error, 4 on any other exception.
 
 #include <torch/torch.h>
 
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "ddp_trainer_scenario.h"
@@ -33,6 +36,19 @@ namespace {
 
 using namespace fulgor::test;
 
+// Throws unless the parameters of ShardedNet's units (all of its
+// parameters) hold no memory at the end of each batch.
+class ReleasedBetweenSteps final : public fulgor::Callback {
+ public:
+  void on_train_batch_end(fulgor::Trainer& trainer, fulgor::ModuleBase& module, const torch::Tensor&,
+                          int64_t) override {
+    const int64_t bytes = dynamic_cast<ShardedNet&>(module).parameter_bytes();
+    if (bytes != 0)
+      throw std::runtime_error("after step " + std::to_string(trainer.global_step()) + " the parameters hold " +
+                               std::to_string(bytes) + " bytes");
+  }
+};
+
 torch::Tensor fit(const ShardedVariant& variant, const std::string& out, const std::string& resume_from,
                   std::optional<int64_t> stop_at, const std::string& save_to) {
   ShardedNet model(kShardedSeed, variant.optimizer);
@@ -44,8 +60,18 @@ torch::Tensor fit(const ShardedVariant& variant, const std::string& out, const s
     options.max_steps = *stop_at;
     options.callbacks = {std::make_shared<SaveAtStep>(*stop_at, save_to)};
   }
+  // Under full_shard, validation (which changes no parameter) runs the
+  // units under inference mode.
+  std::optional<fulgor::TensorLoader> val_loader;
+  if (variant.strategy == "full_shard") {
+    options.callbacks.push_back(std::make_shared<ReleasedBetweenSteps>());
+    val_loader.emplace(make_loader(env.world_size, rank));
+  }
   fulgor::Trainer trainer(options);
-  trainer.fit(model, loader, fulgor::FitOptions{resume_from});
+  if (val_loader)
+    trainer.fit(model, loader, *val_loader, fulgor::FitOptions{resume_from});
+  else
+    trainer.fit(model, loader, fulgor::FitOptions{resume_from});
   if (!stop_at) trainer.save_checkpoint(out + "/" + variant.name + ".ckpt");
   return flat_parameters(model);
 }

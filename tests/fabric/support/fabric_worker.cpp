@@ -20,7 +20,9 @@
 // rank 1. "plain_backward" calls loss.backward() where fabric.backward(loss)
 // belongs. "sharded" trains, for each VARIANT in turn, a float64 network
 // with Adam, clipping by norm and accumulating 2 batches: under ddp, zero1
-// (ddp's zero_redundancy_optimizer) or shard_grad_op (fsdp, SHARD_GRAD_OP);
+// (ddp's zero_redundancy_optimizer), shard_grad_op (fsdp, SHARD_GRAD_OP) or
+// full_shard (fsdp, FULL_SHARD: its first layer is a fulgor::Sharded unit,
+// whose parameters must hold no memory after each step);
 // a VARIANT ending in "_resumed" saves OUTDIR/VARIANT.ckpt after its first
 // epoch and trains the other epochs with a new Fabric, model and optimizer
 // loaded from it; one ending in "_twice" synchronizes both passes of each
@@ -40,6 +42,7 @@
 
 #include "../../distributed/support/ddp_trainer_scenario.h"
 #include "fulgor/core/error.h"
+#include "fulgor/distributed/sharded_unit.h"
 #include "fulgor/fabric/fabric.h"
 
 namespace {
@@ -163,14 +166,15 @@ struct ShardedRun {
 fulgor::FabricOptions sharded_options(const std::string& strategy) {
   return {.accelerator = "cpu",
           .devices = 2,
-          .strategy = strategy == "shard_grad_op" ? "fsdp" : "ddp",
-          .sharding_strategy = "SHARD_GRAD_OP",
+          .strategy = strategy == "shard_grad_op" || strategy == "full_shard" ? "fsdp" : "ddp",
+          .sharding_strategy = strategy == "full_shard" ? "FULL_SHARD" : "SHARD_GRAD_OP",
           .zero_redundancy_optimizer = strategy == "zero1"};
 }
 
 torch::nn::Sequential sharded_model(int64_t rank) {
   torch::manual_seed(init_seed(rank));
-  torch::nn::Sequential model(torch::nn::Linear(kFeatures, 5), torch::nn::Tanh(), torch::nn::Linear(5, 1));
+  torch::nn::Sequential model(fulgor::Sharded(torch::nn::Linear(kFeatures, 5)), torch::nn::Tanh(),
+                              torch::nn::Linear(5, 1));
   model->to(torch::kFloat64);
   return model;
 }
@@ -214,10 +218,14 @@ torch::Tensor train_sharded(const ShardedRun& run) {
       else
         optimizer.step();
       optimizer.zero_grad();
+      if (run.strategy == "full_shard" && model->ptr(0)->parameters()[0].storage().nbytes() != 0)
+        throw std::runtime_error("the unit's parameters hold memory between steps");
     }
   }
   if (!run.save_to.empty()) fabric.save(run.save_to, state);
-  return flat_parameters(*model);
+  torch::Tensor parameters;
+  fabric.with_whole_parameters(*model, [&] { parameters = flat_parameters(*model); });
+  return parameters;
 }
 
 bool ends_with(const std::string& text, const std::string& end) {

@@ -1,0 +1,210 @@
+#pragma once
+
+// A unit of fully sharded training: the module whose parameters strategy
+// "fsdp" with sharding_strategy "FULL_SHARD" gathers for its forward and
+// backward passes only (docs/distributed.md, "Sharded training").
+
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+#include <torch/types.h>
+
+#include <cstddef>
+#include <memory>
+#include <ostream>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "fulgor/core/export.h"
+
+namespace fulgor {
+
+namespace detail {
+class UnitSharding;
+struct ShardedUnitAccess;
+}  // namespace detail
+
+/// The part of every fulgor::Sharded that does not depend on the wrapped
+/// module's type.
+///
+/// Contract:
+///   - requires: the wrapped module's parameters and buffers are registered
+///     when it is wrapped, and each parameter owns its storage (it is no view
+///     of another tensor).
+///   - ensures: the unit holds the wrapped module's own parameters, buffers
+///     and submodules under their own names, so that parameter names, state
+///     dicts and checkpoints are the unwrapped module's; train() and eval()
+///     reach the wrapped module.
+///   - Without a strategy that shards the parameters (one process, ddp,
+///     SHARD_GRAD_OP, NO_SHARD, or outside a fit) forward is the wrapped
+///     module's, untouched.
+///   - Under FULL_SHARD (Note [Fully sharded units] in
+///     src/distributed/parameter_shards.h): between its passes the unit's
+///     parameters hold no memory (their storage is released; shapes stay); a
+///     forward pass gathers them from the ranks' pieces, runs, and releases
+///     them; in backward they are gathered again before the unit's gradients
+///     are computed, which are then reduce-scattered into the pieces and
+///     released with the parameters. Every rank must run the same units in
+///     the same order, as every collective.
+class FULGOR_API ShardedUnit : public torch::nn::Module {
+ public:
+  /// Whether a strategy shards this unit's parameters now.
+  bool sharded() const { return sharding_ != nullptr; }
+
+  void train(bool on = true) override;
+  void pretty_print(std::ostream& stream) const override;
+
+ protected:
+  explicit ShardedUnit(std::shared_ptr<torch::nn::Module> module);
+
+  /// Gathers the parameters and routes `inputs` (the tensors among forward's
+  /// arguments) through the step that reduces the unit's gradients once
+  /// backward has computed them.
+  std::vector<torch::Tensor> before_forward(std::vector<torch::Tensor> inputs);
+  /// Routes `outputs` through the step that gathers the parameters again in
+  /// backward, then releases them. `routed`: whether `outputs` are every
+  /// tensor forward returned; where not, the parameters stay gathered until
+  /// the unit's backward has run.
+  std::vector<torch::Tensor> after_forward(std::vector<torch::Tensor> outputs, bool routed);
+
+ private:
+  friend struct detail::ShardedUnitAccess;
+  std::shared_ptr<torch::nn::Module> module_;
+  std::shared_ptr<detail::UnitSharding> sharding_;
+};
+
+namespace detail {
+
+template <typename T>
+constexpr bool is_tensor_v = std::is_same_v<std::decay_t<T>, torch::Tensor>;
+
+// A forward argument as the unit passes it on: tensors by value (routed),
+// anything else as it came.
+template <typename A>
+using PassedArgument = std::conditional_t<is_tensor_v<A>, torch::Tensor, A&&>;
+
+template <typename R>
+struct RoutedTensors {  // anything else: nothing routed
+  static constexpr bool all = false;
+  static void collect(const R&, std::vector<torch::Tensor>&) {}
+  static void replace(R&, const std::vector<torch::Tensor>&, size_t&) {}
+};
+
+template <>
+struct RoutedTensors<torch::Tensor> {
+  static constexpr bool all = true;
+  static void collect(const torch::Tensor& t, std::vector<torch::Tensor>& out) { out.push_back(t); }
+  static void replace(torch::Tensor& t, const std::vector<torch::Tensor>& in, size_t& next) { t = in[next++]; }
+};
+
+template <>
+struct RoutedTensors<std::vector<torch::Tensor>> {
+  static constexpr bool all = true;
+  static void collect(const std::vector<torch::Tensor>& ts, std::vector<torch::Tensor>& out) {
+    out.insert(out.end(), ts.begin(), ts.end());
+  }
+  static void replace(std::vector<torch::Tensor>& ts, const std::vector<torch::Tensor>& in, size_t& next) {
+    for (auto& t : ts) t = in[next++];
+  }
+};
+
+template <typename... T>
+struct RoutedTensors<std::tuple<T...>> {
+  static constexpr bool all = (RoutedTensors<T>::all && ...);
+  static void collect(const std::tuple<T...>& ts, std::vector<torch::Tensor>& out) {
+    std::apply([&](const auto&... t) { (RoutedTensors<T>::collect(t, out), ...); }, ts);
+  }
+  static void replace(std::tuple<T...>& ts, const std::vector<torch::Tensor>& in, size_t& next) {
+    std::apply([&](auto&... t) { (RoutedTensors<T>::replace(t, in, next), ...); }, ts);
+  }
+};
+
+}  // namespace detail
+
+template <typename Impl, typename Forward = decltype(&Impl::forward)>
+class ShardedImpl;
+
+/// The unit around a module of type Impl (LinearImpl, a user's BlockImpl),
+/// with Impl's forward signature, so that it stands wherever the module did,
+/// in a torch::nn::Sequential too. Use it through fulgor::Sharded.
+template <typename Impl, typename Owner, typename R, typename... A>
+class ShardedImpl<Impl, R (Owner::*)(A...)> : public ShardedUnit {
+ public:
+  explicit ShardedImpl(std::shared_ptr<Impl> module) : ShardedUnit(module), module_(std::move(module)) {}
+  explicit ShardedImpl(const torch::nn::ModuleHolder<Impl>& module) : ShardedImpl(module.ptr()) {}
+
+  R forward(A... args) {
+    if (!sharded()) return module_->forward(std::forward<A>(args)...);
+    std::vector<torch::Tensor> inputs;
+    (collect(args, inputs), ...);
+    inputs = before_forward(std::move(inputs));
+    size_t next = 0;
+    // A braced list evaluates its elements in order: each tensor argument
+    // takes its routed tensor.
+    std::tuple<detail::PassedArgument<A>...> passed{pass<A>(std::forward<A>(args), inputs, next)...};
+    R result =
+        std::apply([&](auto&&... a) { return module_->forward(std::forward<decltype(a)>(a)...); }, std::move(passed));
+    std::vector<torch::Tensor> outputs;
+    detail::RoutedTensors<R>::collect(result, outputs);
+    outputs = after_forward(std::move(outputs), detail::RoutedTensors<R>::all);
+    next = 0;
+    detail::RoutedTensors<R>::replace(result, outputs, next);
+    return result;
+  }
+
+  /// The wrapped module.
+  const std::shared_ptr<Impl>& module() const { return module_; }
+
+ private:
+  template <typename T>
+  static void collect(const T& arg, std::vector<torch::Tensor>& out) {
+    if constexpr (detail::is_tensor_v<T>) out.push_back(arg);
+  }
+  template <typename T, typename U>
+  static detail::PassedArgument<T> pass(U&& arg, const std::vector<torch::Tensor>& routed, size_t& next) {
+    if constexpr (detail::is_tensor_v<T>)
+      return routed[next++];
+    else
+      return std::forward<U>(arg);
+  }
+
+  std::shared_ptr<Impl> module_;
+};
+
+template <typename Impl, typename Owner, typename R, typename... A>
+class ShardedImpl<Impl, R (Owner::*)(A...) const> : public ShardedImpl<Impl, R (Owner::*)(A...)> {
+  using ShardedImpl<Impl, R (Owner::*)(A...)>::ShardedImpl;
+};
+
+namespace detail {
+template <typename M>
+struct ImplOf {
+  using type = typename M::ContainedType;  // a ModuleHolder: torch::nn::Linear
+};
+template <typename T>
+struct ImplOf<std::shared_ptr<T>> {
+  using type = T;
+};
+}  // namespace detail
+
+/// A module made a unit of fully sharded training (FSDP2's fully_shard in
+/// C++), where C++ modules have no forward hooks: the unit is the module's
+/// stand-in, and the parent calls the unit.
+///
+///     block = register_module("block", fulgor::Sharded(Block(64)));
+///     layers = register_module("layers", torch::nn::Sequential(
+///         fulgor::Sharded(torch::nn::Linear(512, 512)), torch::nn::ReLU()));
+///
+/// M is a module holder (torch::nn::Linear, a TORCH_MODULE) or a
+/// std::shared_ptr to a module; its forward must not be overloaded.
+template <typename M>
+class Sharded : public torch::nn::ModuleHolder<ShardedImpl<typename detail::ImplOf<M>::type>> {
+ public:
+  using torch::nn::ModuleHolder<ShardedImpl<typename detail::ImplOf<M>::type>>::ModuleHolder;
+};
+
+template <typename M>
+Sharded(M) -> Sharded<M>;
+
+}  // namespace fulgor
