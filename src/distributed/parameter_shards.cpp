@@ -321,11 +321,15 @@ void ParameterShards::reduce_bucket(const Bucket& bucket, std::vector<char>& had
 }
 
 // FSDP2's all-gather: copy-in (this rank's pieces side by side), the
-// collective, copy-out (each parameter from its pieces of every rank).
-void ParameterShards::gather_bucket(const Bucket& bucket) {
+// collective, copy-out (each parameter from its pieces of every rank). With
+// `to_rank_zero` a gather to rank 0 alone, the others copying nothing out.
+void ParameterShards::gather_bucket(const Bucket& bucket, bool to_rank_zero) {
   std::vector<torch::Tensor> row;
   for (size_t i : bucket.pieces) row.push_back(pieces_[i].shard.detach());
-  const torch::Tensor all = torch::stack(group_.all_gather(torch::cat(row)));  // [ranks, row]
+  const torch::Tensor mine = torch::cat(row);
+  const std::vector<torch::Tensor> rows = to_rank_zero ? group_.gather(mine, 0) : group_.all_gather(mine);
+  if (rows.empty()) return;
+  const torch::Tensor all = torch::stack(rows);  // [ranks, row]
   for (size_t i : bucket.pieces) {
     Piece& piece = pieces_[i];
     const torch::Tensor whole = all.narrow(1, piece.offset, piece.size).reshape({-1}).narrow(0, 0, piece.numel);
@@ -336,18 +340,20 @@ void ParameterShards::gather_bucket(const Bucket& bucket) {
 void ParameterShards::gather_parameters() {
   torch::NoGradGuard no_grad;
   for (const Bucket& bucket : buckets_)
-    if (bucket.unit < 0) gather_bucket(bucket);
+    if (bucket.unit < 0) gather_bucket(bucket, /*to_rank_zero=*/false);
   version_ = shards_version();
 }
 
-void ParameterShards::gather_unit(size_t unit) {
+void ParameterShards::gather_unit(size_t unit, bool to_rank_zero) {
   if (units_[unit].gathered) return;
   torch::NoGradGuard no_grad;
+  const bool receives = !to_rank_zero || group_.rank() == 0;
   for (size_t b : units_[unit].buckets) {
-    for (size_t i : buckets_[b].pieces) allocate_storage(pieces_[i].param);
-    gather_bucket(buckets_[b]);
+    if (receives)
+      for (size_t i : buckets_[b].pieces) allocate_storage(pieces_[i].param);
+    gather_bucket(buckets_[b], to_rank_zero);
   }
-  units_[unit].gathered = true;
+  units_[unit].gathered = receives;
 }
 
 void ParameterShards::release_unit(size_t unit) {
@@ -357,11 +363,11 @@ void ParameterShards::release_unit(size_t unit) {
   units_[unit].gathered = false;
 }
 
-void ParameterShards::with_whole_parameters(const std::function<void()>& body, bool loads) {
+void ParameterShards::with_whole_parameters(const std::function<void()>& body, Whole whole) {
   std::vector<size_t> gathered;
   for (size_t u = 0; u < units_.size(); ++u)
     if (!units_[u].gathered) {
-      gather_unit(u);
+      gather_unit(u, /*to_rank_zero=*/whole == Whole::on_rank_zero);
       gathered.push_back(u);
     }
   auto release = [&] {
@@ -373,7 +379,7 @@ void ParameterShards::with_whole_parameters(const std::function<void()>& body, b
     release();
     throw;
   }
-  if (loads) {
+  if (whole == Whole::on_every_rank) {
     torch::NoGradGuard no_grad;
     for (Piece& piece : pieces_)
       if (piece.unit >= 0) piece.shard.detach().copy_(own_piece(piece, piece.param));

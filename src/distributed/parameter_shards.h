@@ -88,9 +88,16 @@ class ParameterShards {
   /// After a backward pass that did not synchronize: the units' parameters
   /// released, their gradients kept.
   void end_unsynchronized_pass();
-  /// A collective: runs `body` with every unit's parameters whole (a save,
-  /// or a load: what `body` loaded into them is cut into the shards).
-  void with_whole_parameters(const std::function<void()>& body, bool loads = false);
+  /// For whom with_whole_parameters gathers the units' parameters: rank 0
+  /// alone (a save, which rank 0 writes: the other ranks send their pieces
+  /// and hold nothing more), or every rank, what `body` writes into them
+  /// then cut back into the pieces (a load). Lightning's FSDP strategies
+  /// save and load full state dicts so (FullStateDictConfig's rank0_only
+  /// true, then false).
+  enum class Whole { on_rank_zero, on_every_rank };
+  /// A collective: runs `body` with every unit's parameters whole where
+  /// `whole` says.
+  void with_whole_parameters(const std::function<void()>& body, Whole whole);
   /// A collective: the units' parameters gathered for good and the units
   /// no longer sharded (the end of a fit).
   void unshard_units();
@@ -138,8 +145,8 @@ class ParameterShards {
   };
 
   void find_units(torch::nn::Module& module);
-  void gather_bucket(const Bucket& bucket);
-  void gather_unit(size_t unit);
+  void gather_bucket(const Bucket& bucket, bool to_rank_zero);
+  void gather_unit(size_t unit, bool to_rank_zero = false);
   void release_unit(size_t unit);
   void reduce_unit(size_t unit);
   void detach_units();

@@ -25,34 +25,26 @@ detail::UnitSharding& unit_of(AutogradContext* ctx) {
   return *static_cast<UnitHandle*>(ctx->saved_data["unit"].toCapsule().get())->unit;
 }
 
-// Identity on the unit's inputs; autograd runs its backward once the unit's
-// backward has given the inputs' gradients (Note [Fully sharded units]).
-struct AfterUnitBackward : torch::autograd::Function<AfterUnitBackward> {
+// An identity autograd function on a unit's tensors whose backward first
+// tells the unit (Note [Fully sharded units]): on its inputs, autograd runs
+// it once the unit's backward has given the inputs' gradients
+// (backward_ends); on its outputs, before the unit's backward
+// (backward_begins).
+template <void (detail::UnitSharding::*Tell)()>
+struct UnitStep : torch::autograd::Function<UnitStep<Tell>> {
   static variable_list forward(AutogradContext* ctx, std::shared_ptr<detail::UnitSharding> unit,
-                               at::TensorList inputs) {
+                               at::TensorList tensors) {
     keep(ctx, std::move(unit));
-    return variable_list(inputs.begin(), inputs.end());
+    return variable_list(tensors.begin(), tensors.end());
   }
   static variable_list backward(AutogradContext* ctx, variable_list gradients) {
-    unit_of(ctx).backward_ends();
+    (unit_of(ctx).*Tell)();
     gradients.insert(gradients.begin(), torch::Tensor());  // for the unit argument
     return gradients;
   }
 };
-
-// Identity on the unit's outputs; its backward runs before the unit's.
-struct BeforeUnitBackward : torch::autograd::Function<BeforeUnitBackward> {
-  static variable_list forward(AutogradContext* ctx, std::shared_ptr<detail::UnitSharding> unit,
-                               at::TensorList outputs) {
-    keep(ctx, std::move(unit));
-    return variable_list(outputs.begin(), outputs.end());
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list gradients) {
-    unit_of(ctx).backward_begins();
-    gradients.insert(gradients.begin(), torch::Tensor());
-    return gradients;
-  }
-};
+using AfterUnitBackward = UnitStep<&detail::UnitSharding::backward_ends>;
+using BeforeUnitBackward = UnitStep<&detail::UnitSharding::backward_begins>;
 
 // `tensors` with those that need a gradient replaced by `Step`'s outputs.
 template <typename Step>

@@ -150,9 +150,9 @@ void DdpStrategy::load_whole_state(torch::optim::Optimizer& optimizer, const std
     load();
 }
 
-void DdpStrategy::with_whole_parameters(const std::function<void()>& body) {
+void DdpStrategy::with_whole_parameters_on_rank_zero(const std::function<void()>& body) {
   if (shards_)
-    shards_->with_whole_parameters(body);
+    shards_->with_whole_parameters(body, ParameterShards::Whole::on_rank_zero);
   else
     body();
 }

@@ -199,7 +199,7 @@ BackwardSyncGuard Fabric::no_backward_sync(torch::nn::Module& module, bool enabl
 void Fabric::with_whole_parameters(torch::nn::Module& module, const std::function<void()>& body) {
   detail::FabricModule* set_up = this->set_up(module, "with_whole_parameters");
   if (set_up->parallel.shards)
-    set_up->parallel.shards->with_whole_parameters(body, /*loads=*/true);
+    set_up->parallel.shards->with_whole_parameters(body, detail::ParameterShards::Whole::on_every_rank);
   else
     body();
 }

@@ -174,13 +174,15 @@ void unsharded(const std::vector<std::pair<detail::ParameterShards*, torch::opti
 }
 
 // Runs `body` with the set-up modules' parameters whole (FULL_SHARD gathers
-// its units' for a save, or for a load, which then cuts them into pieces).
+// its units' to rank 0 for a save, or to every rank for a load, which then
+// cuts them into pieces).
 void with_whole_modules(const std::vector<std::unique_ptr<detail::FabricModule>>& modules, bool load,
                         const std::function<void()>& body, size_t i = 0) {
   if (i == modules.size()) return body();
   auto rest = [&] { with_whole_modules(modules, load, body, i + 1); };
+  using Whole = detail::ParameterShards::Whole;
   if (modules[i]->parallel.shards)
-    modules[i]->parallel.shards->with_whole_parameters(rest, load);
+    modules[i]->parallel.shards->with_whole_parameters(rest, load ? Whole::on_every_rank : Whole::on_rank_zero);
   else
     rest();
 }

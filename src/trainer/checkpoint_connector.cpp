@@ -355,9 +355,10 @@ void CheckpointConnector::save(const std::string& path) {
       write_checkpoint_file(path, archive);
     }
   };
-  // FULL_SHARD: the units' parameters whole while the archive refers to them.
+  // FULL_SHARD: the units' parameters whole on rank 0 while the archive
+  // refers to them.
   if (s.ddp)
-    s.ddp->with_whole_parameters(save);
+    s.ddp->with_whole_parameters_on_rank_zero(save);
   else
     save();
   // The other ranks wait for the file.
@@ -370,14 +371,16 @@ void CheckpointConnector::save_async(const std::string& path, std::function<void
     ProfileScope timed(s.hooks.stage("wait_for_checkpoint_write"));
     writer_.finish();
   }
+  const bool write = prepare_to_write(path);
+  // Only rank 0, which writes, copies the state; under FULL_SHARD only its
+  // units are whole.
   std::vector<torch::Tensor> owned;
   std::optional<torch::serialize::OutputArchive> archive;
-  auto snapshot = [&] { archive = this->archive(&owned); };  // copies the weights
+  auto snapshot = [&] { archive = this->archive(write ? &owned : nullptr); };
   if (s.ddp)
-    s.ddp->with_whole_parameters(snapshot);
+    s.ddp->with_whole_parameters_on_rank_zero(snapshot);
   else
     snapshot();
-  const bool write = prepare_to_write(path);
   writer_.start(path, std::move(*archive), std::move(owned), write, std::move(on_written));
 }
 

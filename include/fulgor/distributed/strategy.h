@@ -151,9 +151,10 @@ class DdpStrategy {
   void with_whole_state(torch::optim::Optimizer& optimizer, const std::function<void()>& save);
   /// Runs `load` of a whole state into `optimizer`, then shards it.
   void load_whole_state(torch::optim::Optimizer& optimizer, const std::function<void()>& load);
-  /// Runs `body` (a save) with the module's parameters whole (a collective
-  /// under Sharding::parameters).
-  void with_whole_parameters(const std::function<void()>& body);
+  /// Runs `body` (a save, which rank 0 writes) with the module's parameters
+  /// whole on rank 0 (a collective under Sharding::parameters, in which the
+  /// other ranks send their pieces).
+  void with_whole_parameters_on_rank_zero(const std::function<void()>& body);
   /// A logged value combined over the ranks.
   double reduce(double value, Reduce reduce);
   /// The largest of the ranks' values: the ranks agree on whether to stop

@@ -16,7 +16,10 @@
 // writes every variant's final parameters to OUTDIR/params_rank0.pt under the
 // variant's name, and so does every rank to its own file. Under full_shard
 // each rank checks that the units' parameters hold no memory between steps
-// (Note [Fully sharded units]), and validates after each epoch. Exits 0 on
+// and are whole on rank 0 alone while a checkpoint is made (Note [Fully
+// sharded units]), validates after each epoch, and
+// full_shard_adam_resumed saves its mid-fit checkpoint in the background.
+// Exits 0 on
 // success, 3 with the message on a fulgor::Error, 4 on any other exception.
 
 #include <torch/torch.h>
@@ -37,16 +40,45 @@ namespace {
 using namespace fulgor::test;
 
 // Throws unless the parameters of ShardedNet's units (all of its
-// parameters) hold no memory at the end of each batch.
+// parameters) hold no memory at the end of each batch, and, while a
+// checkpoint is made during the fit, are whole on rank 0 alone.
 class ReleasedBetweenSteps final : public fulgor::Callback {
  public:
+  void on_fit_start(fulgor::Trainer&, fulgor::ModuleBase&) override { fitting_ = true; }
+  void on_fit_end(fulgor::Trainer&, fulgor::ModuleBase&) override { fitting_ = false; }
   void on_train_batch_end(fulgor::Trainer& trainer, fulgor::ModuleBase& module, const torch::Tensor&,
                           int64_t) override {
-    const int64_t bytes = dynamic_cast<ShardedNet&>(module).parameter_bytes();
-    if (bytes != 0)
-      throw std::runtime_error("after step " + std::to_string(trainer.global_step()) + " the parameters hold " +
-                               std::to_string(bytes) + " bytes");
+    expect(module, 0, "after step " + std::to_string(trainer.global_step()));
   }
+  void on_save_checkpoint(fulgor::Trainer& trainer, fulgor::ModuleBase& module, nlohmann::json&) override {
+    if (!fitting_) return;
+    int64_t whole = 0;
+    for (const auto& p : module.parameters()) whole += p.numel() * static_cast<int64_t>(p.element_size());
+    expect(module, trainer.global_rank() == 0 ? whole : 0, "while a checkpoint is made");
+  }
+
+ private:
+  static void expect(fulgor::ModuleBase& module, int64_t bytes, const std::string& when) {
+    const int64_t held = dynamic_cast<ShardedNet&>(module).parameter_bytes();
+    if (held != bytes)
+      throw std::runtime_error(when + " the parameters hold " + std::to_string(held) + " bytes, not " +
+                               std::to_string(bytes));
+  }
+  bool fitting_ = false;
+};
+
+// Saves in the background at `step` (async_checkpointing), as
+// ModelCheckpoint does: under FULL_SHARD only rank 0 gathers and copies.
+class SaveAtStepInBackground final : public fulgor::Callback {
+ public:
+  SaveAtStepInBackground(int64_t step, std::string path) : step_(step), path_(std::move(path)) {}
+  void on_train_batch_end(fulgor::Trainer& trainer, fulgor::ModuleBase&, const torch::Tensor&, int64_t) override {
+    if (trainer.global_step() == step_) trainer.save_checkpoint_async(path_);
+  }
+
+ private:
+  int64_t step_;
+  std::string path_;
 };
 
 torch::Tensor fit(const ShardedVariant& variant, const std::string& out, const std::string& resume_from,
@@ -58,7 +90,11 @@ torch::Tensor fit(const ShardedVariant& variant, const std::string& out, const s
   auto options = sharded_options(variant, out + "/rank" + std::to_string(rank));
   if (stop_at) {
     options.max_steps = *stop_at;
-    options.callbacks = {std::make_shared<SaveAtStep>(*stop_at, save_to)};
+    options.async_checkpointing = variant.strategy == "full_shard" && variant.optimizer == "adam";
+    if (options.async_checkpointing)
+      options.callbacks = {std::make_shared<SaveAtStepInBackground>(*stop_at, save_to)};
+    else
+      options.callbacks = {std::make_shared<SaveAtStep>(*stop_at, save_to)};
   }
   // Under full_shard, validation (which changes no parameter) runs the
   // units under inference mode.
