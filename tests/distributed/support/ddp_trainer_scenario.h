@@ -130,17 +130,24 @@ inline fulgor::TensorLoader make_loader(int64_t world_size, int64_t rank) {
 
 /// Saves a checkpoint at the batch that takes the run to `step`, inside the
 /// epoch: one saved after fit would resume at the next epoch, since the epoch a
-/// stop cuts short counts as done (Lightning's rule).
+/// stop cuts short counts as done (Lightning's rule). `in_background`: through
+/// save_checkpoint_async, as ModelCheckpoint saves (with async_checkpointing).
 class SaveAtStep final : public fulgor::Callback {
  public:
-  SaveAtStep(int64_t step, std::string path) : step_(step), path_(std::move(path)) {}
+  SaveAtStep(int64_t step, std::string path, bool in_background = false)
+      : step_(step), path_(std::move(path)), in_background_(in_background) {}
   void on_train_batch_end(fulgor::Trainer& trainer, fulgor::ModuleBase&, const torch::Tensor&, int64_t) override {
-    if (trainer.global_step() == step_) trainer.save_checkpoint(path_);
+    if (trainer.global_step() != step_) return;
+    if (in_background_)
+      trainer.save_checkpoint_async(path_);
+    else
+      trainer.save_checkpoint(path_);
   }
 
  private:
   int64_t step_;
   std::string path_;
+  bool in_background_;
 };
 
 /// Rank-0-only output is part of what the tests check, so the progress bar

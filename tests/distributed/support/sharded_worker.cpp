@@ -67,20 +67,6 @@ class ReleasedBetweenSteps final : public fulgor::Callback {
   bool fitting_ = false;
 };
 
-// Saves in the background at `step` (async_checkpointing), as
-// ModelCheckpoint does: under FULL_SHARD only rank 0 gathers and copies.
-class SaveAtStepInBackground final : public fulgor::Callback {
- public:
-  SaveAtStepInBackground(int64_t step, std::string path) : step_(step), path_(std::move(path)) {}
-  void on_train_batch_end(fulgor::Trainer& trainer, fulgor::ModuleBase&, const torch::Tensor&, int64_t) override {
-    if (trainer.global_step() == step_) trainer.save_checkpoint_async(path_);
-  }
-
- private:
-  int64_t step_;
-  std::string path_;
-};
-
 torch::Tensor fit(const ShardedVariant& variant, const std::string& out, const std::string& resume_from,
                   std::optional<int64_t> stop_at, const std::string& save_to) {
   ShardedNet model(kShardedSeed, variant.optimizer);
@@ -90,11 +76,9 @@ torch::Tensor fit(const ShardedVariant& variant, const std::string& out, const s
   auto options = sharded_options(variant, out + "/rank" + std::to_string(rank));
   if (stop_at) {
     options.max_steps = *stop_at;
+    // Under FULL_SHARD only rank 0 gathers and copies for a background save.
     options.async_checkpointing = variant.strategy == "full_shard" && variant.optimizer == "adam";
-    if (options.async_checkpointing)
-      options.callbacks = {std::make_shared<SaveAtStepInBackground>(*stop_at, save_to)};
-    else
-      options.callbacks = {std::make_shared<SaveAtStep>(*stop_at, save_to)};
+    options.callbacks = {std::make_shared<SaveAtStep>(*stop_at, save_to, options.async_checkpointing)};
   }
   // Under full_shard, validation (which changes no parameter) runs the
   // units under inference mode.
