@@ -74,6 +74,7 @@
 #include "fulgor/optim/scheduler.h"
 #include "fulgor/optim/sgd.h"
 #include "fulgor/optim/step_kernels.h"
+#include "fulgor/optim/zero_grad.h"
 #include "fulgor/config/seed.h"
 #include "fulgor/trainer.h"
 #include "fulgor/config/trainer_options.h"

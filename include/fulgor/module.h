@@ -20,6 +20,7 @@
 #include "fulgor/data/any_loader.h"
 #include "fulgor/optim/manual_optimizer.h"
 #include "fulgor/optim/scheduler.h"
+#include "fulgor/optim/zero_grad.h"
 
 namespace fulgor {
 
@@ -152,8 +153,10 @@ class FULGOR_API ModuleBase : public torch::nn::Module {
   /// Returning -1 skips the rest of the epoch (this batch included).
   virtual int on_train_batch_start(int64_t /*batch_idx*/) { return 0; }
   virtual void on_before_zero_grad(torch::optim::Optimizer& /*optimizer*/) {}
+  /// Sets the gradients to none (fulgor::zero_grad), as PyTorch 2's
+  /// optimizer.zero_grad() and Lightning do.
   virtual void optimizer_zero_grad(int64_t /*epoch*/, int64_t /*batch_idx*/, torch::optim::Optimizer& optimizer) {
-    optimizer.zero_grad();
+    fulgor::zero_grad(optimizer);
   }
   virtual void on_before_backward(const torch::Tensor& /*loss*/) {}
   /// Runs the backward pass from `loss` (scaled under "16-mixed"), for

@@ -23,6 +23,7 @@
 #include "fulgor/fabric/fabric.h"
 #include "fulgor/jit/torchscript_module.h"
 #include "fulgor/optim/scheduler.h"
+#include "fulgor/optim/zero_grad.h"
 
 namespace {
 
@@ -103,15 +104,6 @@ Model& checked(Model* model) {
 
 torch::Device buffer_device(const fulgor_model& model) {
   return model.device_buffers ? model.fabric->device() : torch::Device(torch::kCPU);
-}
-
-// Gradients set to none rather than zeroed in place, as PyTorch 2's
-// zero_grad() and Lightning do (LibTorch 1.13's zero_grad() only zeroes):
-// backward then writes each gradient afresh instead of adding it to zeros,
-// one pass over every gradient less per step.
-void clear_gradients(torch::optim::Optimizer& optimizer) {
-  for (auto& group : optimizer.param_groups())
-    for (auto& parameter : group.params()) parameter.mutable_grad().reset();
 }
 
 // The script's outputs: one tensor, or a tuple or list of tensors.
@@ -206,7 +198,7 @@ double train_step(fulgor_model& model, const std::vector<torch::Tensor>& inputs,
   fulgor::Fabric& fabric = *model.fabric;
   // Setting the script module's mode walks all its submodules: only on a change.
   if (!model.module->is_training()) model.module->train();
-  clear_gradients(*model.optimizer);
+  fulgor::zero_grad(*model.optimizer);
   torch::Tensor value;
   {
     auto autocast = fabric.autocast();

@@ -33,6 +33,7 @@
 #include "fulgor/fabric/fabric_callback.h"
 #include "fulgor/fabric/fabric_state.h"
 #include "fulgor/loggers/logger.h"
+#include "fulgor/optim/zero_grad.h"
 #include "fulgor/precision/precision.h"
 
 namespace fulgor {
@@ -94,7 +95,9 @@ class FULGOR_API FabricOptimizer {
   /// Steps the optimizer; returns whether it stepped (false only when the
   /// "16-mixed" loss scaler skipped the step).
   bool step();
-  void zero_grad() { optimizer_->zero_grad(); }
+  /// Sets the gradients to none (fulgor::zero_grad), as PyTorch 2's
+  /// optimizer.zero_grad() does.
+  void zero_grad(bool set_to_none = true) { fulgor::zero_grad(*optimizer_, set_to_none); }
   torch::optim::Optimizer& optimizer() const { return *optimizer_; }
   torch::optim::Optimizer* operator->() const { return optimizer_; }
 

@@ -3,6 +3,8 @@
 #include <torch/optim/optimizer.h>
 #include <torch/types.h>
 
+#include "fulgor/optim/zero_grad.h"
+
 namespace fulgor {
 
 namespace detail {
@@ -42,8 +44,9 @@ class ManualOptimizer {
       : steps_(&steps), optimizer_(&optimizer) {}
 
   torch::optim::Optimizer& optimizer() const { return *optimizer_; }
-  /// The optimizer's zero_grad, with no hook (as Lightning's).
-  void zero_grad() { optimizer_->zero_grad(); }
+  /// Sets the gradients to none (fulgor::zero_grad), with no hook (as
+  /// Lightning's).
+  void zero_grad(bool set_to_none = true) { fulgor::zero_grad(*optimizer_, set_to_none); }
   /// Steps the optimizer; returns the closure's last result (undefined without one).
   torch::Tensor step(const torch::optim::Optimizer::LossClosure& closure = nullptr) {
     return steps_->step(*optimizer_, closure);
