@@ -22,9 +22,20 @@ constexpr int64_t kFirstBucketBytes = int64_t(1) << 20;
 // Named, not file-local: Impl, a member of a class with linkage, holds it.
 namespace detail {
 
+// Note [Parameters some rank did not reach]
+// A pass may leave a parameter without a gradient on one rank (a branch it
+// did not take; gradients are set to none before each pass) and give it one
+// on another, possibly all zeros. As PyTorch's DDP does (the reducer's
+// globally unused parameters), every rank then gives it the averaged
+// gradient, zeros included: an optimizer steps a parameter with a gradient
+// (by its momentum, say) and skips one without, so the ranks would part
+// otherwise. Which ranks had a gradient travels in the bucket itself: after
+// the parameters' gradients, one element per parameter, 1 where this rank
+// has one, whose mean is nonzero exactly when some rank had one.
 struct GradientBucket {
   std::vector<size_t> params;  // indices into Impl::params, in the order they are packed
   std::vector<int64_t> offsets;
+  int64_t gradient_numel = 0;  // the gradients' elements; the flags follow
   torch::Tensor flat;
   size_t pending = 0;
   bool launched = false;
@@ -178,15 +189,19 @@ void GradientSynchronizer::Impl::launch_ready_buckets(bool all) {
   torch::NoGradGuard no_grad;
   for (; next_bucket < buckets.size() && (all || buckets[next_bucket].pending == 0); ++next_bucket) {
     detail::GradientBucket& bucket = buckets[next_bucket];
+    std::vector<double> has_gradient(bucket.params.size());
     for (size_t k = 0; k < bucket.params.size(); ++k) {
       const torch::Tensor& param = params[bucket.params[k]];
       torch::Tensor slice = bucket.flat.narrow(0, bucket.offsets[k], param.numel());
       const torch::Tensor& grad = param.grad();
+      has_gradient[k] = grad.defined();
       if (grad.defined())
         slice.copy_(grad.reshape({-1}));
       else
         slice.zero_();
     }
+    bucket.flat.narrow(0, bucket.gradient_numel, static_cast<int64_t>(has_gradient.size()))
+        .copy_(torch::tensor(has_gradient, torch::kFloat64));
     bucket.flat.div_(state->size);
     std::vector<torch::Tensor> tensors{bucket.flat};
     c10d::AllreduceOptions options;
@@ -208,13 +223,18 @@ bool GradientSynchronizer::Impl::finish() {
   torch::NoGradGuard no_grad;
   for (detail::GradientBucket& bucket : buckets) {
     state->wait(bucket.work);
+    torch::Tensor some_rank_had;  // Note [Parameters some rank did not reach]; read once, where needed
     for (size_t k = 0; k < bucket.params.size(); ++k) {
       torch::Tensor& param = params[bucket.params[k]];
       torch::Tensor mean = bucket.flat.narrow(0, bucket.offsets[k], param.numel()).view(param.sizes());
-      if (param.grad().defined())
+      if (param.grad().defined()) {
         param.mutable_grad().copy_(mean);
-      else if (mean.ne(0).any().item<bool>())
-        param.mutable_grad() = mean.clone();
+        continue;
+      }
+      if (!some_rank_had.defined())
+        some_rank_had =
+            bucket.flat.narrow(0, bucket.gradient_numel, static_cast<int64_t>(bucket.params.size())).ne(0).cpu();
+      if (some_rank_had[static_cast<int64_t>(k)].item<bool>()) param.mutable_grad() = mean.clone();
     }
     bucket.work.reset();
     bucket.launched = false;
@@ -278,9 +298,9 @@ GradientSynchronizer::GradientSynchronizer(ProcessGroup group, torch::nn::Module
   }
   for (detail::GradientBucket& bucket : impl.buckets) {
     const torch::Tensor& first = impl.params[bucket.params.front()];
-    int64_t numel = 0;
-    for (size_t index : bucket.params) numel += impl.params[index].numel();
-    bucket.flat = torch::empty({numel}, first.options().requires_grad(false));
+    for (size_t index : bucket.params) bucket.gradient_numel += impl.params[index].numel();
+    const auto flags = static_cast<int64_t>(bucket.params.size());
+    bucket.flat = torch::empty({bucket.gradient_numel + flags}, first.options().requires_grad(false));
     bucket.pending = bucket.params.size();
   }
   impl.ready.assign(impl.params.size(), false);

@@ -113,6 +113,21 @@ TEST(GradientSync, AveragesParametersWhoseStorageWasReplaced) {
       << "max difference " << (rank0.at("grads") - expected).abs().max().item<double>();
 }
 
+// Note [Parameters some rank did not reach]: a parameter one rank reached
+// (with a zero gradient) and the other did not is stepped on both.
+TEST(GradientSync, AParameterOneRankDidNotReachIsSteppedOnEveryRank) {
+  fulgor::test::TempDir dir;
+  auto [status, log] = fulgor::test::run_two_ranks({"unreached", dir.str()}, dir / "log");
+  ASSERT_TRUE(fulgor::test::exited_with(status, 0)) << log;
+  const std::vector<std::string> names = {"after_first", "final", "has_gradient"};
+  const auto rank0 = fulgor::test::load_tensors(dir / "unreached_rank0.pt", names);
+  const auto rank1 = fulgor::test::load_tensors(dir / "unreached_rank1.pt", names);
+  EXPECT_TRUE(rank0.at("has_gradient").item<bool>());
+  EXPECT_TRUE(rank1.at("has_gradient").item<bool>()) << "the rank that did not reach it gets the zeros too";
+  EXPECT_TRUE(rank0.at("final").equal(rank1.at("final"))) << "the ranks parted";
+  EXPECT_FALSE(rank1.at("final").equal(rank1.at("after_first"))) << "Adam's momentum steps it";
+}
+
 // Note [Ranks in step]: ranks out of step end in an error naming what differs.
 TEST(GradientSync, RanksOutOfStepAreAnError) {
   const std::pair<const char*, const char*> cases[] = {

@@ -25,6 +25,7 @@
 #include "fulgor/distributed/process_group.h"
 #include "fulgor/distributed/sync_batchnorm.h"
 #include "fulgor/metrics.h"
+#include "fulgor/optim/zero_grad.h"
 #include "dcp_scenario.h"
 #include "scenarios.h"
 #include "worker_main.h"
@@ -203,6 +204,36 @@ void scenario_storage_replaced(const Context& c) {
   save(c.file("storage_replaced"), {{"grads", flat_gradients(*model)}});
 }
 
+// Note [Parameters some rank did not reach] (gradient_sync.cpp): two steps
+// of Adam on two layers; in the second, rank 0 reaches `b` with a gradient of
+// zeros and rank 1 does not reach it. Every rank must step `b` (by Adam's
+// momentum) as PyTorch's DDP does, or the ranks part.
+void scenario_unreached(const Context& c) {
+  fulgor::ProcessGroup group = make_group(c);
+  torch::manual_seed(0);
+  torch::nn::Linear a(fulgor::test::kFeatures, 1), b(fulgor::test::kFeatures, 1);
+  torch::nn::ModuleList model(a, b);
+  fulgor::GradientSynchronizer sync(group, *model);
+  torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(0.1));
+  auto [x, y] = fulgor::test::make_data(2);
+  const int64_t local = kGlobalBatch / c.env.world_size;
+  torch::Tensor after_first;
+  for (int64_t step = 0; step < 2; ++step) {
+    fulgor::zero_grad(adam);
+    const torch::Tensor input = x.narrow(0, step * kGlobalBatch + c.env.rank * local, local);
+    torch::Tensor prediction = a(input);
+    if (step == 0) prediction = prediction + b(input);
+    if (step == 1 && c.env.rank == 0) prediction = prediction + 0 * b(input);
+    sync.before_forward();
+    sync.backward(torch::mse_loss(prediction, y.narrow(0, step * kGlobalBatch + c.env.rank * local, local)));
+    adam.step();
+    if (step == 0) after_first = b->weight.detach().clone();
+  }
+  save(c.file("unreached"), {{"after_first", after_first},
+                             {"final", b->weight.detach().clone()},
+                             {"has_gradient", torch::tensor(b->weight.grad().defined())}});
+}
+
 // A module whose one parameter the test replaces by another tensor, which
 // the synchronizer never saw.
 struct Swappable : torch::nn::Module {
@@ -340,6 +371,8 @@ int main(int argc, char** argv) {
       scenario_syncbn(c);
     } else if (scenario == "storage_replaced" && argc == 3) {
       scenario_storage_replaced(c);
+    } else if (scenario == "unreached" && argc == 3) {
+      scenario_unreached(c);
     } else if (scenario == "out_of_step" && argc == 4) {
       scenario_out_of_step(c, argv[3]);
     } else if (scenario == "dcp_save" && argc == 4) {
@@ -350,7 +383,7 @@ int main(int argc, char** argv) {
       scenario_dcp_load(c, argv[3]);
     } else {
       std::cerr << "usage: fulgor_distributed_worker "
-                   "env|fail|sleep|collectives|metrics|train|nosync|die|syncbn|storage_replaced|"
+                   "env|fail|sleep|collectives|metrics|train|nosync|die|syncbn|storage_replaced|unreached|"
                    "out_of_step|dcp_save|dcp_save_misplaced|dcp_load OUTDIR "
                    "[ARGS...]\n";
       return 2;
