@@ -32,9 +32,12 @@ std::optional<c10::ScalarType> newer_safetensors_dtype(const std::string& name) 
 
 bool autocast_supported(c10::DeviceType device_type) { return at::autocast::is_autocast_available(device_type); }
 
+std::pair<bool, c10::ScalarType> autocast_state(c10::DeviceType device_type) {
+  return {at::autocast::is_autocast_enabled(device_type), at::autocast::get_autocast_dtype(device_type)};
+}
+
 std::pair<bool, c10::ScalarType> set_autocast(c10::DeviceType device_type, bool enabled, c10::ScalarType dtype) {
-  std::pair<bool, c10::ScalarType> previous{at::autocast::is_autocast_enabled(device_type),
-                                            at::autocast::get_autocast_dtype(device_type)};
+  const auto previous = autocast_state(device_type);
   at::autocast::set_autocast_enabled(device_type, enabled);
   at::autocast::set_autocast_dtype(device_type, dtype);
   return previous;
@@ -49,21 +52,31 @@ bool autocast_supported(c10::DeviceType device_type) {
          device_type == c10::DeviceType::XPU;
 }
 
-std::pair<bool, c10::ScalarType> set_autocast(c10::DeviceType device_type, bool enabled, c10::ScalarType dtype) {
-  std::pair<bool, c10::ScalarType> previous;
+std::pair<bool, c10::ScalarType> autocast_state(c10::DeviceType device_type) {
   switch (device_type) {
     case c10::DeviceType::CPU:
-      previous = {at::autocast::is_cpu_enabled(), at::autocast::get_autocast_cpu_dtype()};
+      return {at::autocast::is_cpu_enabled(), at::autocast::get_autocast_cpu_dtype()};
+    case c10::DeviceType::CUDA:
+      return {at::autocast::is_enabled(), at::autocast::get_autocast_gpu_dtype()};
+    case c10::DeviceType::XPU:
+      return {at::autocast::is_xpu_enabled(), at::autocast::get_autocast_xpu_dtype()};
+    default:
+      TORCH_CHECK(false, "autocast is not supported on ", device_type, " by this LibTorch");
+  }
+}
+
+std::pair<bool, c10::ScalarType> set_autocast(c10::DeviceType device_type, bool enabled, c10::ScalarType dtype) {
+  const auto previous = autocast_state(device_type);
+  switch (device_type) {
+    case c10::DeviceType::CPU:
       at::autocast::set_cpu_enabled(enabled);
       at::autocast::set_autocast_cpu_dtype(dtype);
       break;
     case c10::DeviceType::CUDA:
-      previous = {at::autocast::is_enabled(), at::autocast::get_autocast_gpu_dtype()};
       at::autocast::set_enabled(enabled);
       at::autocast::set_autocast_gpu_dtype(dtype);
       break;
     case c10::DeviceType::XPU:
-      previous = {at::autocast::is_xpu_enabled(), at::autocast::get_autocast_xpu_dtype()};
       at::autocast::set_xpu_enabled(enabled);
       at::autocast::set_autocast_xpu_dtype(dtype);
       break;

@@ -49,7 +49,8 @@ namespace fulgor::detail {
 //     parameters' accumulations run first: they have the highest priority),
 //     reduce-scatters the unit's gradients into the pieces and releases the
 //     parameters and their gradients. A unit used twice reduces after its
-//     last backward.
+//     last backward. A unit that checkpoints its activations runs its
+//     forward again between the two (Note [Checkpointed units]).
 //   - after backward: the units whose AfterUnitBackward did not run (the
 //     first unit, whose inputs need no gradient) are reduced then, with the
 //     parameters outside any unit, as under SHARD_GRAD_OP.

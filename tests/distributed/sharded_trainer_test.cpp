@@ -34,12 +34,15 @@ std::vector<std::string> two_rank_variants() {
           "shard_grad_op_sgd",
           "full_shard_adam",
           "full_shard_sgd",
+          "full_shard_ckpt_adam",
+          "full_shard_ckpt_sgd",
           "no_shard_adam",
           "zero1_adam_resumed",
           "shard_grad_op_adam_resumed",
           "shard_grad_op_sgd_resumed",
           "full_shard_adam_resumed",
-          "full_shard_sgd_resumed"};
+          "full_shard_sgd_resumed",
+          "full_shard_ckpt_adam_resumed"};
 }
 
 std::map<std::string, torch::Tensor> run_ranks(int ranks, const TempDir& dir, const std::vector<std::string>& variants,
@@ -117,7 +120,7 @@ TEST_F(ShardedTrainer, EndsWithDdpsParametersOnTwoRanks) {
   for (const char* optimizer : {"adam", "sgd"}) {
     const torch::Tensor ddp = at(std::string("ddp_") + optimizer + "@0");
     EXPECT_FALSE(close(ddp, flat_parameters(untrained))) << "training changed nothing";
-    for (const char* strategy : {"zero1_", "shard_grad_op_", "full_shard_"})
+    for (const char* strategy : {"zero1_", "shard_grad_op_", "full_shard_", "full_shard_ckpt_"})
       EXPECT_TRUE(close(at(strategy + std::string(optimizer) + "@0"), ddp)) << strategy << optimizer;
   }
   // NO_SHARD is ddp itself.
@@ -133,8 +136,8 @@ TEST_F(ShardedTrainer, EndsWithDdpsParametersOnFourRanks) {
 }
 
 TEST_F(ShardedTrainer, ResumedFitEqualsTheUninterruptedOne) {
-  for (const char* name :
-       {"zero1_adam", "shard_grad_op_adam", "shard_grad_op_sgd", "full_shard_adam", "full_shard_sgd"})
+  for (const char* name : {"zero1_adam", "shard_grad_op_adam", "shard_grad_op_sgd", "full_shard_adam", "full_shard_sgd",
+                           "full_shard_ckpt_adam"})
     for (const char* rank : {"@0", "@1"})
       EXPECT_TRUE(torch::equal(at(std::string(name) + "_resumed" + rank), at(name + std::string(rank)))) << name << rank;
 }

@@ -17,6 +17,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #define FULGOR_TORCH_AT_LEAST(major, minor) \
@@ -45,6 +46,9 @@ std::optional<c10::ScalarType> newer_safetensors_dtype(const std::string& name);
 
 /// Whether LibTorch can autocast on `device_type`.
 bool autocast_supported(c10::DeviceType device_type);
+/// Whether autocast is on for `device_type`, and its dtype. Requires
+/// autocast_supported.
+std::pair<bool, c10::ScalarType> autocast_state(c10::DeviceType device_type);
 /// Turns autocast on `device_type` on or off, computing in `dtype`, and
 /// returns the previous (enabled, dtype). Requires autocast_supported.
 std::pair<bool, c10::ScalarType> set_autocast(c10::DeviceType device_type, bool enabled, c10::ScalarType dtype);

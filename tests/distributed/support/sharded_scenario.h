@@ -5,6 +5,7 @@
 
 #include <torch/torch.h>
 
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -21,20 +22,39 @@ constexpr uint64_t kShardedSeed = 5;
 // epoch; with sgd, which steps every batch, the end of its first batch.
 constexpr int64_t kShardedMidStep = 3;
 
+/// torch::nn::Linear counting its forward passes.
+struct CountedLinearImpl : torch::nn::LinearImpl {
+  CountedLinearImpl(int64_t in, int64_t out, std::shared_ptr<int64_t> forwards)
+      : torch::nn::LinearImpl(in, out), forwards(std::move(forwards)) {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    ++*forwards;
+    return torch::nn::LinearImpl::forward(x);
+  }
+  std::shared_ptr<int64_t> forwards;
+};
+
 /// Linear(4, 5), Tanh, Linear(5, 1) in float64: 20 + 5 + 5 + 1 elements, so
 /// that 2 and 4 ranks pad three of the parameters, and the last is a single
 /// element (three of four ranks hold only padding of it). Each Linear is a
 /// fulgor::Sharded unit, which FULL_SHARD alone shards: the first, whose
 /// input needs no gradient, is reduced after backward; the second when its
-/// own backward ends.
+/// own backward ends. `checkpoint_activations`: the units' too, so that
+/// backward gathers them to run their forward again.
 struct ShardedNet : fulgor::Module {
   torch::nn::Sequential net{nullptr};
   std::string optimizer;
+  bool checkpoint_activations;
+  std::shared_ptr<int64_t> forwards = std::make_shared<int64_t>(0);  // the units'
 
-  ShardedNet(uint64_t seed, std::string optimizer_name) : optimizer(std::move(optimizer_name)) {
+  ShardedNet(uint64_t seed, std::string optimizer_name, bool checkpoint_activations = false)
+      : optimizer(std::move(optimizer_name)), checkpoint_activations(checkpoint_activations) {
     torch::manual_seed(seed);
-    net = register_module("net", torch::nn::Sequential(fulgor::Sharded(torch::nn::Linear(kFeatures, 5)),
-                                                       torch::nn::Tanh(), fulgor::Sharded(torch::nn::Linear(5, 1))));
+    fulgor::ShardedOptions unit;
+    unit.checkpoint_activations = checkpoint_activations;
+    net = register_module(
+        "net", torch::nn::Sequential(fulgor::Sharded(std::make_shared<CountedLinearImpl>(kFeatures, 5, forwards), unit),
+                                     torch::nn::Tanh(),
+                                     fulgor::Sharded(std::make_shared<CountedLinearImpl>(5, 1, forwards), unit)));
     to(torch::kFloat64);
   }
   /// The parameters' bytes in memory on this rank.
@@ -62,6 +82,7 @@ struct ShardedNet : fulgor::Module {
 struct ShardedVariant {
   std::string name, strategy, optimizer, from;
   bool resumed = false;
+  bool checkpoint_activations = false;  // "_ckpt" in the name
 };
 
 inline ShardedVariant parse_variant(const std::string& text) {
@@ -73,6 +94,7 @@ inline ShardedVariant parse_variant(const std::string& text) {
   for (const char* strategy : {"ddp", "zero1", "shard_grad_op", "no_shard", "full_shard"})
     if (v.name.rfind(std::string(strategy) + "_", 0) == 0) v.strategy = strategy;
   v.optimizer = v.name.find("_adam") != std::string::npos ? "adam" : "sgd";
+  v.checkpoint_activations = v.name.find("_ckpt") != std::string::npos;
   if (v.strategy.empty()) throw std::invalid_argument("unknown variant " + text);
   return v;
 }

@@ -4,9 +4,10 @@
 //   fulgor_sharded_worker OUTDIR VARIANT...
 //
 // Each VARIANT is STRATEGY_OPTIMIZER, where STRATEGY is ddp, zero1 (ddp with
-// zero_redundancy_optimizer), shard_grad_op, no_shard or full_shard (fsdp
-// with that sharding_strategy) and OPTIMIZER is adam (fulgor::Adam with weight decay,
-// gradients clipped by norm, accumulating 2 batches) or sgd
+// zero_redundancy_optimizer), shard_grad_op, no_shard, full_shard (fsdp
+// with that sharding_strategy) or full_shard_ckpt (full_shard with units
+// that checkpoint their activations) and OPTIMIZER is adam (fulgor::Adam
+// with weight decay, gradients clipped by norm, accumulating 2 batches) or sgd
 // (torch::optim::SGD with momentum, clipped by value). For each, the rank
 // fits ShardedNet kEpochs epochs in float64 and saves a checkpoint at the
 // end; a VARIANT ending in "_resumed" instead fits until the middle of the
@@ -17,7 +18,8 @@
 // variant's name, and so does every rank to its own file. Under full_shard
 // each rank checks that the units' parameters hold no memory between steps
 // and are whole on rank 0 alone while a checkpoint is made (Note [Fully
-// sharded units]), validates after each epoch, and
+// sharded units]), that backward runs the units' forward again only where
+// they checkpoint their activations, validates after each epoch, and
 // full_shard_adam_resumed saves its mid-fit checkpoint in the background.
 // Exits 0 on
 // success, 3 with the message on a fulgor::Error, 4 on any other exception.
@@ -67,9 +69,28 @@ class ReleasedBetweenSteps final : public fulgor::Callback {
   bool fitting_ = false;
 };
 
+// Throws unless backward runs the units' forward again (once each) when,
+// and only when, they checkpoint their activations.
+class RecomputedInBackward final : public fulgor::Callback {
+ public:
+  void on_before_backward(fulgor::Trainer&, fulgor::ModuleBase& module, const torch::Tensor&) override {
+    before_ = *dynamic_cast<ShardedNet&>(module).forwards;
+  }
+  void on_after_backward(fulgor::Trainer&, fulgor::ModuleBase& module) override {
+    const auto& net = dynamic_cast<ShardedNet&>(module);
+    const int64_t again = *net.forwards - before_, expected = net.checkpoint_activations ? 2 : 0;
+    if (again != expected)
+      throw std::runtime_error("backward ran the units' forward " + std::to_string(again) + " times, not " +
+                               std::to_string(expected));
+  }
+
+ private:
+  int64_t before_ = 0;
+};
+
 torch::Tensor fit(const ShardedVariant& variant, const std::string& out, const std::string& resume_from,
                   std::optional<int64_t> stop_at, const std::string& save_to) {
-  ShardedNet model(kShardedSeed, variant.optimizer);
+  ShardedNet model(kShardedSeed, variant.optimizer, variant.checkpoint_activations);
   const auto env = fulgor::detect_distributed_environment();
   const int64_t rank = env.rank;
   auto loader = make_loader(env.world_size, rank);
@@ -85,6 +106,7 @@ torch::Tensor fit(const ShardedVariant& variant, const std::string& out, const s
   std::optional<fulgor::TensorLoader> val_loader;
   if (variant.strategy == "full_shard") {
     options.callbacks.push_back(std::make_shared<ReleasedBetweenSteps>());
+    options.callbacks.push_back(std::make_shared<RecomputedInBackward>());
     val_loader.emplace(make_loader(env.world_size, rank));
   }
   fulgor::Trainer trainer(options);
