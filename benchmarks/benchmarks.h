@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "harness.h"
 
@@ -13,6 +14,9 @@ struct Settings {
   int processes = 7;  // fresh processes each model's overhead is measured in
   std::string device = "cuda";  // the accelerator the gpu benchmark runs on
   int gpu_repeats = 5;          // interleaved runs of each of its variants
+  // The overhead benchmark's models ("linear", "mlp", "cnn") and variants
+  // (their names in the table) to run; empty: all.
+  std::vector<std::string> overhead_models, overhead_variants;
 };
 
 void data_benchmark(Report& report, const Settings& settings);

@@ -32,6 +32,9 @@ struct Classifier : fulgor::Module {
     if (logs > 1) log("batch_idx", static_cast<double>(batch_idx));
     return loss;
   }
+  void optimizer_zero_grad(int64_t, int64_t, torch::optim::Optimizer& optimizer) override {
+    fulgor::zero_grad(optimizer, /*set_to_none=*/!variant.zeroed_in_place);
+  }
   fulgor::OptimizerConfig configure_optimizers() override {
     if (variant.optimizer == "adam")
       return fulgor::OptimizerConfig(

@@ -28,6 +28,9 @@ struct Variant {
   std::string optimizer = "sgd";
   StepKernels kernels;
   bool fabric = false;   // the hand-written loop run by fulgor::Fabric instead of the Trainer
+  // The module's optimizer_zero_grad zeroes the gradients in place instead
+  // of setting them to none (fulgor's default): the figure before the change.
+  bool zeroed_in_place = false;
 };
 
 /// The fused step where `fused`, else the foreach step.

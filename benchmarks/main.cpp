@@ -60,9 +60,14 @@ int main(int argc, char** argv) {
       settings.device = argv[++i];
     } else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
       only.push_back(argv[++i]);
+    } else if (std::strcmp(argv[i], "--overhead-model") == 0 && i + 1 < argc) {
+      settings.overhead_models.push_back(argv[++i]);
+    } else if (std::strcmp(argv[i], "--overhead-variant") == 0 && i + 1 < argc) {
+      settings.overhead_variants.push_back(argv[++i]);
     } else {
       std::cerr << "usage: fulgor-benchmarks [--quick] "
-                   "[--only overhead|instructions|data|checkpoint|interop|precision|c_api|sharded|gpu]... [--device NAME]\n";
+                   "[--only overhead|instructions|data|checkpoint|interop|precision|c_api|sharded|gpu]... [--device NAME] "
+                   "[--overhead-model linear|mlp|cnn]... [--overhead-variant NAME]...\n";
       return 2;
     }
   }

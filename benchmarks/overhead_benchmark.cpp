@@ -37,6 +37,7 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -52,6 +53,8 @@ namespace {
 const std::vector<Variant>& variants() {
   static const std::vector<Variant> all = [] {
     std::vector<Variant> out{{"barebones", false, 0, false},
+                             // Before gradients were set to none (LibTorch 1.13's zero_grad()).
+                             {"barebones, zeroed in place", false, 0, false, "32", "", "sgd", {}, false, true},
                              {"progress bar + log()", true, 1, false},
                              {"two log() calls", false, 2, false},
                              {"checkpoint each epoch", false, 0, true},
@@ -149,15 +152,18 @@ int overhead_child(const std::string& model, size_t variant, int repeats, bool q
 
 void overhead_benchmark(Report& report, const Settings& settings) {
   const bool quick = settings.quick;
+  auto chosen = [](const std::vector<std::string>& names, const std::string& name) {
+    return names.empty() || std::find(names.begin(), names.end(), name) != names.end();
+  };
   for (const ModelSpec& spec : overhead_models()) {
     const bool cnn = spec.key == "cnn";
-    if (quick && cnn) continue;
+    if ((quick && cnn) || !chosen(settings.overhead_models, spec.key)) continue;
     const int64_t steps = epochs_for(spec, quick) * (samples_for(spec, quick) / kBatch);
     const int processes = quick ? 1 : settings.processes;
     const int repeats = pairs_for(spec, settings);
     for (size_t v = 0; v < variants().size(); ++v) {
       const Variant& variant = variants()[v];
-      if (quick && variant.checkpoint) continue;
+      if ((quick && variant.checkpoint) || !chosen(settings.overhead_variants, variant.name)) continue;
       // Note [Several processes]: one process's pairs are one draw, unless
       // there is a single process.
       std::vector<double> ratios, own_us, fulgor_us;
