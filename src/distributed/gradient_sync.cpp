@@ -31,7 +31,8 @@ namespace detail {
 // (by its momentum, say) and skips one without, so the ranks would part
 // otherwise. Which ranks had a gradient travels in the bucket itself: after
 // the parameters' gradients, one element per parameter, 1 where this rank
-// has one, whose mean is nonzero exactly when some rank had one.
+// has one, whose mean is nonzero exactly when some rank had one (the rule
+// ParameterShards::reduce_bucket follows for the sharded strategies).
 struct GradientBucket {
   std::vector<size_t> params;  // indices into Impl::params, in the order they are packed
   std::vector<int64_t> offsets;

@@ -242,17 +242,12 @@ void ParameterShards::swap_in(torch::optim::Optimizer& optimizer, bool shards) {
 
 void ParameterShards::reduce_gradients() {
   torch::NoGradGuard no_grad;
-  // had[i]: whether a rank has a gradient for piece i.
+  // had[i]: whether a rank has a gradient for piece i. Where the
+  // GradientSynchronizer reduced them, every rank has one exactly when some
+  // rank had (Note [Parameters some rank did not reach] in gradient_sync.cpp);
+  // otherwise reduce_bucket learns it with the gradients.
   std::vector<char> had(pieces_.size());
   for (size_t i = 0; i < pieces_.size(); ++i) had[i] = pieces_[i].param.grad().defined();
-  if (gradients_reduced_) {
-    torch::Tensor any = torch::empty({static_cast<int64_t>(had.size())}, torch::kFloat32);
-    for (size_t i = 0; i < had.size(); ++i) any[static_cast<int64_t>(i)] = had[i] ? 1.0F : 0.0F;
-    any = any.to(group_.device());
-    group_.all_reduce(any, ReduceOp::max);
-    any = any.cpu();
-    for (size_t i = 0; i < had.size(); ++i) had[i] = any[static_cast<int64_t>(i)].item<float>() > 0;
-  }
   for (const Bucket& bucket : buckets_)
     if (bucket.unit < 0 || !units_[static_cast<size_t>(bucket.unit)].reduced) reduce_bucket(bucket, had);
   for (size_t i = 0; i < pieces_.size(); ++i) {
