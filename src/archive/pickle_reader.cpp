@@ -291,6 +291,10 @@ class PickleReader {
   bool build_container(uint8_t op);
   void reduce();
   c10::IValue call(Callable callable, const std::vector<c10::IValue>& args);
+  c10::IValue call_for_value(Callable callable, const std::vector<c10::IValue>& args);
+  c10::IValue memory_format(const std::vector<c10::IValue>& args);
+  c10::IValue list_of(const c10::IValue& value);
+  std::string string_arg(const std::vector<c10::IValue>& args, size_t i);
   c10::IValue rebuild_tensor(const std::vector<c10::IValue>& args, size_t dtype_at);
   std::vector<int64_t> ints(const c10::IValue& value, const char* what);
 
@@ -491,22 +495,15 @@ c10::IValue PickleReader::rebuild_tensor(const std::vector<c10::IValue>& args, s
   return torch::empty({0}, storage.options().dtype(dtype)).set_(storage.storage(), offset, sizes, strides);
 }
 
+std::string PickleReader::string_arg(const std::vector<c10::IValue>& args, size_t i) {
+  if (args.size() <= i || !args[i].isString()) fail("a call's argument is not a string");
+  return args[i].toStringRef();
+}
+
+// The calls that make tensors and what describes them; the rest make plain
+// values (call_for_value).
 c10::IValue PickleReader::call(Callable callable, const std::vector<c10::IValue>& args) {
-  auto arg_string = [&](size_t i) {
-    if (args.size() <= i || !args[i].isString()) fail("a call's argument is not a string");
-    return args[i].toStringRef();
-  };
-  auto list_of = [&](const c10::IValue& v) {
-    auto out = new_list();
-    if (v.isList()) out.append(v.toList());
-    else if (v.isTuple()) for (const auto& e : v.toTupleRef().elements()) out.push_back(e);
-    else fail("set() of something that is not a list");
-    return out;
-  };
   switch (callable) {
-    case Callable::ordered_dict:
-      if (!args.empty()) fail("OrderedDict called with arguments");
-      return new_dict();
     case Callable::rebuild_tensor:
     case Callable::rebuild_tensor_v2:
       return rebuild_tensor(args, 0);
@@ -538,7 +535,7 @@ c10::IValue PickleReader::call(Callable callable, const std::vector<c10::IValue>
       return c10::ivalue::Tuple::create(std::move(dims));
     }
     case Callable::device: {
-      std::string name = arg_string(0);
+      std::string name = string_arg(args, 0);
       if (args.size() == 2 && args[1].isInt()) name += ":" + std::to_string(args[1].toInt());
       try {
         return c10::Device(name);
@@ -546,13 +543,23 @@ c10::IValue PickleReader::call(Callable callable, const std::vector<c10::IValue>
         return name;  // a device this LibTorch cannot name (npu, say), kept as its string
       }
     }
+    default:
+      return call_for_value(callable, args);
+  }
+}
+
+c10::IValue PickleReader::call_for_value(Callable callable, const std::vector<c10::IValue>& args) {
+  switch (callable) {
+    case Callable::ordered_dict:
+      if (!args.empty()) fail("OrderedDict called with arguments");
+      return new_dict();
     case Callable::set:
     case Callable::frozenset:
       return args.empty() ? new_list() : list_of(args[0]);
     case Callable::bytearray:
-      return args.empty() ? std::string() : arg_string(0);
+      return args.empty() ? std::string() : string_arg(args, 0);
     case Callable::codecs_encode:
-      return latin1_of(arg_string(0), source_);
+      return latin1_of(string_arg(args, 0), source_);
     case Callable::typed_list:
       if (args.size() != 1 || !args[0].isList()) fail("a typed list of something other than a list");
       return args[0];
@@ -570,31 +577,42 @@ c10::IValue PickleReader::call(Callable callable, const std::vector<c10::IValue>
       if (args.size() != 2 || !args[0].isDouble() || !args[1].isDouble()) fail("complex of other than two floats");
       return c10::complex<double>(args[0].toDouble(), args[1].toDouble());
     case Callable::layout:  // _get_layout("torch.strided")
-      return arg_string(0);
+      return string_arg(args, 0);
     case Callable::memory_format_encoding:  // an enum of ints
       if (args.size() != 1 || !args[0].isInt()) fail("a memory format's encoding is not an int");
       return args[0];
-    case Callable::enum_member: {  // getattr(_MEM_FORMAT_ENCODING, "TORCH_CONTIGUOUS_FORMAT")
-      static const std::map<std::string, int64_t> formats = {
-          {"TORCH_CONTIGUOUS_FORMAT", 0}, {"TORCH_CHANNELS_LAST", 1}, {"TORCH_PRESERVE_FORMAT", 2}};
-      bool encoding = args.size() == 2 && args[0].isString() &&
-                      (args[0].toStringRef() == "_MEM_FORMAT_ENCODING" || args[0].toStringRef() == "MEM_FORMAT_ENCODING");
-      auto format = encoding && args[1].isString() ? formats.find(args[1].toStringRef()) : formats.end();
-      if (format == formats.end()) fail("getattr of something other than a memory format's encoding");
-      return format->second;
-    }
+    case Callable::enum_member:
+      return memory_format(args);
     case Callable::path: {
       std::string joined;
-      for (size_t i = 0; i < args.size(); ++i) joined += (i ? "/" : "") + arg_string(i);
+      for (size_t i = 0; i < args.size(); ++i) joined += (i ? "/" : "") + string_arg(args, i);
       return joined;
     }
-    case Callable::script_module:
-    case Callable::dcp_class:
-    case Callable::tensor_type:
-    case Callable::none:
-      break;
+    default:
+      fail("a call of something that is not an accepted function");
   }
-  fail("a call of something that is not an accepted function");
+}
+
+// getattr(_MEM_FORMAT_ENCODING, "TORCH_CONTIGUOUS_FORMAT")
+c10::IValue PickleReader::memory_format(const std::vector<c10::IValue>& args) {
+  static const std::map<std::string, int64_t> formats = {
+      {"TORCH_CONTIGUOUS_FORMAT", 0}, {"TORCH_CHANNELS_LAST", 1}, {"TORCH_PRESERVE_FORMAT", 2}};
+  bool encoding = args.size() == 2 && args[0].isString() &&
+                  (args[0].toStringRef() == "_MEM_FORMAT_ENCODING" || args[0].toStringRef() == "MEM_FORMAT_ENCODING");
+  auto format = encoding && args[1].isString() ? formats.find(args[1].toStringRef()) : formats.end();
+  if (format == formats.end()) fail("getattr of something other than a memory format's encoding");
+  return format->second;
+}
+
+c10::IValue PickleReader::list_of(const c10::IValue& value) {
+  auto out = new_list();
+  if (value.isList())
+    out.append(value.toList());
+  else if (value.isTuple())
+    for (const auto& e : value.toTupleRef().elements()) out.push_back(e);
+  else
+    fail("set() of something that is not a list");
+  return out;
 }
 
 void PickleReader::reduce() {

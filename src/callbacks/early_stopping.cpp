@@ -9,8 +9,8 @@
 #include <iostream>
 #include <limits>
 
+#include "callbacks/python_format.h"
 #include "fulgor/trainer.h"
-#include "python_format.h"
 
 namespace fulgor {
 namespace {

@@ -15,10 +15,10 @@
 #include <utility>
 #include <vector>
 
+#include "callbacks/python_format.h"
 #include "fulgor/checkpoint/checkpoint.h"
 #include "fulgor/core/error.h"
 #include "fulgor/trainer.h"
-#include "python_format.h"
 
 namespace fulgor {
 namespace {

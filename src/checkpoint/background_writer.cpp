@@ -1,4 +1,4 @@
-#include "background_writer.h"
+#include "checkpoint/background_writer.h"
 
 #include <fmt/format.h>
 

@@ -303,6 +303,93 @@ void check_holds_data(const CheckpointFile& file, const std::string& path, uint6
     throw CheckpointError(fmt::format("checkpoint {}", e.what()));
   }
 }
+
+struct ContainerHeader {
+  uint32_t version;
+  uint64_t length, hash;
+  uint64_t expected;  // the bytes after the header: the archive, and the chunks' hashes
+};
+
+// The header, checked, and the file's size checked against it.
+ContainerHeader read_header(const CheckpointFile& file, const std::string& path) {
+  const std::string head = file.read(0, std::min<uint64_t>(file.size(), kHeaderSize));
+  if (head.size() < kHeaderSize || std::memcmp(head.data(), kMagic, sizeof(kMagic)) != 0) {
+    if (head.size() < sizeof(kMagic) && std::string_view(kMagic, head.size()) == head)
+      throw CheckpointError(
+          fmt::format("checkpoint '{}' is truncated: {} bytes, not even a header", path, head.size()));
+    throw CheckpointError(fmt::format("'{}' is not a fulgor checkpoint (it does not start with \"FULGORCK\")", path));
+  }
+  ContainerHeader header{get_le<uint32_t>(head.data() + 8), get_le<uint64_t>(head.data() + 12),
+                         get_le<uint64_t>(head.data() + 20), 0};
+  if (header.version < kFnvContainerVersion || header.version > kContainerVersion)
+    throw CheckpointError(fmt::format("checkpoint '{}' has container version {}; this fulgor reads versions {} to {}",
+                                      path, header.version, kFnvContainerVersion, kContainerVersion));
+  const uint64_t present = file.size() - kHeaderSize, length = header.length;
+  // The length is compared with the file before the table's size is
+  // computed from it, which then cannot overflow.
+  const bool chunked = header.version == kContainerVersion;
+  header.expected = chunked && length <= present ? length + 8 * detail::chunk_count(length) : length;
+  if (present < header.expected)
+    throw CheckpointError(
+        fmt::format("checkpoint '{}' is truncated: {} of {} bytes present", path, present, header.expected));
+  if (present > header.expected)
+    throw CheckpointError(fmt::format("checkpoint '{}' is corrupted: {} bytes past the end of its data", path,
+                                      present - header.expected));
+  return header;
+}
+
+CheckpointError corrupted(const std::string& path) {
+  return CheckpointError(fmt::format("checkpoint '{}' is corrupted: its contents do not match its checksum", path));
+}
+
+CheckpointError unreadable(const std::string& path, const std::string& why) {
+  return CheckpointError(fmt::format("checkpoint '{}' cannot be read by LibTorch {}: {}", path, TORCH_VERSION, why));
+}
+
+// Versions 2 and 3: one hash over the whole archive, read into memory.
+torch::serialize::InputArchive load_hashed_whole(const CheckpointFile& file, const std::string& path,
+                                                 const ContainerHeader& header) {
+  const uint64_t length = header.length;
+  const std::string data = file.read(kHeaderSize, length);
+  const uint64_t actual =
+      header.version == kFnvContainerVersion ? fnv1a_words(data.data(), length) : XXH3_64bits(data.data(), length);
+  if (actual != header.hash) throw corrupted(path);
+  check_holds_data(file, path, length, [] {});
+  torch::serialize::InputArchive archive;
+  try {
+    archive.load_from(data.data(), length, torch::Device(torch::kCPU));
+  } catch (const c10::Error& e) {
+    throw unreadable(path, e.what_without_backtrace());
+  }
+  return archive;
+}
+
+// The current version: each chunk checked as LibTorch reads it (Note [Checked chunks]).
+torch::serialize::InputArchive load_chunked(const CheckpointFile& file, const std::string& path,
+                                            const ContainerHeader& header) {
+  const uint64_t length = header.length;
+  std::string table = file.read(kHeaderSize + length, header.expected - length);
+  if (XXH3_64bits(table.data(), table.size()) != header.hash) throw corrupted(path);
+  detail::CheckedArchive checked(file.fd(), kHeaderSize, length, std::move(table));
+  auto check_rest = [&] {
+    if (checked.check_rest()) return;
+    if (checked.read_error() != 0)
+      throw CheckpointError(fmt::format("cannot read checkpoint '{}': {}", path, std::strerror(checked.read_error())));
+    throw corrupted(path);
+  };
+  check_holds_data(file, path, length, check_rest);
+  torch::serialize::InputArchive archive;
+  try {
+    archive.load_from([&](uint64_t pos, void* buf, size_t n) { return checked.read(pos, buf, n); },
+                      [&] { return static_cast<size_t>(length); }, torch::Device(torch::kCPU));
+  } catch (const c10::Error& e) {
+    // A read stopped at a chunk that does not match: LibTorch names a symptom.
+    check_rest();
+    throw unreadable(path, e.what_without_backtrace());
+  }
+  check_rest();
+  return archive;
+}
 }  // namespace
 
 torch::serialize::InputArchive read_checkpoint_file(const std::string& path) {
@@ -311,68 +398,8 @@ torch::serialize::InputArchive read_checkpoint_file(const std::string& path) {
 
 torch::serialize::InputArchive detail::read_checkpoint_file(const RegularFile& opened, const std::string& path) {
   const CheckpointFile file(opened, path);
-  const std::string head = file.read(0, std::min<uint64_t>(file.size(), kHeaderSize));
-  if (head.size() < kHeaderSize || std::memcmp(head.data(), kMagic, sizeof(kMagic)) != 0) {
-    if (head.size() < sizeof(kMagic) && std::string_view(kMagic, head.size()) == head)
-      throw CheckpointError(
-          fmt::format("checkpoint '{}' is truncated: {} bytes, not even a header", path, head.size()));
-    throw CheckpointError(fmt::format("'{}' is not a fulgor checkpoint (it does not start with \"FULGORCK\")", path));
-  }
-  const auto version = get_le<uint32_t>(head.data() + 8);
-  const auto length = get_le<uint64_t>(head.data() + 12);
-  const auto hash = get_le<uint64_t>(head.data() + 20);
-  if (version < kFnvContainerVersion || version > kContainerVersion)
-    throw CheckpointError(fmt::format("checkpoint '{}' has container version {}; this fulgor reads versions {} to {}",
-                                      path, version, kFnvContainerVersion, kContainerVersion));
-  const uint64_t present = file.size() - kHeaderSize;
-  // The length is compared with the file before the table's size is
-  // computed from it, which then cannot overflow.
-  const bool chunked = version == kContainerVersion;
-  const uint64_t expected = chunked && length <= present ? length + 8 * detail::chunk_count(length) : length;
-  if (present < expected)
-    throw CheckpointError(fmt::format("checkpoint '{}' is truncated: {} of {} bytes present", path, present, expected));
-  if (present > expected)
-    throw CheckpointError(
-        fmt::format("checkpoint '{}' is corrupted: {} bytes past the end of its data", path, present - expected));
-  const CheckpointError corrupted(
-      fmt::format("checkpoint '{}' is corrupted: its contents do not match its checksum", path));
-  auto unreadable = [&](const std::string& why) {
-    return CheckpointError(fmt::format("checkpoint '{}' cannot be read by LibTorch {}: {}", path, TORCH_VERSION, why));
-  };
-  torch::serialize::InputArchive archive;
-  if (!chunked) {
-    const std::string data = file.read(kHeaderSize, length);
-    const uint64_t actual =
-        version == kFnvContainerVersion ? fnv1a_words(data.data(), length) : XXH3_64bits(data.data(), length);
-    if (actual != hash) throw corrupted;
-    check_holds_data(file, path, length, [] {});
-    try {
-      archive.load_from(data.data(), length, torch::Device(torch::kCPU));
-    } catch (const c10::Error& e) {
-      throw unreadable(e.what_without_backtrace());
-    }
-    return archive;
-  }
-  std::string table = file.read(kHeaderSize + length, expected - length);
-  if (XXH3_64bits(table.data(), table.size()) != hash) throw corrupted;
-  detail::CheckedArchive checked(file.fd(), kHeaderSize, length, std::move(table));  // Note [Checked chunks]
-  auto check_rest = [&] {
-    if (checked.check_rest()) return;
-    if (checked.read_error() != 0)
-      throw CheckpointError(fmt::format("cannot read checkpoint '{}': {}", path, std::strerror(checked.read_error())));
-    throw corrupted;
-  };
-  check_holds_data(file, path, length, check_rest);
-  try {
-    archive.load_from([&](uint64_t pos, void* buf, size_t n) { return checked.read(pos, buf, n); },
-                      [&] { return static_cast<size_t>(length); }, torch::Device(torch::kCPU));
-  } catch (const c10::Error& e) {
-    // A read stopped at a chunk that does not match: LibTorch names a symptom.
-    check_rest();
-    throw unreadable(e.what_without_backtrace());
-  }
-  check_rest();
-  return archive;
+  const ContainerHeader header = read_header(file, path);
+  return header.version == kContainerVersion ? load_chunked(file, path, header) : load_hashed_whole(file, path, header);
 }
 
 nlohmann::json read_checkpoint_meta(const std::string& path) {

@@ -168,6 +168,32 @@ Field field(const char* name, const char* type, T TrainerOptions::*member) {
   return {name, type, get, set};
 }
 
+// Lightning accepts the precision as a number too (32).
+Field precision_field() {
+  return {"precision", "a string (or the integer 32)", [](const TrainerOptions& o) { return json(o.precision); },
+          [](TrainerOptions& o, const json& v) {
+            if (v.is_string())
+              o.precision = v.get<std::string>();
+            else if (v.is_number_integer())
+              o.precision = std::to_string(int64_option("precision", v));
+            else
+              ill_typed("precision", "a string (or the integer 32)", v);
+          }};
+}
+
+// Lightning accepts a boolean or a number of batches.
+Field fast_dev_run_field() {
+  return {"fast_dev_run", "a boolean or an integer", [](const TrainerOptions& o) { return json(o.fast_dev_run); },
+          [](TrainerOptions& o, const json& v) {
+            if (v.is_boolean())
+              o.fast_dev_run = v.get<bool>() ? 1 : 0;
+            else if (v.is_number_integer())
+              o.fast_dev_run = int64_option("fast_dev_run", v);
+            else
+              ill_typed("fast_dev_run", "a boolean or an integer", v);
+          }};
+}
+
 const std::vector<Field>& fields() {
   static const std::vector<Field> all = [] {
     std::vector<Field> f;
@@ -176,28 +202,9 @@ const std::vector<Field>& fields() {
     f.push_back(field("devices", "devices (an integer, a string like \"0,1\" or a list of integers)",
                       &TrainerOptions::devices));
     f.push_back(field("num_nodes", "an integer", &TrainerOptions::num_nodes));
-    // Lightning accepts the precision as a number too (32).
-    f.push_back({"precision", "a string (or the integer 32)", [](const TrainerOptions& o) { return json(o.precision); },
-                 [](TrainerOptions& o, const json& v) {
-                   if (v.is_string())
-                     o.precision = v.get<std::string>();
-                   else if (v.is_number_integer())
-                     o.precision = std::to_string(int64_option("precision", v));
-                   else
-                     ill_typed("precision", "a string (or the integer 32)", v);
-                 }});
+    f.push_back(precision_field());
     f.push_back(field("logger", "a boolean", &TrainerOptions::logger));
-    // Lightning accepts a boolean or a number of batches.
-    f.push_back({"fast_dev_run", "a boolean or an integer",
-                 [](const TrainerOptions& o) { return json(o.fast_dev_run); },
-                 [](TrainerOptions& o, const json& v) {
-                   if (v.is_boolean())
-                     o.fast_dev_run = v.get<bool>() ? 1 : 0;
-                   else if (v.is_number_integer())
-                     o.fast_dev_run = int64_option("fast_dev_run", v);
-                   else
-                     ill_typed("fast_dev_run", "a boolean or an integer", v);
-                 }});
+    f.push_back(fast_dev_run_field());
     auto opt_int = [](const char* name, std::optional<int64_t> TrainerOptions::*m) {
       return field(name, "an integer or null", m);
     };

@@ -57,6 +57,60 @@ std::vector<int64_t> first_n(int64_t n) {
   return indices;
 }
 
+// A count (-1 for "auto") or an explicit list, as Lightning's _parse_gpu_ids
+// normalises `devices`.
+struct Selection {
+  bool is_count = false;
+  int64_t count = 0;
+  std::vector<int64_t> indices;
+};
+
+std::vector<int64_t> parse_index_list(const std::string& s, const Devices& devices, const std::string& accelerator) {
+  std::vector<int64_t> indices;
+  size_t start = 0;
+  while (start <= s.size()) {
+    size_t comma = s.find(',', start);
+    std::string part = trim(s.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    if (!part.empty()) {
+      int64_t index = 0;
+      if (!parse_int(part, index)) reject(devices, accelerator, fmt::format("'{}' is not an integer", part));
+      indices.push_back(index);
+    }
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return indices;
+}
+
+Selection selection_of(const Devices& devices, const std::string& accelerator) {
+  if (auto n = std::get_if<int64_t>(&devices.value())) return {true, *n, {}};
+  if (auto list = std::get_if<std::vector<int64_t>>(&devices.value())) return {false, 0, *list};
+  const std::string s = trim(std::get<std::string>(devices.value()));
+  if (s == "auto") return {true, -1, {}};
+  if (s.find(',') != std::string::npos) return {false, 0, parse_index_list(s, devices, accelerator)};
+  int64_t count = 0;
+  if (!parse_int(s, count)) reject(devices, accelerator, "not a number, a list of indices or \"auto\"");
+  return {true, count, {}};
+}
+
+std::vector<int64_t> first_devices(int64_t count, int64_t available, const Devices& devices,
+                                   const std::string& accelerator) {
+  if (count == -1) {
+    if (available == 0) reject(devices, accelerator, "no devices are available");
+    if (available > kMaxDevices)
+      reject(devices, accelerator,
+             fmt::format("the accelerator counts {} devices, more than the limit of {}", available, kMaxDevices));
+    return first_n(available);
+  }
+  if (count == 0) reject(devices, accelerator, "0 devices selects nothing");
+  if (count < 0) reject(devices, accelerator, fmt::format("the count {} is negative", count));
+  if (count > kMaxDevices)
+    reject(devices, accelerator, fmt::format("{} devices is more than the limit of {}", count, kMaxDevices));
+  if (count > available)
+    reject(devices, accelerator, fmt::format("{} devices requested but only {} available", count, available));
+  return first_n(count);
+}
+
 }  // namespace
 
 bool Devices::is_auto() const {
@@ -65,60 +119,11 @@ bool Devices::is_auto() const {
 }
 
 std::vector<int64_t> parse_device_indices(const Devices& devices, int64_t available, const std::string& accelerator) {
-  // Normalise to either a count or an explicit list, as Lightning's _parse_gpu_ids does.
-  bool is_count = false;
-  int64_t count = 0;
-  std::vector<int64_t> indices;
-  if (auto n = std::get_if<int64_t>(&devices.value())) {
-    is_count = true;
-    count = *n;
-  } else if (auto list = std::get_if<std::vector<int64_t>>(&devices.value())) {
-    indices = *list;
-  } else {
-    const std::string s = trim(std::get<std::string>(devices.value()));
-    if (s == "auto") {
-      is_count = true;
-      count = -1;
-    } else if (s.find(',') != std::string::npos) {
-      size_t start = 0;
-      while (start <= s.size()) {
-        size_t comma = s.find(',', start);
-        std::string part = trim(s.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
-        if (!part.empty()) {
-          int64_t index = 0;
-          if (!parse_int(part, index)) reject(devices, accelerator, fmt::format("'{}' is not an integer", part));
-          indices.push_back(index);
-        }
-        if (comma == std::string::npos) break;
-        start = comma + 1;
-      }
-    } else if (parse_int(s, count)) {
-      is_count = true;
-    } else {
-      reject(devices, accelerator, "not a number, a list of indices or \"auto\"");
-    }
-  }
-
-  if (is_count) {
-    if (count == -1) {
-      if (available == 0) reject(devices, accelerator, "no devices are available");
-      if (available > kMaxDevices)
-        reject(devices, accelerator,
-               fmt::format("the accelerator counts {} devices, more than the limit of {}", available, kMaxDevices));
-      return first_n(available);
-    }
-    if (count == 0) reject(devices, accelerator, "0 devices selects nothing");
-    if (count < 0) reject(devices, accelerator, fmt::format("the count {} is negative", count));
-    if (count > kMaxDevices)
-      reject(devices, accelerator, fmt::format("{} devices is more than the limit of {}", count, kMaxDevices));
-    if (count > available)
-      reject(devices, accelerator, fmt::format("{} devices requested but only {} available", count, available));
-    return first_n(count);
-  }
-
-  if (indices.empty()) reject(devices, accelerator, "the list of indices is empty");
+  Selection selection = selection_of(devices, accelerator);
+  if (selection.is_count) return first_devices(selection.count, available, devices, accelerator);
+  if (selection.indices.empty()) reject(devices, accelerator, "the list of indices is empty");
   std::set<int64_t> seen;
-  for (int64_t index : indices) {
+  for (int64_t index : selection.indices) {
     if (index < 0) reject(devices, accelerator, fmt::format("index {} is negative", index));
     if (index >= available)
       reject(devices, accelerator,
@@ -126,7 +131,7 @@ std::vector<int64_t> parse_device_indices(const Devices& devices, int64_t availa
                          available - 1));
     if (!seen.insert(index).second) reject(devices, accelerator, fmt::format("index {} appears twice", index));
   }
-  return indices;
+  return std::move(selection.indices);
 }
 
 int64_t parse_process_count(const Devices& devices, const std::string& accelerator) {

@@ -139,6 +139,48 @@ std::pair<std::string, std::string> key_and_extension(const std::string& path) {
   return {path.substr(0, dot), ext};
 }
 
+// A member's header: its name (a preceding long name's, if any), size, type
+// and where its data begins.
+struct TarMember {
+  std::string name;
+  uint64_t size, data;
+  char type;
+};
+
+// The member whose header is at `offset`, or nullopt at the archive's end.
+std::optional<TarMember> read_member(int fd, uint64_t offset, const std::string& path, uint64_t file_size,
+                                     std::optional<std::string>& long_name) {
+  char header[512];
+  // Archives end with zero blocks: one cut at a member's end lacks them.
+  if (!detail::read_at(fd, offset, header, 512))
+    throw DataError(fmt::format("tar shard '{}' is truncated: it ends at byte {} without the end-of-archive blocks",
+                                path, file_size));
+  if (std::all_of(header, header + 512, [](char c) { return c == 0; })) return std::nullopt;  // the archive's end
+  if (std::memcmp(header + 257, "ustar", 5) != 0)
+    throw DataError(fmt::format("tar shard '{}': not a tar archive (no ustar header at byte {})", path, offset));
+  std::string name = tar_text(header + 345, 155);
+  name = (name.empty() ? "" : name + "/") + tar_text(header, 100);
+  if (long_name) name = *std::exchange(long_name, std::nullopt);
+  const uint64_t size = member_size(header, path, name, offset), data = offset + 512;
+  if (size > file_size || data + (size + 511) / 512 * 512 > file_size)
+    throw DataError(fmt::format("tar shard '{}': member '{}' is truncated ({} of its {} bytes)", path, name,
+                                file_size - std::min(file_size, data), size));
+  return TarMember{std::move(name), size, data, header[156]};
+}
+
+// A member read whole: a long name, a pax header or a class index.
+std::string read_text_member(int fd, const TarMember& member, const std::string& path) {
+  if (member.size > kMaxTextMember)
+    throw DataError(
+        fmt::format("tar shard '{}': member '{}' has {} bytes; fulgor reads names and class indices "
+                    "of up to {} bytes",
+                    path, member.name, member.size, kMaxTextMember));
+  std::string content(member.size, '\0');
+  if (!detail::read_at(fd, member.data, content.data(), member.size))
+    throw DataError(fmt::format("tar shard '{}': member '{}' cannot be read", path, member.name));
+  return content;
+}
+
 }  // namespace
 
 // Note [Shards kept open]
@@ -227,35 +269,12 @@ void TarShards::scan(size_t shard) {
     target.reset();
   };
   uint64_t offset = 0;
-  char header[512];
-  for (;;) {
-    // Archives end with zero blocks: one cut at a member's end lacks them.
-    if (!detail::read_at(fd, offset, header, 512))
-      throw DataError(fmt::format("tar shard '{}' is truncated: it ends at byte {} without the end-of-archive blocks",
-                                  path, file_size));
-    if (std::all_of(header, header + 512, [](char c) { return c == 0; })) break;  // the archive's end
-    if (std::memcmp(header + 257, "ustar", 5) != 0)
-      throw DataError(fmt::format("tar shard '{}': not a tar archive (no ustar header at byte {})", path, offset));
-    std::string name = tar_text(header + 345, 155);
-    name = (name.empty() ? "" : name + "/") + tar_text(header, 100);
-    if (long_name) name = *std::exchange(long_name, std::nullopt);
-    const uint64_t size = member_size(header, path, name, offset), data = offset + 512;
-    if (size > file_size || data + (size + 511) / 512 * 512 > file_size)
-      throw DataError(fmt::format("tar shard '{}': member '{}' is truncated ({} of its {} bytes)", path, name,
-                                  file_size - std::min(file_size, data), size));
-    const char type = header[156];
-    std::string content;
-    const auto [member_key, ext] = key_and_extension(name);
+  while (const std::optional<TarMember> member = read_member(fd, offset, path, file_size, long_name)) {
+    const auto [member_key, ext] = key_and_extension(member->name);
+    const char type = member->type;
     const bool regular = type == '0' || type == '\0';
-    if (type == 'L' || type == 'x' || (regular && ext == "cls")) {
-      if (size > kMaxTextMember)
-        throw DataError(fmt::format("tar shard '{}': member '{}' has {} bytes; fulgor reads names and class indices "
-                                    "of up to {} bytes",
-                                    path, name, size, kMaxTextMember));
-      content.resize(size);
-      if (!detail::read_at(fd, data, content.data(), size))
-        throw DataError(fmt::format("tar shard '{}': member '{}' cannot be read", path, name));
-    }
+    const std::string content =
+        type == 'L' || type == 'x' || (regular && ext == "cls") ? read_text_member(fd, *member, path) : "";
     if (type == 'L') long_name = tar_text(content.data(), content.size());
     if (type == 'x') long_name = pax_path(content);
     if (regular) {
@@ -263,12 +282,11 @@ void TarShards::scan(size_t shard) {
         finish();
         key = member_key;
       }
-      if ((ext == "jpg" || ext == "jpeg" || ext == "png") && !image) image = Sample{shard, data, size, 0, name};
-      if (ext == "cls") {
-        target = class_index(content, fmt::format("tar shard '{}': member '{}'", path, name));
-      }
+      if ((ext == "jpg" || ext == "jpeg" || ext == "png") && !image)
+        image = Sample{shard, member->data, member->size, 0, member->name};
+      if (ext == "cls") target = class_index(content, fmt::format("tar shard '{}': member '{}'", path, member->name));
     }
-    offset = data + (size + 511) / 512 * 512;
+    offset = member->data + (member->size + 511) / 512 * 512;
   }
   finish();
 }

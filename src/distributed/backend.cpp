@@ -11,8 +11,8 @@
 #include <map>
 #include <mutex>
 
+#include "distributed/process_group_state.h"
 #include "fulgor/core/error.h"
-#include "process_group_state.h"
 
 namespace fulgor {
 namespace {

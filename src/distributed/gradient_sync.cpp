@@ -9,7 +9,7 @@
 #include <mutex>
 #include <utility>
 
-#include "process_group_state.h"
+#include "distributed/process_group_state.h"
 
 namespace fulgor {
 namespace {
@@ -61,6 +61,7 @@ struct GradientSynchronizer::Impl {
   size_t next_bucket = 0;
   int64_t reductions = 0;
 
+  void make_buckets(int64_t cap);
   void hook(size_t index);
   bool rehook();
   void on_gradient(size_t index);
@@ -148,6 +149,25 @@ void compare_over_ranks(ProcessGroup& group, const std::vector<torch::Tensor>& t
   const int64_t first = differs.nonzero()[0][0].item<int64_t>();
   throw DistributedError(fmt::format("{} differ across the {} ranks ({} of {}, the first '{}'): {}", what, group.size(),
                                      count, tensors.size(), names.at(first), hint));
+}
+
+// Every rank must hold the same model, or the buckets would not line up.
+void check_same_model(ProcessGroup& group, const std::vector<torch::Tensor>& params) {
+  int64_t elements = 0;
+  for (const torch::Tensor& p : params) elements += p.numel();
+  const auto shape_of_model = [&] {
+    return torch::tensor({static_cast<int64_t>(params.size()), elements},
+                         torch::TensorOptions().dtype(torch::kInt64).device(group.device()));
+  };
+  torch::Tensor largest = shape_of_model(), smallest = shape_of_model();
+  group.all_reduce(largest, ReduceOp::max);
+  group.all_reduce(smallest, ReduceOp::min);
+  if (!largest.equal(smallest))
+    throw DistributedError(fmt::format(
+        "the ranks' modules differ: rank {} has {} parameters with {} elements, while the ranks hold between {} and {} "
+        "parameters and {} and {} elements; every rank must build the same model",
+        group.rank(), params.size(), elements, smallest[0].item<int64_t>(), largest[0].item<int64_t>(),
+        smallest[1].item<int64_t>(), largest[1].item<int64_t>()));
 }
 
 }  // namespace
@@ -247,6 +267,35 @@ bool GradientSynchronizer::Impl::finish() {
   return true;
 }
 
+// See Note [Gradient buckets].
+void GradientSynchronizer::Impl::make_buckets(int64_t cap) {
+  bucket_of.assign(params.size(), 0);
+  int64_t bucket_bytes = 0;
+  for (size_t i = params.size(); i-- > 0;) {
+    const torch::Tensor& p = params[i];
+    const int64_t bytes = p.numel() * static_cast<int64_t>(p.element_size());
+    const int64_t limit = buckets.size() == 1 ? std::min(kFirstBucketBytes, cap) : cap;
+    const bool fits = !buckets.empty() && bucket_bytes + bytes <= limit;
+    const torch::Tensor* first = buckets.empty() ? nullptr : &params[buckets.back().params.front()];
+    if (!fits || first->scalar_type() != p.scalar_type() || first->device() != p.device()) {
+      buckets.emplace_back();
+      bucket_bytes = 0;
+    }
+    detail::GradientBucket& bucket = buckets.back();
+    bucket.offsets.push_back(bucket_bytes / static_cast<int64_t>(p.element_size()));
+    bucket.params.push_back(i);
+    bucket_bytes += bytes;
+    bucket_of[i] = buckets.size() - 1;
+  }
+  for (detail::GradientBucket& bucket : buckets) {
+    const torch::Tensor& first = params[bucket.params.front()];
+    for (size_t index : bucket.params) bucket.gradient_numel += params[index].numel();
+    const auto flags = static_cast<int64_t>(bucket.params.size());
+    bucket.flat = torch::empty({bucket.gradient_numel + flags}, first.options().requires_grad(false));
+    bucket.pending = bucket.params.size();
+  }
+}
+
 GradientSynchronizer::GradientSynchronizer(ProcessGroup group, torch::nn::Module& module, GradientSyncOptions options)
     : group_(std::move(group)), options_(options), module_(&module), impl_(std::make_unique<Impl>()) {
   if (options_.bucket_cap_mb <= 0)
@@ -259,51 +308,10 @@ GradientSynchronizer::GradientSynchronizer(ProcessGroup group, torch::nn::Module
   for (const torch::Tensor& b : module.buffers(/*recurse=*/true))
     if (b.defined()) buffers_.push_back(b);
 
-  // Every rank must hold the same model, or the buckets would not line up.
-  int64_t elements = 0;
-  for (const torch::Tensor& p : impl.params) elements += p.numel();
-  const auto shape_of_model = [&] {
-    return torch::tensor({static_cast<int64_t>(impl.params.size()), elements},
-                         torch::TensorOptions().dtype(torch::kInt64).device(group_.device()));
-  };
-  torch::Tensor largest = shape_of_model(), smallest = shape_of_model();
-  group_.all_reduce(largest, ReduceOp::max);
-  group_.all_reduce(smallest, ReduceOp::min);
-  if (!largest.equal(smallest))
-    throw DistributedError(fmt::format(
-        "the ranks' modules differ: rank {} has {} parameters with {} elements, while the ranks hold between {} and {} "
-        "parameters and {} and {} elements; every rank must build the same model",
-        group_.rank(), impl.params.size(), elements, smallest[0].item<int64_t>(), largest[0].item<int64_t>(),
-        smallest[1].item<int64_t>(), largest[1].item<int64_t>()));
+  check_same_model(group_, impl.params);
   group_.broadcast_module(module);
 
-  // See Note [Gradient buckets].
-  const auto cap = static_cast<int64_t>(options_.bucket_cap_mb * (1 << 20));
-  impl.bucket_of.assign(impl.params.size(), 0);
-  int64_t bucket_bytes = 0;
-  for (size_t i = impl.params.size(); i-- > 0;) {
-    const torch::Tensor& p = impl.params[i];
-    const int64_t bytes = p.numel() * static_cast<int64_t>(p.element_size());
-    const int64_t limit = impl.buckets.size() == 1 ? std::min(kFirstBucketBytes, cap) : cap;
-    const bool fits = !impl.buckets.empty() && bucket_bytes + bytes <= limit;
-    const torch::Tensor* first = impl.buckets.empty() ? nullptr : &impl.params[impl.buckets.back().params.front()];
-    if (!fits || first->scalar_type() != p.scalar_type() || first->device() != p.device()) {
-      impl.buckets.emplace_back();
-      bucket_bytes = 0;
-    }
-    detail::GradientBucket& bucket = impl.buckets.back();
-    bucket.offsets.push_back(bucket_bytes / static_cast<int64_t>(p.element_size()));
-    bucket.params.push_back(i);
-    bucket_bytes += bytes;
-    impl.bucket_of[i] = impl.buckets.size() - 1;
-  }
-  for (detail::GradientBucket& bucket : impl.buckets) {
-    const torch::Tensor& first = impl.params[bucket.params.front()];
-    for (size_t index : bucket.params) bucket.gradient_numel += impl.params[index].numel();
-    const auto flags = static_cast<int64_t>(bucket.params.size());
-    bucket.flat = torch::empty({bucket.gradient_numel + flags}, first.options().requires_grad(false));
-    bucket.pending = bucket.params.size();
-  }
+  impl.make_buckets(static_cast<int64_t>(options_.bucket_cap_mb * (1 << 20)));
   impl.ready.assign(impl.params.size(), false);
 
   impl.accumulators.resize(impl.params.size());

@@ -1,4 +1,4 @@
-#include "launcher.h"
+#include "distributed/launcher.h"
 
 #include <ATen/Parallel.h>
 #include <fmt/format.h>
@@ -23,8 +23,8 @@
 #include <thread>
 #include <vector>
 
+#include "distributed/processes.h"
 #include "fulgor/core/error.h"
-#include "processes.h"
 
 extern char** environ;
 

@@ -1,4 +1,4 @@
-#include "parameter_shards.h"
+#include "distributed/parameter_shards.h"
 
 #include <fmt/format.h>
 #include <torch/optim/lbfgs.h>
@@ -13,8 +13,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "distributed/sharded_unit_access.h"
 #include "fulgor/core/error.h"
-#include "sharded_unit_access.h"
 
 namespace fulgor::detail {
 namespace {

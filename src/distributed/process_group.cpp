@@ -8,9 +8,9 @@
 #include <algorithm>
 #include <cctype>
 
+#include "distributed/process_group_state.h"
+#include "distributed/rank_whereabouts.h"
 #include "fulgor/distributed/backend.h"
-#include "process_group_state.h"
-#include "rank_whereabouts.h"
 
 namespace fulgor {
 namespace {

@@ -1,4 +1,4 @@
-#include "rank_whereabouts.h"
+#include "distributed/rank_whereabouts.h"
 
 #include <fmt/format.h>
 

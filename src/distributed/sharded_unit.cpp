@@ -15,7 +15,7 @@
 #include "fulgor/core/error.h"
 #include "fulgor/detail/compat.h"
 
-#include "parameter_shards.h"
+#include "distributed/parameter_shards.h"
 
 namespace fulgor {
 namespace {

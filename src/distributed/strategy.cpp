@@ -7,12 +7,12 @@
 #include <mutex>
 
 #include "config/option_names.h"
-#include "launcher.h"
+#include "distributed/launcher.h"
+#include "distributed/parameter_shards.h"
+#include "distributed/process_group_state.h"
 #include "fulgor/core/error.h"
 #include "fulgor/distributed/backend.h"
 #include "fulgor/distributed/strategy.h"
-#include "parameter_shards.h"
-#include "process_group_state.h"
 
 namespace fulgor::detail {
 

@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "fulgor/core/error.h"
-#include "protobuf.h"
-#include "tfrecord.h"
+#include "loggers/protobuf.h"
+#include "loggers/tfrecord.h"
 
 namespace fulgor {
 namespace fs = std::filesystem;

@@ -1,4 +1,4 @@
-#include "tfrecord.h"
+#include "loggers/tfrecord.h"
 
 #include <array>
 

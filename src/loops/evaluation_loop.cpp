@@ -1,4 +1,4 @@
-#include "evaluation_loop.h"
+#include "loops/evaluation_loop.h"
 
 #include <torch/torch.h>
 

@@ -3,7 +3,7 @@
 #include <map>
 #include <string>
 
-#include "inference_loop.h"
+#include "loops/inference_loop.h"
 
 namespace fulgor::detail {
 

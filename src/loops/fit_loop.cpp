@@ -1,4 +1,4 @@
-#include "fit_loop.h"
+#include "loops/fit_loop.h"
 
 #include <fmt/format.h>
 #include <torch/torch.h>

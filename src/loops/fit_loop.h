@@ -8,8 +8,8 @@
 #include <string>
 
 #include "fulgor/loops/fit_result.h"
-#include "progress.h"
-#include "training_epoch_loop.h"
+#include "loops/progress.h"
+#include "loops/training_epoch_loop.h"
 
 namespace fulgor::detail {
 

@@ -1,4 +1,4 @@
-#include "inference_loop.h"
+#include "loops/inference_loop.h"
 
 #include <fmt/format.h>
 #include <torch/torch.h>

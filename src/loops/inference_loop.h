@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "fulgor/loops/step_runner.h"
-#include "progress.h"
+#include "loops/progress.h"
 
 namespace fulgor::detail {
 

@@ -1,4 +1,4 @@
-#include "manual_optimization.h"
+#include "loops/manual_optimization.h"
 
 #include <fmt/format.h>
 #include <torch/torch.h>

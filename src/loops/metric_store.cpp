@@ -1,4 +1,4 @@
-#include "metric_store.h"
+#include "loops/metric_store.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -44,87 +44,91 @@ bool MetricStore::barebones() {
 // the same reductions), then one sums the means' and sums' parts and one
 // takes the maxima (minima negated). A rank that logged other names fails
 // with DistributedError rather than mixing up the ranks' values.
-std::map<std::string, double> MetricStore::synced_epoch_values(const MetricTable<Accumulator>& accumulators) {
-  std::map<std::string, double> values;
-  if (!s.ddp) return values;
-  // The names in MetricTable's order (sorted), with their reductions.
-  std::vector<std::pair<std::string, const Accumulator*>> synced;
+namespace {
+
+using SyncedAccumulators = std::vector<std::pair<std::string, const Accumulator*>>;
+
+// The first collective: every rank logged the same sync_dist names with the
+// same reductions, or this rank fails naming its own.
+void agree_on_synced_names(const SyncedAccumulators& synced, ProcessGroup& group, int64_t rank) {
   uint64_t hash = 1469598103934665603ull;  // FNV-1a over "name:reduce;"...
-  for (const auto& [name, acc] : accumulators.map()) {
-    if (!acc.any || !acc.sync || acc.metric) continue;
-    synced.emplace_back(name, &acc);
-    const std::string key = fmt::format("{}:{};", name, static_cast<int>(acc.options.reduce));
+  for (const auto& [name, acc] : synced) {
+    const std::string key = fmt::format("{}:{};", name, static_cast<int>(acc->options.reduce));
     for (unsigned char c : key) hash = (hash ^ c) * 1099511628211ull;
   }
   // Two 26-bit halves are exact in a double; max and min (negated max) at once.
   const double count = static_cast<double>(synced.size()), low = static_cast<double>(hash & ((1u << 26) - 1)),
                high = static_cast<double>((hash >> 26) & ((1u << 26) - 1));
-  ProcessGroup& group = s.ddp->group();
   torch::Tensor header = torch::tensor({count, low, high, -count, -low, -high}, torch::kDouble).to(group.device());
   group.all_reduce(header, ReduceOp::max);
   const torch::Tensor agreed = header.cpu();
   const double* h = agreed.data_ptr<double>();
-  if (h[0] != -h[3] || h[1] != -h[4] || h[2] != -h[5]) {
-    std::vector<std::string> names;
-    for (const auto& entry : synced) names.push_back(entry.first);
-    throw DistributedError(fmt::format(
-        "rank {} logged the values [{}] with sync_dist this epoch, and another rank other ones (between {} and {} "
-        "names): under ddp every rank must log the same names with sync_dist and the same reduce in an epoch, "
-        "since their epoch values are reduced together",
-        s.ddp->environment().rank, fmt::join(names, ", "), -h[3], h[0]));
-  }
-  if (synced.empty()) return values;
+  if (h[0] == -h[3] && h[1] == -h[4] && h[2] == -h[5]) return;
+  std::vector<std::string> names;
+  for (const auto& entry : synced) names.push_back(entry.first);
+  throw DistributedError(fmt::format(
+      "rank {} logged the values [{}] with sync_dist this epoch, and another rank other ones (between {} and {} "
+      "names): under ddp every rank must log the same names with sync_dist and the same reduce in an epoch, "
+      "since their epoch values are reduced together",
+      rank, fmt::join(names, ", "), -h[3], h[0]));
+}
+
+// `values` reduced over the ranks with `op`; an undefined tensor if none.
+torch::Tensor all_reduced_values(const std::vector<double>& values, ProcessGroup& group, ReduceOp op) {
+  if (values.empty()) return {};
+  torch::Tensor reduced = torch::tensor(values, torch::kDouble).to(group.device());
+  group.all_reduce(reduced, op);
+  return reduced.cpu();
+}
+
+// The other two: the means' and sums' parts summed, the maxima (minima
+// negated) taken; each name's epoch value over the ranks.
+std::map<std::string, double> combined_epoch_values(const SyncedAccumulators& synced, ProcessGroup& group) {
   std::vector<double> sums, extremes;
   for (const auto& [name, acc] : synced) {
-    switch (acc->options.reduce) {
-      case Reduce::mean:
-        sums.push_back(acc->sum);
-        sums.push_back(acc->weight);
-        break;
-      case Reduce::sum:
-        sums.push_back(acc->sum);
-        break;
-      case Reduce::max:
-        extremes.push_back(acc->extreme);
-        break;
-      case Reduce::min:
-        extremes.push_back(-acc->extreme);
-        break;
-    }
+    if (acc->options.reduce == Reduce::mean) sums.insert(sums.end(), {acc->sum, acc->weight});
+    if (acc->options.reduce == Reduce::sum) sums.push_back(acc->sum);
+    if (acc->options.reduce == Reduce::max) extremes.push_back(acc->extreme);
+    if (acc->options.reduce == Reduce::min) extremes.push_back(-acc->extreme);
   }
-  torch::Tensor summed, largest;
-  if (!sums.empty()) {
-    summed = torch::tensor(sums, torch::kDouble).to(group.device());
-    group.all_reduce(summed, ReduceOp::sum);
-    summed = summed.cpu();
-  }
-  if (!extremes.empty()) {
-    largest = torch::tensor(extremes, torch::kDouble).to(group.device());
-    group.all_reduce(largest, ReduceOp::max);
-    largest = largest.cpu();
-  }
+  const torch::Tensor summed = all_reduced_values(sums, group, ReduceOp::sum);
+  const torch::Tensor largest = all_reduced_values(extremes, group, ReduceOp::max);
+  auto next = [](const torch::Tensor& t, size_t& at) { return t[static_cast<int64_t>(at++)].item<double>(); };
   size_t next_sum = 0, next_extreme = 0;
+  std::map<std::string, double> values;
   for (const auto& [name, acc] : synced) {
     switch (acc->options.reduce) {
       case Reduce::mean: {
-        const double sum = summed[static_cast<int64_t>(next_sum)].item<double>();
-        const double weight = summed[static_cast<int64_t>(next_sum + 1)].item<double>();
-        next_sum += 2;
+        const double sum = next(summed, next_sum), weight = next(summed, next_sum);
         values[name] = weight > 0 ? sum / weight : 0.0;
         break;
       }
       case Reduce::sum:
-        values[name] = summed[static_cast<int64_t>(next_sum++)].item<double>();
+        values[name] = next(summed, next_sum);
         break;
       case Reduce::max:
-        values[name] = largest[static_cast<int64_t>(next_extreme++)].item<double>();
+        values[name] = next(largest, next_extreme);
         break;
       case Reduce::min:
-        values[name] = -largest[static_cast<int64_t>(next_extreme++)].item<double>();
+        values[name] = -next(largest, next_extreme);
         break;
     }
   }
   return values;
+}
+
+}  // namespace
+
+std::map<std::string, double> MetricStore::synced_epoch_values(const MetricTable<Accumulator>& accumulators) {
+  if (!s.ddp) return {};
+  // The names in MetricTable's order (sorted), with their reductions.
+  SyncedAccumulators synced;
+  for (const auto& [name, acc] : accumulators.map())
+    if (acc.any && acc.sync && !acc.metric) synced.emplace_back(name, &acc);
+  ProcessGroup& group = s.ddp->group();
+  agree_on_synced_names(synced, group, s.ddp->environment().rank);
+  if (synced.empty()) return {};
+  return combined_epoch_values(synced, group);
 }
 
 void MetricStore::record(std::string_view name, double local_value, const LogOptions& o, bool accumulate) {

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "fulgor/module.h"
-#include "metric_table.h"
+#include "loops/metric_table.h"
 
 namespace fulgor::detail {
 

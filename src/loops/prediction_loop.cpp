@@ -1,4 +1,4 @@
-#include "prediction_loop.h"
+#include "loops/prediction_loop.h"
 
 #include <torch/torch.h>
 

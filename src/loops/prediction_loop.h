@@ -4,7 +4,7 @@
 
 #include <vector>
 
-#include "inference_loop.h"
+#include "loops/inference_loop.h"
 
 namespace fulgor::detail {
 

@@ -1,4 +1,4 @@
-#include "training_epoch_loop.h"
+#include "loops/training_epoch_loop.h"
 
 #include <fmt/format.h>
 #include <torch/torch.h>
@@ -6,10 +6,10 @@
 #include <algorithm>
 #include <cmath>
 
-#include "automatic_optimization.h"
-#include "fit_loop.h"
-#include "loops/signals.h"
+#include "loops/automatic_optimization.h"
 #include "loops/context.h"
+#include "loops/fit_loop.h"
+#include "loops/signals.h"
 
 // Note [The per-step path]
 // On a small model LibTorch's own training step runs through some 3,800

@@ -7,8 +7,8 @@
 #include <memory>
 #include <optional>
 
-#include "evaluation_loop.h"
-#include "progress.h"
+#include "loops/evaluation_loop.h"
+#include "loops/progress.h"
 
 namespace fulgor::detail {
 

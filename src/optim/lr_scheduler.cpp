@@ -14,7 +14,7 @@ namespace fulgor {
 // Note [Exact arithmetic]
 // Every rate is computed with the operations of torch/optim/lr_scheduler.py in
 // their order, so that fulgor's sequences equal torch's to the last bits
-// (tests/schedulers compares them with python3-torch's). Python's `a * b / c`
+// (tests/optim compares them with python3-torch's). Python's `a * b / c`
 // is (a * b) / c, its `%` is never negative for a positive divisor, and its
 // int / int is a division of doubles. Most schedules are chainable, as torch's:
 // each rate is computed from the optimizer's current one, so that schedules in

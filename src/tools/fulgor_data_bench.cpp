@@ -8,6 +8,7 @@
 #include <chrono>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -70,77 +71,86 @@ Split split_stages(const fulgor::ImageDataset& data, const fulgor::ImageTransfor
   return split;
 }
 
-int run(const std::vector<std::string>& args) {
+struct Settings {
   std::string path;
   int64_t batch = 64, workers = 2, crop = 224, epochs = 1;
+};
+
+// The settings `args` give, or nullopt with the exit status in `status` where
+// the program ends here (--help, or a command line it cannot use).
+std::optional<Settings> parse(const std::vector<std::string>& args, int& status) {
+  Settings settings;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "-h" || a == "--help") {
       std::cout << usage;
-      return 0;
+      status = 0;
+      return std::nullopt;
     }
     if (a.rfind("--", 0) == 0 && i + 1 < args.size()) {
       const int64_t v = std::stoll(args[++i]);
       if (a == "--batch-size")
-        batch = v;
+        settings.batch = v;
       else if (a == "--workers")
-        workers = v;
+        settings.workers = v;
       else if (a == "--crop")
-        crop = v;
+        settings.crop = v;
       else if (a == "--epochs")
-        epochs = v;
+        settings.epochs = v;
       else
         throw fulgor::ConfigError(fmt::format("unknown option {}", a));
-    } else if (path.empty()) {
-      path = a;
+    } else if (settings.path.empty()) {
+      settings.path = a;
     } else {
-      std::cerr << usage;
-      return 2;
+      settings.path.clear();
+      break;
     }
   }
-  if (path.empty() || epochs < 1) {
+  if (settings.path.empty() || settings.epochs < 1) {
     std::cerr << usage;
-    return 2;
+    status = 2;
+    return std::nullopt;
   }
-  const bool shards = path.size() >= 4 && path.compare(path.size() - 4, 4, ".tar") == 0;
-  std::shared_ptr<const fulgor::ImageDataset> data;
-  if (shards)
-    data = std::make_shared<fulgor::TarShards>(std::vector<std::string>{path});
-  else
-    data = std::make_shared<fulgor::ImageFolder>(path);
-  const fulgor::ImageTransforms transforms({fulgor::RandomResizedCrop{{crop}}, fulgor::RandomHorizontalFlip{},
-                                            fulgor::Normalize{{0.485, 0.456, 0.406}, {0.229, 0.224, 0.225}}});
-  fulgor::ImageLoaderOptions options;
-  options.batch_size = batch;
-  options.num_workers = workers;
-  options.shuffle = true;
-  fulgor::ImageLoader loader(data, transforms, options);
+  return settings;
+}
+
+struct Throughput {
   int64_t images = 0;
-  double first_batch = -1;
+  double first_batch = -1, elapsed = 0;
+};
+
+Throughput load_all(fulgor::ImageLoader& loader, int64_t epochs) {
+  Throughput measured;
   const auto start = Clock::now();
   for (int64_t e = 0; e < epochs; ++e)
     for (auto& b : loader) {
-      if (first_batch < 0) first_batch = seconds_since(start);
-      images += b.data.size(0);
+      if (measured.first_batch < 0) measured.first_batch = seconds_since(start);
+      measured.images += b.data.size(0);
     }
-  const double elapsed = seconds_since(start), rate = static_cast<double>(images) / elapsed;
-  const Split split = split_stages(*data, transforms, 256);
+  measured.elapsed = seconds_since(start);
+  return measured;
+}
+
+void report(const Settings& settings, const std::string& source, const Throughput& measured, const Split& split,
+            int64_t skipped) {
+  const double rate = static_cast<double>(measured.images) / measured.elapsed;
   const double total = split.read + split.decode + split.transform;
   rusage usage_now{};
   getrusage(RUSAGE_SELF, &usage_now);
   const double peak_mb = static_cast<double>(usage_now.ru_maxrss) / 1024.0;
-  std::cout << fmt::format("{} images ({} {}) in {:.2f} s: {:.1f} images/s with {} workers, batch {}\n", images,
-                           data->size(), shards ? "samples in shards" : "files", elapsed, rate, workers, batch);
-  std::cout << fmt::format("first batch after {:.3f} s; peak memory {:.0f} MB\n", first_batch, peak_mb);
+  const int64_t workers = settings.workers, threads = std::max<int64_t>(workers, 1);
+  std::cout << fmt::format("{} images ({}) in {:.2f} s: {:.1f} images/s with {} workers, batch {}\n", measured.images,
+                           source, measured.elapsed, rate, workers, settings.batch);
+  std::cout << fmt::format("first batch after {:.3f} s; peak memory {:.0f} MB\n", measured.first_batch, peak_mb);
   // The limit of a loader that decodes whole images: one thread's full-decode rate times the threads.
   const double full_rate = static_cast<double>(split.samples) / split.full_decode;
-  const double limit = full_rate * static_cast<double>(std::max<int64_t>(workers, 1));
+  const double limit = full_rate * static_cast<double>(threads);
   const double per_image = 1e3 / static_cast<double>(split.samples);
   std::cout << fmt::format("one thread: read {:.0f}%, decode {:.0f}%, transform {:.0f}% ({:.2f} ms an image)\n",
                            100 * split.read / total, 100 * split.decode / total, 100 * split.transform / total,
                            per_image * split.transform);
   std::cout << fmt::format("full decode on one thread: {:.1f} images/s; x {} threads = {:.1f}, ratio {:.2f}\n",
-                           full_rate, std::max<int64_t>(workers, 1), limit, rate / limit);
+                           full_rate, threads, limit, rate / limit);
   // What decoding only the crop's blocks saves over decoding all at the same scale.
   const double crop_gain = split.uncropped_decode / split.cropped_decode;
   std::cout << fmt::format("decode: {:.2f} ms an image of the crop's blocks, {:.2f} ms of all of it: {:.2f}x\n",
@@ -151,8 +161,32 @@ int run(const std::vector<std::string>& args) {
       "\"peak_rss_mb\": {:.1f}, \"workers\": {}, \"batch_size\": {}, \"crop\": {}, \"read_share\": {:.3f}, "
       "\"decode_share\": {:.3f}, \"transform_share\": {:.3f}, \"full_decode_per_second\": {:.2f}, "
       "\"full_decode_limit\": {:.2f}, \"crop_decode_gain\": {:.3f}, \"skipped\": {}}}\n",
-      rate, images, elapsed, first_batch, peak_mb, workers, batch, crop, split.read / total, split.decode / total,
-      split.transform / total, full_rate, limit, crop_gain, loader.skipped());
+      rate, measured.images, measured.elapsed, measured.first_batch, peak_mb, workers, settings.batch, settings.crop,
+      split.read / total, split.decode / total, split.transform / total, full_rate, limit, crop_gain, skipped);
+}
+
+int run(const std::vector<std::string>& args) {
+  int status = 0;
+  const std::optional<Settings> settings = parse(args, status);
+  if (!settings) return status;
+  const std::string& path = settings->path;
+  const bool shards = path.size() >= 4 && path.compare(path.size() - 4, 4, ".tar") == 0;
+  std::shared_ptr<const fulgor::ImageDataset> data;
+  if (shards)
+    data = std::make_shared<fulgor::TarShards>(std::vector<std::string>{path});
+  else
+    data = std::make_shared<fulgor::ImageFolder>(path);
+  const fulgor::ImageTransforms transforms({fulgor::RandomResizedCrop{{settings->crop}}, fulgor::RandomHorizontalFlip{},
+                                            fulgor::Normalize{{0.485, 0.456, 0.406}, {0.229, 0.224, 0.225}}});
+  fulgor::ImageLoaderOptions options;
+  options.batch_size = settings->batch;
+  options.num_workers = settings->workers;
+  options.shuffle = true;
+  fulgor::ImageLoader loader(data, transforms, options);
+  const Throughput measured = load_all(loader, settings->epochs);
+  const Split split = split_stages(*data, transforms, 256);
+  report(*settings, fmt::format("{} {}", data->size(), shards ? "samples in shards" : "files"), measured, split,
+         loader.skipped());
   return 0;
 }
 

@@ -216,53 +216,51 @@ std::string label(double v) { return fmt::format("{:.6g}", v); }
 constexpr double kPanelWidth = 480, kPanelHeight = 300;
 constexpr double kLeft = 64, kRight = 16, kTop = 32, kBottom = 44;
 
-// `steps`: the run's first and last step, which every panel spans.
-void draw_panel(std::ostringstream& svg, const std::string& name, const std::vector<const Series*>& series,
-                std::pair<double, double> steps, double x0, double y0) {
-  double xmin = steps.first, xmax = steps.second, ymin = INFINITY, ymax = -INFINITY;
-  for (const auto* s : series)
-    for (const auto& point : s->points) ymin = std::min(ymin, point.second), ymax = std::max(ymax, point.second);
-  const auto xticks = ticks(xmin, xmax, 6, /*min_step=*/1);
-  const auto yticks = ticks(ymin, ymax, 5);
-  const double left = x0 + kLeft, right = x0 + kPanelWidth - kRight;
-  const double top = y0 + kTop, bottom = y0 + kPanelHeight - kBottom;
-  auto px = [&](double x) { return left + (x - xmin) / (xmax - xmin) * (right - left); };
-  auto py = [&](double y) { return bottom - (y - ymin) / (ymax - ymin) * (bottom - top); };
+// Where a panel draws, and its data's ranges mapped onto it.
+struct Frame {
+  double left, right, top, bottom;
+  double xmin, xmax, ymin, ymax;
+  double px(double x) const { return left + (x - xmin) / (xmax - xmin) * (right - left); }
+  double py(double y) const { return bottom - (y - ymin) / (ymax - ymin) * (bottom - top); }
+};
 
-  svg << fmt::format("<g class=\"panel\" data-panel=\"{}\">\n", escape(name));
+void draw_axes(std::ostringstream& svg, const std::string& name, const Frame& f, const std::vector<double>& xticks,
+               const std::vector<double>& yticks, double x0, double y0) {
   svg << fmt::format(
       "<text class=\"title\" x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\" font-size=\"14\">{}</text>\n",
-      (left + right) / 2, y0 + 20, escape(name));
+      (f.left + f.right) / 2, y0 + 20, escape(name));
   svg << fmt::format(
       "<rect class=\"axes\" x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"none\" "
       "stroke=\"#444\"/>\n",
-      left, top, right - left, bottom - top);
+      f.left, f.top, f.right - f.left, f.bottom - f.top);
   svg << "<g class=\"x-ticks\" font-size=\"11\" text-anchor=\"middle\">\n";
   for (double t : xticks)
     svg << fmt::format(
         "<line x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{0:.1f}\" y2=\"{2:.1f}\" stroke=\"#444\"/>"
         "<text x=\"{0:.1f}\" y=\"{3:.1f}\">{4}</text>\n",
-        px(t), bottom, bottom + 4, bottom + 16, label(t));
+        f.px(t), f.bottom, f.bottom + 4, f.bottom + 16, label(t));
   svg << "</g>\n<g class=\"y-ticks\" font-size=\"11\" text-anchor=\"end\">\n";
   for (double t : yticks)
     svg << fmt::format(
         "<line x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{2:.1f}\" y2=\"{1:.1f}\" stroke=\"#ddd\"/>"
         "<text x=\"{3:.1f}\" y=\"{4:.1f}\">{5}</text>\n",
-        left, py(t), right, left - 6, py(t) + 4, label(t));
+        f.left, f.py(t), f.right, f.left - 6, f.py(t) + 4, label(t));
   svg << "</g>\n";
   svg << fmt::format("<text class=\"x-label\" x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\">step</text>\n",
-                     (left + right) / 2, bottom + 34);
+                     (f.left + f.right) / 2, f.bottom + 34);
   svg << fmt::format(
       "<text class=\"y-label\" transform=\"translate({:.1f},{:.1f}) rotate(-90)\" "
       "text-anchor=\"middle\">{}</text>\n",
-      x0 + 14, (top + bottom) / 2, escape(name));
+      x0 + 14, (f.top + f.bottom) / 2, escape(name));
+}
 
+void draw_series(std::ostringstream& svg, const std::vector<const Series*>& series, const Frame& f) {
   for (size_t i = 0; i < series.size(); ++i) {
     const auto& s = *series[i];
     const std::string colour = colour_of(s.metric, i);
     std::string points;
     for (const auto& [x, y] : s.points)
-      points += fmt::format("{}{:.2f},{:.2f}", points.empty() ? "" : " ", px(x), py(y));
+      points += fmt::format("{}{:.2f},{:.2f}", points.empty() ? "" : " ", f.px(x), f.py(y));
     svg << fmt::format(
         "<polyline class=\"series\" data-metric=\"{}\" points=\"{}\" fill=\"none\" stroke=\"{}\" "
         "stroke-width=\"1.5\"/>\n",
@@ -270,18 +268,34 @@ void draw_panel(std::ostringstream& svg, const std::string& name, const std::vec
     // Few points (a value per epoch) are marked, and a lone one is visible at all.
     if (s.points.size() <= 30)
       for (const auto& [x, y] : s.points)
-        svg << fmt::format("<circle cx=\"{:.2f}\" cy=\"{:.2f}\" r=\"2.5\" fill=\"{}\"/>\n", px(x), py(y), colour);
+        svg << fmt::format("<circle cx=\"{:.2f}\" cy=\"{:.2f}\" r=\"2.5\" fill=\"{}\"/>\n", f.px(x), f.py(y), colour);
   }
-
   svg << "<g class=\"legend\" font-size=\"11\">\n";
   for (size_t i = 0; i < series.size(); ++i) {
-    const double y = top + 14 + 16 * static_cast<double>(i);
+    const double y = f.top + 14 + 16 * static_cast<double>(i);
     svg << fmt::format(
         "<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"{}\" stroke-width=\"2\"/>"
         "<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"end\">{}</text>\n",
-        right - 28, y - 4, right - 8, y - 4, colour_of(series[i]->metric, i), right - 32, y, escape(series[i]->metric));
+        f.right - 28, y - 4, f.right - 8, y - 4, colour_of(series[i]->metric, i), f.right - 32, y,
+        escape(series[i]->metric));
   }
-  svg << "</g>\n</g>\n";
+  svg << "</g>\n";
+}
+
+// `steps`: the run's first and last step, which every panel spans.
+void draw_panel(std::ostringstream& svg, const std::string& name, const std::vector<const Series*>& series,
+                std::pair<double, double> steps, double x0, double y0) {
+  double xmin = steps.first, xmax = steps.second, ymin = INFINITY, ymax = -INFINITY;
+  for (const auto* s : series)
+    for (const auto& point : s->points) ymin = std::min(ymin, point.second), ymax = std::max(ymax, point.second);
+  const auto xticks = ticks(xmin, xmax, 6, /*min_step=*/1);  // widening the ranges to the ticks
+  const auto yticks = ticks(ymin, ymax, 5);
+  const Frame frame{x0 + kLeft, x0 + kPanelWidth - kRight, y0 + kTop, y0 + kPanelHeight - kBottom, xmin, xmax, ymin,
+                    ymax};
+  svg << fmt::format("<g class=\"panel\" data-panel=\"{}\">\n", escape(name));
+  draw_axes(svg, name, frame, xticks, yticks, x0, y0);
+  draw_series(svg, series, frame);
+  svg << "</g>\n";
 }
 
 std::string render(const std::vector<Series>& series) {

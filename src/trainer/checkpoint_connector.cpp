@@ -1,4 +1,4 @@
-#include "checkpoint_connector.h"
+#include "trainer/checkpoint_connector.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -10,14 +10,14 @@
 #include <set>
 #include <vector>
 
-#include "callback_connector.h"
 #include "checkpoint/meta.h"
 #include "checkpoint/rng.h"
 #include "fulgor/checkpoint/checkpoint.h"
 #include "fulgor/core/version.h"
 #include "fulgor/distributed/strategy.h"
 #include "interop/python_checkpoint.h"
-#include "state.h"
+#include "trainer/callback_connector.h"
+#include "trainer/state.h"
 
 namespace fulgor::detail {
 

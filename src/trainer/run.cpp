@@ -11,7 +11,7 @@
 #include "fulgor/distributed/strategy.h"
 #include "fulgor/distributed/sync_batchnorm.h"
 #include "loops/signals.h"
-#include "state.h"
+#include "trainer/state.h"
 
 namespace fulgor {
 

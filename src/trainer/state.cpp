@@ -15,7 +15,7 @@
 #include "fulgor/distributed/strategy.h"
 #include "fulgor/distributed/sync_batchnorm.h"
 #include "loops/module_access.h"
-#include "state.h"
+#include "trainer/state.h"
 
 namespace fulgor::detail {
 

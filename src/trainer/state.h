@@ -16,12 +16,12 @@
 #include <string>
 #include <utility>
 
-#include "checkpoint_connector.h"
 #include "fulgor/trainer.h"
 #include "loops/context.h"
 #include "loops/evaluation_loop.h"
 #include "loops/fit_loop.h"
 #include "loops/prediction_loop.h"
+#include "trainer/checkpoint_connector.h"
 
 namespace fulgor {
 struct DistributedEnvironment;

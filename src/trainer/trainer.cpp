@@ -5,10 +5,10 @@
 
 #include <filesystem>
 
-#include "callback_connector.h"
 #include "fulgor/distributed/strategy.h"
 #include "fulgor/loggers/tensorboard.h"
-#include "state.h"
+#include "trainer/callback_connector.h"
+#include "trainer/state.h"
 
 namespace fulgor {
 

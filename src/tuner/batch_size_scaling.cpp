@@ -9,11 +9,11 @@
 #include <utility>
 
 #include "fulgor/callbacks/batch_size_finder.h"
-#include "fulgor/data_module.h"
 #include "fulgor/core/error.h"
+#include "fulgor/data_module.h"
 #include "fulgor/module.h"
 #include "fulgor/trainer.h"
-#include "sweep.h"
+#include "tuner/sweep.h"
 
 namespace fulgor {
 

@@ -15,7 +15,7 @@
 #include "fulgor/core/error.h"
 #include "fulgor/module.h"
 #include "fulgor/trainer.h"
-#include "sweep.h"
+#include "tuner/sweep.h"
 
 namespace fulgor {
 

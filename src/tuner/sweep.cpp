@@ -1,4 +1,4 @@
-#include "sweep.h"
+#include "tuner/sweep.h"
 
 #include <fmt/format.h>
 

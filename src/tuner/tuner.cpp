@@ -10,7 +10,7 @@
 
 #include "detail/demangle.h"
 #include "fulgor/core/error.h"
-#include "sweep.h"
+#include "tuner/sweep.h"
 
 namespace fulgor {
 

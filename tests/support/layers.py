@@ -1,7 +1,8 @@
 """Checks the include graph of src/ and include/fulgor/ against the layers
 docs/architecture.md lists: no include from a folder to one on a higher
-layer, no two folders that include each other, every folder on a layer, and
-at most 8 files in the src/ root.
+layer, no two folders that include each other, every folder on a layer, every
+private header included by its path under src/ (not by its name alone, from
+beside it), and at most 8 files in the src/ root.
 
 usage: layers.py PROJECT_ROOT
 """
@@ -54,6 +55,7 @@ def main(root):
 
     includes = collections.Counter()
     upward = []
+    short = []  # private headers included by their name alone, not their path under src/
     for base in bases:
         for path in sorted(base.rglob("*")):
             if path.suffix not in (".h", ".cpp", ".def") or path.name == "fulgor.h" and path.parent == bases[1]:
@@ -65,7 +67,10 @@ def main(root):
                 if target.startswith("fulgor/"):
                     target = target[len("fulgor/"):]
                 elif not (root / "src" / target).exists():
-                    continue  # beside the file: the same folder
+                    if (path.parent / written).exists():
+                        short.append(f'{path.relative_to(root)} includes "{written}", which docs/architecture.md '
+                                     f'writes "{(path.parent / written).relative_to(root / "src")}"')
+                    continue
                 if target == "fulgor.h":
                     continue
                 destination = place(target, folders, layers)
@@ -80,12 +85,14 @@ def main(root):
         problems.append(f"{a}/ and {b}/ include each other ({includes[(a, b)]} and {includes[(b, a)]} includes)")
     for line in upward:
         problems.append(f"{line}, which is on a higher layer")
+    problems.extend(short)
     root_files = sorted(p.name for p in (root / "src").iterdir() if p.is_file())
     if len(root_files) > MAX_ROOT_FILES:
         problems.append(f"src/ holds {len(root_files)} files ({', '.join(root_files)}): at most {MAX_ROOT_FILES}")
 
     print(f"{len(folders)} folders on {len(set(layers.values()))} layers, {sum(includes.values())} includes between "
-          f"folders, {len(upward)} upward, {len(mutual)} mutual pairs, {len(root_files)} files in src/")
+          f"folders, {len(upward)} upward, {len(mutual)} mutual pairs, {len(short)} short private includes, "
+          f"{len(root_files)} files in src/")
     for problem in problems:
         print("error:", problem)
     return 1 if problems else 0
