@@ -21,7 +21,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "../trainer/tiny.h"
+#include "../support/tiny.h"
 #include "emulated_runtimes.h"
 #include "fulgor/detail/compat.h"
 #include "fulgor/fulgor.h"

@@ -8,7 +8,7 @@
 #include <memory>
 #include <vector>
 
-#include "../trainer/tiny.h"
+#include "../support/tiny.h"
 #include "fulgor/fulgor.h"
 
 namespace fulgor::testing {

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "../support/python_reference.h"
-#include "../trainer/tiny.h"
+#include "../support/tiny.h"
 #include "fulgor/fulgor.h"
 
 namespace fulgor::testing {

@@ -13,7 +13,7 @@
 
 #include <unistd.h>
 
-#include "../trainer/tiny.h"
+#include "../support/tiny.h"
 
 namespace fulgor::testing {
 namespace {

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "../support/python_reference.h"
-#include "../trainer/tiny.h"
+#include "../support/tiny.h"
 #include "fulgor/detail/compat.h"
 #include "fulgor/fulgor.h"
 

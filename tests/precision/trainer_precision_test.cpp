@@ -7,7 +7,7 @@
 #include <cmath>
 #include <limits>
 
-#include "../trainer/tiny.h"
+#include "../support/tiny.h"
 #include "fulgor/fulgor.h"
 
 namespace {

@@ -1,10 +1,13 @@
 // Linked into every GoogleTest executable: under ctest, a skipped test writes
 // its reason where the summary at the end of the run reads it (Note [Skip
-// reasons on the terminal] in tests/CMakeLists.txt).
+// reasons on the terminal] in tests/CMakeLists.txt), and a run whose every
+// test skipped says so, for ctest to report the suite as skipped (Note [One
+// ctest per test suite]).
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -15,6 +18,11 @@ namespace {
 class SkipRecorder : public ::testing::EmptyTestEventListener {
  public:
   explicit SkipRecorder(std::filesystem::path folder) : folder_(std::move(folder)) {}
+
+  void OnTestProgramEnd(const ::testing::UnitTest& tests) override {
+    if (tests.test_to_run_count() > 0 && tests.skipped_test_count() == tests.test_to_run_count())
+      std::printf("fulgor: every test of this run was skipped\n");
+  }
 
   void OnTestEnd(const ::testing::TestInfo& info) override {
     const ::testing::TestResult& result = *info.result();
@@ -30,8 +38,8 @@ class SkipRecorder : public ::testing::EmptyTestEventListener {
   }
 
  private:
-  // The name gtest_discover_tests gives the test: a value-parameterized
-  // test's index (Name/2) is replaced by its parameter (Name/"adam").
+  // The test's name, a value-parameterized test's index (Name/2) replaced by
+  // its parameter (Name/"adam").
   static std::string ctest_name(const ::testing::TestInfo& info) {
     std::string test = info.name();
     if (info.value_param() != nullptr) test = test.substr(0, test.rfind('/') + 1) + info.value_param();

@@ -4,7 +4,7 @@
 // setup_data, _CheckpointConnector.dump_checkpoint / restore_datamodule and
 // _log_hyperparams (loggers/utilities.py).
 
-#include "tiny.h"
+#include "../support/tiny.h"
 
 #include "regression_data.h"  // docs/training.md's RegressionData, as written there
 

@@ -4,7 +4,7 @@
 // mode, its backward pass and its own loaders, the resolved Trainer
 // properties, and the messages Lightning prints.
 
-#include "tiny.h"
+#include "../support/tiny.h"
 
 namespace fulgor::testing {
 namespace {

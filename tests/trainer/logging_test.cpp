@@ -1,7 +1,7 @@
 // What the Trainer's metric tables and loggers hold, written from Lightning
 // 2.6's logger connector (trainer/connectors/logger_connector/).
 
-#include "tiny.h"
+#include "../support/tiny.h"
 
 namespace fulgor::testing {
 namespace {

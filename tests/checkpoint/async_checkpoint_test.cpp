@@ -14,7 +14,7 @@
 #include <set>
 
 #include "../support/child_process.h"
-#include "tiny.h"
+#include "../support/tiny.h"
 
 namespace fulgor::testing {
 namespace {
@@ -303,8 +303,8 @@ TEST(AsyncCheckpoint, AKillDuringABackgroundWriteLeavesThePreviousFileAndTheNext
   for (int kill = 0; kill < 5 && !left_temporary; ++kill) {
     SCOPED_TRACE("kill " + std::to_string(kill));
     const std::string log = (dir.path / fmt::format("killed-{}.log", kill)).string();
-    fulgor::test::Child killed({FULGOR_CHECKPOINT_WRITER, dir.str(), "1000", std::to_string(std::max<int64_t>(3, reached + 1))},
-                               {}, log);
+    fulgor::test::Child killed(
+        {FULGOR_CHECKPOINT_WRITER, dir.str(), "1000", std::to_string(std::max<int64_t>(3, reached + 1))}, {}, log);
     const auto status = killed.wait(std::chrono::seconds(60));
     ASSERT_TRUE(status && WIFSIGNALED(*status) && WTERMSIG(*status) == SIGKILL) << killed.log();
     const std::string out = killed.log();

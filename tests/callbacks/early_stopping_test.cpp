@@ -5,7 +5,7 @@
 #include <limits>
 #include <set>
 
-#include "tiny.h"
+#include "../support/tiny.h"
 
 namespace fulgor::testing {
 namespace {
@@ -13,13 +13,13 @@ namespace {
 // The set-up of the reports: 64 training and 32 validation samples in batches
 // of 8, SGD 0.1; validation logs `val_loss` from the model's script, one value
 // per validation run.
-struct Scenario {
+struct StoppingScenario {
   TempDir dir;
   TinyNet model;
   std::shared_ptr<EarlyStopping> stopper;
   TrainerOptions options;
 
-  Scenario(std::vector<double> val_losses, EarlyStoppingOptions stopping, int64_t epochs) {
+  StoppingScenario(std::vector<double> val_losses, EarlyStoppingOptions stopping, int64_t epochs) {
     model.scripted_val = std::move(val_losses);
     stopper = std::make_shared<EarlyStopping>(stopping);
     options = quiet(dir, epochs, {stopper});
@@ -37,7 +37,7 @@ struct Scenario {
 // an epoch without validation is not checked and the missing metric is no
 // error.
 TEST(EarlyStopping, EpochsWithoutValidationAreNotChecked) {
-  Scenario run({1.0, 0.9, 0.95, 0.97}, {.monitor = "val_loss", .patience = 2}, 10);
+  StoppingScenario run({1.0, 0.9, 0.95, 0.97}, {.monitor = "val_loss", .patience = 2}, 10);
   run.options.check_val_every_n_epoch = 2;
   const auto result = run.fit();
   // Validation after epochs 1, 3, 5, 7: 1.0, 0.9, then two without improvement.
@@ -50,7 +50,7 @@ TEST(EarlyStopping, EpochsWithoutValidationAreNotChecked) {
 
 // _evaluate_stopping_criteria's reasons and messages.
 TEST(EarlyStopping, StopsWithLightningsReasonAndMessage) {
-  Scenario patience({1.0, 0.8, 0.85, 0.9}, {.monitor = "val_loss", .patience = 2}, 10);
+  StoppingScenario patience({1.0, 0.8, 0.85, 0.9}, {.monitor = "val_loss", .patience = 2}, 10);
   const auto result = patience.fit();
   EXPECT_EQ(patience.stopper->stopping_reason(), EarlyStoppingReason::patience_exhausted);
   EXPECT_EQ(patience.stopper->stopping_reason_message(),
@@ -58,26 +58,26 @@ TEST(EarlyStopping, StopsWithLightningsReasonAndMessage) {
             "to stop.");
   EXPECT_EQ(result.message, patience.stopper->stopping_reason_message());
 
-  Scenario threshold({1.0, 0.05}, {.monitor = "val_loss", .stopping_threshold = 0.1}, 10);
+  StoppingScenario threshold({1.0, 0.05}, {.monitor = "val_loss", .stopping_threshold = 0.1}, 10);
   threshold.fit();
   EXPECT_EQ(threshold.stopper->stopping_reason(), EarlyStoppingReason::stopping_threshold);
   EXPECT_EQ(threshold.stopper->stopping_reason_message(),
             "Stopping threshold reached: val_loss = 0.05 < 0.1. Signaling Trainer to stop.");
 
-  Scenario divergence({1.0, 6.0}, {.monitor = "val_loss", .divergence_threshold = 5.0}, 10);
+  StoppingScenario divergence({1.0, 6.0}, {.monitor = "val_loss", .divergence_threshold = 5.0}, 10);
   divergence.fit();
   EXPECT_EQ(divergence.stopper->stopping_reason(), EarlyStoppingReason::divergence_threshold);
   EXPECT_EQ(divergence.stopper->stopping_reason_message(),
             "Divergence threshold reached: val_loss = 6.0 < 5.0. Signaling Trainer to stop.");
   EXPECT_EQ(divergence.stopper->stopped_epoch(), 1);
 
-  Scenario nan({1.0, std::nan("")}, {.monitor = "val_loss"}, 10);
+  StoppingScenario nan({1.0, std::nan("")}, {.monitor = "val_loss"}, 10);
   nan.fit();
   EXPECT_EQ(nan.stopper->stopping_reason(), EarlyStoppingReason::non_finite_metric);
   EXPECT_EQ(nan.stopper->stopping_reason_message(),
             "Monitored metric val_loss = nan is not finite. Previous best value was 1.000. Signaling Trainer to stop.");
 
-  Scenario running({1.0, 0.9}, {.monitor = "val_loss"}, 2);
+  StoppingScenario running({1.0, 0.9}, {.monitor = "val_loss"}, 2);
   running.fit();
   EXPECT_EQ(running.stopper->stopping_reason(), EarlyStoppingReason::not_stopped);
   EXPECT_EQ(running.stopper->stopping_reason_message(), "");
@@ -87,13 +87,13 @@ TEST(EarlyStopping, StopsWithLightningsReasonAndMessage) {
 // absolute value: a negative min_delta in "min" mode lets a slightly worse
 // value count as an improvement.
 TEST(EarlyStopping, MinDeltaKeepsItsSign) {
-  Scenario run({1.0, 1.05, 1.08, 1.2}, {.monitor = "val_loss", .min_delta = -0.1, .patience = 1}, 10);
+  StoppingScenario run({1.0, 1.05, 1.08, 1.2}, {.monitor = "val_loss", .min_delta = -0.1, .patience = 1}, 10);
   run.fit();
   // 1.05 - 0.1 < 1.0 and 1.08 - 0.1 < 1.05 improve; 1.2 - 0.1 > 1.08 does not.
   EXPECT_EQ(run.stopper->stopped_epoch(), 3);
   EXPECT_DOUBLE_EQ(run.stopper->best_score(), 1.08);
 
-  Scenario positive({1.0, 0.95, 0.9}, {.monitor = "val_loss", .min_delta = 0.1, .patience = 1}, 10);
+  StoppingScenario positive({1.0, 0.95, 0.9}, {.monitor = "val_loss", .min_delta = 0.1, .patience = 1}, 10);
   positive.fit();
   EXPECT_EQ(positive.stopper->stopped_epoch(), 1);
   EXPECT_DOUBLE_EQ(positive.stopper->best_score(), 1.0);
@@ -102,14 +102,14 @@ TEST(EarlyStopping, MinDeltaKeepsItsSign) {
 // check_on_train_epoch_end: unset, Lightning checks after validation when
 // there are several validation runs per epoch; true checks once per epoch.
 TEST(EarlyStopping, CheckOnTrainEpochEndDecidesWhenItChecks) {
-  Scenario after_each({1.0, 1.1, 1.2, 1.3}, {.monitor = "val_loss", .patience = 2}, 10);
+  StoppingScenario after_each({1.0, 1.1, 1.2, 1.3}, {.monitor = "val_loss", .patience = 2}, 10);
   after_each.options.val_check_interval = 0.5;
   after_each.fit();
   // Checked after each of the two runs per epoch: stops at epoch 1's first.
   EXPECT_EQ(after_each.model.validation_runs, 3);
   EXPECT_EQ(after_each.stopper->stopped_epoch(), 1);
 
-  Scenario per_epoch({1.0, 1.1, 1.2, 1.3, 1.4, 1.5},
+  StoppingScenario per_epoch({1.0, 1.1, 1.2, 1.3, 1.4, 1.5},
                      {.monitor = "val_loss", .patience = 2, .check_on_train_epoch_end = true}, 10);
   per_epoch.options.val_check_interval = 0.5;
   per_epoch.fit();
@@ -122,29 +122,29 @@ TEST(EarlyStopping, CheckOnTrainEpochEndDecidesWhenItChecks) {
 // Lightning's setup resolves an unset check_on_train_epoch_end to
 // `trainer.val_check_interval == 1.0 and trainer.check_val_every_n_epoch == 1`.
 TEST(EarlyStopping, SetupResolvesCheckOnTrainEpochEnd) {
-  Scenario defaults({1.0}, {.monitor = "val_loss"}, 1);
+  StoppingScenario defaults({1.0}, {.monitor = "val_loss"}, 1);
   EXPECT_EQ(defaults.stopper->check_on_train_epoch_end(), std::nullopt);
   defaults.fit();
   EXPECT_EQ(defaults.stopper->check_on_train_epoch_end(), true);
 
-  Scenario half_epochs({1.0}, {.monitor = "val_loss"}, 1);
+  StoppingScenario half_epochs({1.0}, {.monitor = "val_loss"}, 1);
   half_epochs.options.val_check_interval = 0.5;
   half_epochs.fit();
   EXPECT_EQ(half_epochs.stopper->check_on_train_epoch_end(), false);
 
   // An interval of 1 batch equals 1.0 in Python's comparison, as here.
-  Scenario every_batch({1.0}, {.monitor = "val_loss"}, 1);
+  StoppingScenario every_batch({1.0}, {.monitor = "val_loss"}, 1);
   every_batch.options.val_check_interval = 1;
   every_batch.fit();
   EXPECT_EQ(every_batch.stopper->check_on_train_epoch_end(), true);
 
-  Scenario every_other_epoch({1.0}, {.monitor = "val_loss"}, 2);
+  StoppingScenario every_other_epoch({1.0}, {.monitor = "val_loss"}, 2);
   every_other_epoch.options.check_val_every_n_epoch = 2;
   every_other_epoch.fit();
   EXPECT_EQ(every_other_epoch.stopper->check_on_train_epoch_end(), false);
 
   // A value given is kept, whatever the intervals.
-  Scenario given({1.0}, {.monitor = "val_loss", .check_on_train_epoch_end = false}, 1);
+  StoppingScenario given({1.0}, {.monitor = "val_loss", .check_on_train_epoch_end = false}, 1);
   EXPECT_EQ(given.stopper->check_on_train_epoch_end(), false);
   given.fit();
   EXPECT_EQ(given.stopper->check_on_train_epoch_end(), false);
@@ -153,7 +153,7 @@ TEST(EarlyStopping, SetupResolvesCheckOnTrainEpochEnd) {
 // _validate_condition_metric: a missing metric is an error naming the logged
 // ones when strict, else the check is skipped.
 TEST(EarlyStopping, AMissingMetricFailsOnlyWhenStrict) {
-  Scenario strict({1.0}, {.monitor = "val_acc"}, 2);
+  StoppingScenario strict({1.0}, {.monitor = "val_acc"}, 2);
   try {
     strict.fit();
     ADD_FAILURE() << "expected a ConfigError";
@@ -162,14 +162,14 @@ TEST(EarlyStopping, AMissingMetricFailsOnlyWhenStrict) {
               "Early stopping conditioned on metric `val_acc` which is not available. Pass in or modify your "
               "`EarlyStopping` callback to use any of the following: `train_loss`, `val_loss`");
   }
-  Scenario lenient({1.0}, {.monitor = "val_acc", .strict = false}, 2);
+  StoppingScenario lenient({1.0}, {.monitor = "val_acc", .strict = false}, 2);
   EXPECT_EQ(lenient.fit().reason, StopReason::max_epochs);
   EXPECT_EQ(lenient.stopper->wait_count(), 0);
 }
 
 // Lightning's state_dict keys, and a stop's reason survives a reload.
 TEST(EarlyStopping, StateDictHasLightningsKeys) {
-  Scenario run({1.0, 2.0}, {.monitor = "val_loss", .patience = 1}, 10);
+  StoppingScenario run({1.0, 2.0}, {.monitor = "val_loss", .patience = 1}, 10);
   run.fit();
   const auto state = run.stopper->state_dict();
   std::set<std::string> keys;

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "../support/python_reference.h"
-#include "../trainer/tiny.h"
+#include "../support/tiny.h"
 #include "fulgor/fulgor.h"
 #include "warmup_cosine.h"  // docs/training.md's LitWarmupCosine, as written there
 

@@ -6,7 +6,7 @@
 // evaluation and prediction loops, with the module's hooks Lightning's own
 // tests/tests_pytorch/models/test_hooks.py records.
 
-#include "tiny.h"
+#include "../support/tiny.h"
 
 namespace fulgor::testing {
 namespace {
@@ -243,7 +243,7 @@ Calls fit_calls(bool resumed, int first_epoch, int epochs) {
   Calls c{"configure_callbacks"};
   both(c, "setup:fit");
   c.push_back("configure_model");  // _call_configure_model
-  if (resumed) {  // _restore_modules_and_callbacks
+  if (resumed) {                   // _restore_modules_and_callbacks
     c.push_back("on_load_checkpoint");
     c.push_back("Callback.on_load_checkpoint");
     c.push_back("Callback.load_state_dict");

@@ -8,7 +8,7 @@
 #include <cstdlib>
 
 #include "../support/launcher_variables.h"
-#include "tiny.h"
+#include "../support/tiny.h"
 
 namespace fulgor::testing {
 namespace {

@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include "tiny.h"
+#include "../support/tiny.h"
 
 namespace fulgor::testing {
 namespace {

@@ -5,7 +5,7 @@
 // (plugins/precision/precision.py) and __verify_manual_optimization_support
 // (trainer/configuration_validator.py) define it.
 
-#include "tiny.h"
+#include "../support/tiny.h"
 
 #include "lit_gan.h"  // docs/training.md's LitGAN, as written there
 

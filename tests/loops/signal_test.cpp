@@ -10,7 +10,7 @@
 #include <cstring>
 #include <ostream>
 
-#include "tiny.h"
+#include "../support/tiny.h"
 
 namespace fulgor::testing {
 namespace {

@@ -5,7 +5,7 @@
 #include <sstream>
 #include <thread>
 
-#include "tiny.h"
+#include "../support/tiny.h"
 
 namespace fulgor::testing {
 namespace {

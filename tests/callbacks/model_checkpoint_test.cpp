@@ -5,7 +5,7 @@
 #include <limits>
 #include <set>
 
-#include "tiny.h"
+#include "../support/tiny.h"
 
 namespace fulgor::testing {
 namespace {
@@ -276,6 +276,23 @@ TEST(ModelCheckpoint, AResumedRunKeepsRankingThePreResumeFiles) {
   EXPECT_EQ(files, (std::set<std::string>{"epoch=3.ckpt", "last.ckpt"}));
   EXPECT_EQ(fs::path(checkpoint->best_model_path()).filename(), "epoch=3.ckpt");
   EXPECT_DOUBLE_EQ(checkpoint->best_model_score().value_or(kNaN), 0.3);
+}
+
+// every_n_train_steps with save_last: a file every third step, and last.ckpt
+// at the fit's end.
+TEST(ModelCheckpoint, SavesEveryNTrainStepsAndTheLast) {
+  TempDir dir;
+  auto model = adam_step_lr_net(21, 0.3);
+  auto train = sequential_loader(32, 8);  // 4 steps per epoch
+  auto checkpoint = std::make_shared<ModelCheckpoint>(
+      ModelCheckpointOptions{.filename = "{step}", .save_top_k = -1, .save_last = true, .every_n_train_steps = 3});
+  auto options = quiet(dir, 2, {checkpoint});
+  Trainer trainer(options);
+  trainer.fit(*model, train);
+  std::set<std::string> files;
+  for (const auto& e : fs::directory_iterator(dir.path / "checkpoints")) files.insert(e.path().filename().string());
+  EXPECT_EQ(files, (std::set<std::string>{"step=3.ckpt", "step=6.ckpt", "last.ckpt"}));
+  EXPECT_EQ(read_checkpoint_meta((dir.path / "checkpoints" / "last.ckpt").string()).at("loop").at("global_step"), 6);
 }
 
 }  // namespace

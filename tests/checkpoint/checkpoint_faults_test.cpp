@@ -10,7 +10,7 @@
 #include <set>
 
 #include "../support/thrown.h"
-#include "tiny.h"
+#include "../support/tiny.h"
 
 namespace fulgor::testing {
 namespace {
@@ -94,7 +94,8 @@ TEST(CheckpointFaults, AMissingGeneratorStateIsNamedAndRefusedUnderDeterministic
   auto options = quiet(dir, 2);
   options.deterministic = true;
   Trainer strict(options);
-  const std::string m = test::thrown_message<CheckpointError>([&] { strict.fit(*refused, train, {.ckpt_path = bare}); });
+  const std::string m =
+      test::thrown_message<CheckpointError>([&] { strict.fit(*refused, train, {.ckpt_path = bare}); });
   EXPECT_NE(m.find("'rng_cpu'"), std::string::npos) << m;
   EXPECT_NE(m.find("deterministic=true"), std::string::npos) << m;
   EXPECT_EQ(refused->training_steps, 0);

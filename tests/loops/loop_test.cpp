@@ -1,6 +1,6 @@
 // The training loop against hand-written LibTorch loops, and its options.
 
-#include "tiny.h"
+#include "../support/tiny.h"
 
 namespace fulgor::testing {
 namespace {
@@ -393,7 +393,8 @@ TEST(TrainerLoop, AStepSchedulersFrequencyCountsTheBatchesOfTheEpoch) {
     auto options = quiet(dir, 2, {steps});
     options.accumulate_grad_batches = accumulate;
     Trainer(options).fit(model, train);
-    const std::vector<int64_t> expected = accumulate == 1 ? std::vector<int64_t>{3, 6, 11, 14} : std::vector<int64_t>{3, 7};
+    const std::vector<int64_t> expected =
+        accumulate == 1 ? std::vector<int64_t>{3, 6, 11, 14} : std::vector<int64_t>{3, 7};
     EXPECT_EQ(steps->at, expected);
   }
 }

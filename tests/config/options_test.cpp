@@ -8,7 +8,7 @@
 #include <fstream>
 #include <future>
 
-#include "tiny.h"
+#include "../support/tiny.h"
 
 namespace fulgor::testing {
 namespace {

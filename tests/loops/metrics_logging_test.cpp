@@ -1,7 +1,7 @@
 // log() of a fulgor::metrics::Metric, as Lightning logs a torchmetrics Metric:
 // its batch value on_step, its compute() over the epoch on_epoch, then reset.
 
-#include "tiny.h"
+#include "../support/tiny.h"
 
 namespace fulgor::testing {
 namespace {
