@@ -10,8 +10,8 @@
 //     the one with the fewest bytes so far, an object by its lowest holder),
 //     and the whole checked before a byte is written (agreeing dtypes,
 //     sizes and paths; boxes that do not overlap and cover each tensor);
-//  2. write: rank 0 makes a temporary folder beside the checkpoint and
-//     broadcasts its name; each rank writes its boxes and objects, each a
+//  2. write: rank 0 makes a temporary folder beside the checkpoint (Note
+//     [Temporary checkpoint folders]) and broadcasts its name; each rank writes its boxes and objects, each a
 //     torch.save archive, into __<rank>_0.distcp there;
 //  3. gather: each rank's storage entries (or its error) are all-gathered,
 //     so that every rank fails alike when one did;
@@ -23,6 +23,8 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -331,7 +333,63 @@ void commit(const DcpMetadata& metadata, const std::filesystem::path& temporary,
   std::filesystem::remove_all(temporary, error);
 }
 
-std::filesystem::path make_temporary(const std::filesystem::path& folder) {
+// Note [Temporary checkpoint folders]
+// A save writes its folder as ".NAME.partial<pid>-<random>" beside NAME and
+// renames it into place; a job killed mid-save leaves that folder behind, as
+// large as the ranks' shards. As Note [Temporary checkpoint files] does for
+// single files, rank 0 holds an flock on the temporary folder from just after
+// making it until the rename, and each save removes the ".NAME.partial*"
+// folders beside NAME that it can lock without waiting: a killed save's (the
+// kernel dropped its lock), never a running one's. Between mkdir and flock a
+// folder is unlocked and another save may remove it; so rank 0, once it holds
+// the lock, checks that the name still leads to its folder, and makes another
+// if not. Where the file system has no flock, rank 0 writes unlocked and no
+// save removes anything.
+
+// Closes the folder it holds, releasing its lock.
+class FolderLock {
+ public:
+  FolderLock() = default;
+  FolderLock(const FolderLock&) = delete;
+  FolderLock& operator=(const FolderLock&) = delete;
+  ~FolderLock() { release(); }
+  void hold(int fd) {
+    release();
+    fd_ = fd;
+  }
+
+ private:
+  void release() {
+    if (fd_ >= 0) ::close(std::exchange(fd_, -1));
+  }
+  int fd_ = -1;
+};
+
+bool names_same_folder(int fd, const std::filesystem::path& name) {
+  struct stat opened {};
+  struct stat named {};
+  return ::fstat(fd, &opened) == 0 && ::lstat(name.c_str(), &named) == 0 && opened.st_dev == named.st_dev &&
+         opened.st_ino == named.st_ino;
+}
+
+void remove_stale_partials(const std::filesystem::path& parent, const std::string& name) {
+  const std::string prefix = "." + name + ".partial";
+  std::vector<std::filesystem::path> candidates;
+  std::error_code error;
+  for (auto it = std::filesystem::directory_iterator(parent, error);
+       !error && it != std::filesystem::directory_iterator(); it.increment(error))
+    if (it->path().filename().string().rfind(prefix, 0) == 0) candidates.push_back(it->path());
+  for (const auto& candidate : candidates) {
+    const int fd = ::open(candidate.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) continue;
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0 && names_same_folder(fd, candidate))
+      std::filesystem::remove_all(candidate, error);
+    ::close(fd);
+  }
+}
+
+// Rank 0's temporary folder for `folder`, made and held by `lock`.
+std::filesystem::path make_temporary(const std::filesystem::path& folder, FolderLock& lock) {
   std::error_code error;
   if (std::filesystem::exists(folder, error) && !is_distributed_checkpoint(folder) &&
       !std::filesystem::is_empty(folder, error))
@@ -339,10 +397,22 @@ std::filesystem::path make_temporary(const std::filesystem::path& folder) {
                                    folder.string()));
   std::filesystem::path parent = folder.parent_path().empty() ? "." : folder.parent_path();
   std::filesystem::create_directories(parent);
-  std::filesystem::path temporary =
-      parent / fmt::format(".{}.partial{}-{}", folder.filename().string(), ::getpid(), std::random_device{}());
-  std::filesystem::create_directory(temporary);
-  return temporary;
+  remove_stale_partials(parent, folder.filename().string());
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    std::filesystem::path temporary =
+        parent / fmt::format(".{}.partial{}-{}", folder.filename().string(), ::getpid(), std::random_device{}());
+    std::filesystem::create_directory(temporary);
+    const int fd = ::open(temporary.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) continue;  // removed by another save's sweep already
+    lock.hold(fd);
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      if (errno != EWOULDBLOCK) return temporary;  // no flock on this file system: unlocked
+      continue;                                    // another save's sweep holds it, to remove it
+    }
+    if (names_same_folder(fd, temporary)) return temporary;
+  }
+  throw InteropError(fmt::format("cannot make a temporary folder beside '{}': other saves removed each one made",
+                                 folder.string()));
 }
 
 // Step 1 on every rank: its offers, and the global plan, checked. A rank
@@ -372,11 +442,12 @@ Plan plan_everywhere(const DistributedStateDict& state, ProcessGroup* group, std
   return plan;
 }
 
-// Rank 0's temporary folder, known to every rank.
-std::filesystem::path agree_on_temporary(const std::filesystem::path& folder, ProcessGroup* group, int64_t rank) {
+// Rank 0's temporary folder, known to every rank; rank 0 holds it locked.
+std::filesystem::path agree_on_temporary(const std::filesystem::path& folder, ProcessGroup* group, int64_t rank,
+                                         FolderLock& lock) {
   std::string outcome;  // the folder, or "!" and why there is none
   if (rank == 0) try {
-      outcome = make_temporary(folder).string();
+      outcome = make_temporary(folder, lock).string();
     } catch (const std::exception& e) {
       outcome = std::string("!") + e.what();
     }
@@ -407,7 +478,8 @@ void save_distributed_checkpoint(const DistributedStateDict& state, const std::f
   const std::string saved = fmt::format("the distributed checkpoint '{}'", folder.string());
   std::vector<Offer> offers;
   Plan plan = plan_everywhere(state, group, offers, saved);
-  const std::filesystem::path temporary = agree_on_temporary(folder, group, rank);
+  FolderLock lock;  // Note [Temporary checkpoint folders]
+  const std::filesystem::path temporary = agree_on_temporary(folder, group, rank, lock);
   json written;
   try {
     written = {{"entries", write_own(offers, plan, rank, temporary)}};

@@ -1,12 +1,18 @@
 // Distributed checkpoints in one process: flattening as Python's DCP does,
 // saving and reading back, pieces loaded into other cuts, atomic
-// replacement, and folders from elsewhere refused
+// replacement, killed saves' temporaries removed, and folders from elsewhere
+// refused
 // (Note [A distributed checkpoint from elsewhere]).
 
 #include <fmt/format.h>
 #include <fulgor/core/error.h>
 #include <fulgor/interop/distributed_checkpoint.h>
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <fstream>
 #include <iterator>
 
@@ -183,6 +189,37 @@ TEST(DistributedCheckpoint, ReplacesAnOlderCheckpointWholeAndKeepsItWhenTheSaveF
   std::string refused = test::thrown_message<InteropError>([&] { save_distributed_checkpoint(state(4), dir.path() / "mine"); });
   EXPECT_NE(refused.find("exists and is not a distributed checkpoint"), std::string::npos) << refused;
   EXPECT_EQ(read_all(dir.path() / "mine" / "notes.txt"), "keep");
+}
+
+// Note [Temporary checkpoint folders]: a save removes the folders that killed
+// saves of its checkpoint left beside it, and not one a running save holds.
+TEST(DistributedCheckpoint, RemovesTheTemporaryFoldersOfKilledSavesButNotOfRunningOnes) {
+  ScratchDir dir("dcp_partials");
+  auto state = [](double value) {
+    return DistributedStateDict{{{std::string("w")}, torch::full({4}, value), std::nullopt}};
+  };
+  const fs::path killed = dir.path() / ".ckpt.partial4242-17", running = dir.path() / ".ckpt.partial4243-18",
+                 other = dir.path() / ".other.partial4244-19";
+  for (const fs::path& folder : {killed, running, other}) {
+    fs::create_directories(folder);
+    write_all(folder / "__0_0.distcp", std::string(1024, 'x'));
+  }
+  const int held = ::open(running.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  ASSERT_GE(held, 0);
+  ASSERT_EQ(::flock(held, LOCK_EX | LOCK_NB), 0);
+  save_distributed_checkpoint(state(1), dir.path() / "ckpt");
+  EXPECT_FALSE(fs::exists(killed));
+  EXPECT_TRUE(fs::exists(running / "__0_0.distcp"));
+  EXPECT_TRUE(fs::exists(other / "__0_0.distcp")) << "another checkpoint's temporaries are for its own saves";
+  ::close(held);
+  save_distributed_checkpoint(state(2), dir.path() / "ckpt");
+  EXPECT_FALSE(fs::exists(running)) << "removed once no save holds it";
+  EXPECT_TRUE(torch::equal(read_distributed_checkpoint(dir.path() / "ckpt").toGenericDict().at("w").toTensor(),
+                           torch::full({4}, 2.0)));
+  std::vector<std::string> left;
+  for (const auto& entry : fs::directory_iterator(dir.path())) left.push_back(entry.path().filename().string());
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{".other.partial4244-19", "ckpt"}));
 }
 
 TEST(DistributedCheckpoint, RefusesFoldersThatPointOutsideOrEndEarly) {
