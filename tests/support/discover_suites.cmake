@@ -2,8 +2,7 @@
 # suite (Note [One ctest per test suite] in tests/CMakeLists.txt). Run after
 # each link of the executable:
 #   cmake -DPROGRAM=EXE -DOUTPUT=FILE -DTESTS_DIR=DIR -DTIMEOUT=SECONDS
-#         [-DENVIRONMENT=NAME=VALUE] [-DFIXTURES_REQUIRED=NAME]
-#         [-DSEPARATE=Suite|Suite...] -P discover_suites.cmake
+#         [-DENVIRONMENT=NAME=VALUE] [-DFIXTURES_REQUIRED=NAME] -P discover_suites.cmake
 # writes to FILE the add_test and set_tests_properties calls that ctest reads.
 # Each test is labelled with the folder of tests/ its source file is in, so
 # `ctest -L checkpoint` runs the tests of src/checkpoint/.
@@ -17,7 +16,6 @@ if(NOT status EQUAL 0 OR NOT EXISTS ${listing})
 endif()
 file(READ ${listing} json)
 file(REMOVE ${listing})
-string(REPLACE "|" ";" separate "${SEPARATE}")
 
 # A bracket argument holds any name ctest may see, without escaping.
 function(bracket out text)
@@ -34,16 +32,16 @@ function(folder_of out file)
   set(${out} ${CMAKE_MATCH_1} PARENT_SCOPE)
 endfunction()
 
-# Appends to `script` the test `name`, running the cases that `filter`
-# selects, `cases` of them, labelled `labels` (a list).
-function(add_suite_test name filter cases labels)
+# Appends to `script` the test of `suite`, running its `cases` cases in one
+# process, labelled `labels` (a list).
+function(add_suite_test suite cases labels)
   math(EXPR timeout "${TIMEOUT} * ${cases}")
   if(timeout GREATER 1500)
     set(timeout 1500)
   endif()
-  bracket(name "${name}")
+  bracket(name "${suite}")
   bracket(program "${PROGRAM}")
-  bracket(filter "--gtest_filter=${filter}")
+  bracket(filter "--gtest_filter=${suite}.*")
   bracket(labels "${labels}")
   # Printed by support/skip_record.cpp when every case skipped and none failed.
   bracket(skipped "fulgor: every test of this run was skipped")
@@ -70,17 +68,11 @@ foreach(s RANGE ${last_suite})
   math(EXPR last_case "${case_count} - 1")
   set(labels "")
   foreach(c RANGE ${last_case})
-    string(JSON case GET "${json}" testsuites ${s} testsuite ${c} name)
     string(JSON file GET "${json}" testsuites ${s} testsuite ${c} file)
     folder_of(label "${file}")
-    if(suite IN_LIST separate)
-      add_suite_test("${suite}.${case}" "${suite}.${case}" 1 ${label})
-    endif()
     list(APPEND labels ${label})
   endforeach()
-  if(NOT suite IN_LIST separate)
-    list(REMOVE_DUPLICATES labels)
-    add_suite_test("${suite}" "${suite}.*" ${case_count} "${labels}")
-  endif()
+  list(REMOVE_DUPLICATES labels)
+  add_suite_test("${suite}" ${case_count} "${labels}")
 endforeach()
 file(WRITE ${OUTPUT} "${script}")
