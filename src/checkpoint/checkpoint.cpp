@@ -25,6 +25,7 @@
 #include "checkpoint/meta.h"
 #include "detail/read_at.h"
 #include "detail/regular_file.h"
+#include "detail/same_file.h"
 #include "detail/sync_folder.h"
 #include "fulgor/core/error.h"
 #include "fulgor/module.h"
@@ -165,13 +166,6 @@ void write_container(int fd, torch::serialize::OutputArchive& archive, const std
 // the writer's lock released with it. Where the file system has no flock,
 // the writer writes unlocked and the sweeper, unable to lock, removes nothing.
 
-bool names_same_file(int fd, const std::string& name) {
-  struct stat opened {};
-  struct stat named {};
-  return ::fstat(fd, &opened) == 0 && ::lstat(name.c_str(), &named) == 0 && opened.st_dev == named.st_dev &&
-         opened.st_ino == named.st_ino;
-}
-
 int lock_exclusive(int fd, int flags) {
   int status;
   while ((status = ::flock(fd, LOCK_EX | flags)) != 0 && errno == EINTR) {
@@ -189,7 +183,7 @@ int create_temporary(const fs::path& dir, const std::string& path, std::string& 
     const int fd = ::mkostemp(tmp.data(), O_CLOEXEC);
     if (fd < 0) throw CheckpointError(system_error("creating a temporary file", path));
     lock_exclusive(fd, 0);
-    if (names_same_file(fd, tmp)) return fd;
+    if (detail::names_same_file(fd, tmp.c_str())) return fd;
     ::close(fd);
   }
   throw CheckpointError(
@@ -263,7 +257,7 @@ void remove_stale_temporaries(const std::string& dir) {
     // exclusive lock needs a file open for writing.
     const int fd = ::open(name.c_str(), O_RDWR | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0) continue;
-    if (is_unfinished_checkpoint(fd) && lock_exclusive(fd, LOCK_NB) == 0 && names_same_file(fd, name))
+    if (is_unfinished_checkpoint(fd) && lock_exclusive(fd, LOCK_NB) == 0 && detail::names_same_file(fd, name.c_str()))
       ::unlink(name.c_str());
     ::close(fd);
   }

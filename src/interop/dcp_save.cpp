@@ -11,8 +11,9 @@
 //     and the whole checked before a byte is written (agreeing dtypes,
 //     sizes and paths; boxes that do not overlap and cover each tensor);
 //  2. write: rank 0 makes a temporary folder beside the checkpoint (Note
-//     [Temporary checkpoint folders]) and broadcasts its name; each rank writes its boxes and objects, each a
-//     torch.save archive, into __<rank>_0.distcp there;
+//     [Temporary checkpoint folders]) and broadcasts its name; each rank
+//     writes its boxes and objects, each a torch.save archive, into
+//     __<rank>_0.distcp there;
 //  3. gather: each rank's storage entries (or its error) are all-gathered,
 //     so that every rank fails alike when one did;
 //  4. commit: rank 0 writes .metadata (through .metadata.tmp, as PyTorch
@@ -24,7 +25,6 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <sys/file.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -36,6 +36,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "detail/same_file.h"
 #include "detail/sync_folder.h"
 #include "fulgor/core/error.h"
 #include "fulgor/distributed/process_group.h"
@@ -365,13 +366,6 @@ class FolderLock {
   int fd_ = -1;
 };
 
-bool names_same_folder(int fd, const std::filesystem::path& name) {
-  struct stat opened {};
-  struct stat named {};
-  return ::fstat(fd, &opened) == 0 && ::lstat(name.c_str(), &named) == 0 && opened.st_dev == named.st_dev &&
-         opened.st_ino == named.st_ino;
-}
-
 void remove_stale_partials(const std::filesystem::path& parent, const std::string& name) {
   const std::string prefix = "." + name + ".partial";
   std::vector<std::filesystem::path> candidates;
@@ -382,7 +376,7 @@ void remove_stale_partials(const std::filesystem::path& parent, const std::strin
   for (const auto& candidate : candidates) {
     const int fd = ::open(candidate.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0) continue;
-    if (::flock(fd, LOCK_EX | LOCK_NB) == 0 && names_same_folder(fd, candidate))
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0 && detail::names_same_file(fd, candidate.c_str()))
       std::filesystem::remove_all(candidate, error);
     ::close(fd);
   }
@@ -409,7 +403,7 @@ std::filesystem::path make_temporary(const std::filesystem::path& folder, Folder
       if (errno != EWOULDBLOCK) return temporary;  // no flock on this file system: unlocked
       continue;                                    // another save's sweep holds it, to remove it
     }
-    if (names_same_folder(fd, temporary)) return temporary;
+    if (detail::names_same_file(fd, temporary.c_str())) return temporary;
   }
   throw InteropError(fmt::format("cannot make a temporary folder beside '{}': other saves removed each one made",
                                  folder.string()));
