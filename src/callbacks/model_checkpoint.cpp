@@ -18,6 +18,7 @@
 #include "callbacks/python_format.h"
 #include "fulgor/checkpoint/checkpoint.h"
 #include "fulgor/core/error.h"
+#include "fulgor/interop/distributed_checkpoint.h"
 #include "fulgor/trainer.h"
 
 namespace fulgor {
@@ -342,7 +343,11 @@ void ModelCheckpoint::remove_checkpoint(Trainer& trainer, const std::string& fil
   // Rank 0 wrote the files.
   if (!trainer.is_global_zero()) return;
   std::error_code ec;
-  fs::remove(filepath, ec);
+  // A sharded checkpoint is a folder (Note [Sharded training checkpoints]).
+  if (is_distributed_checkpoint(filepath))
+    fs::remove_all(filepath, ec);
+  else
+    fs::remove(filepath, ec);
 }
 
 // Note [Orphaned checkpoint files]

@@ -27,6 +27,10 @@ std::string sharding_strategy_name(std::string name);
 void check_sharding(const std::string& strategy, const std::string& sharding_strategy, bool zero_redundancy_optimizer,
                     const std::string& precision);
 
+/// Throws ConfigError unless `state_dict_type` is "full" or "sharded": the
+/// Trainer's and Fabric's field of that name.
+void check_state_dict_type(const std::string& state_dict_type);
+
 /// Whether a TrainerOptions::profiler value names SimpleProfiler ("simple",
 /// in any case, as Lightning reads it).
 bool names_simple_profiler(std::string name);

@@ -246,6 +246,7 @@ const std::vector<Field>& fields() {
     f.push_back(field("use_distributed_sampler", "a boolean", &TrainerOptions::use_distributed_sampler));
     f.push_back(field("sharding_strategy", "a string", &TrainerOptions::sharding_strategy));
     f.push_back(field("zero_redundancy_optimizer", "a boolean", &TrainerOptions::zero_redundancy_optimizer));
+    f.push_back(field("state_dict_type", "a string", &TrainerOptions::state_dict_type));
     return f;
   }();
   return all;
@@ -371,6 +372,7 @@ void from_json(const nlohmann::json& json, TrainerOptions& options) {
 void check_options(const TrainerOptions& o) {
   detail::check_strategy(o.strategy);
   detail::check_sharding(o.strategy, o.sharding_strategy, o.zero_redundancy_optimizer, o.precision);
+  detail::check_state_dict_type(o.state_dict_type);
   auto at_least = [](int64_t value, int64_t min, const char* name) {
     if (value < min) throw ConfigError(fmt::format("{}={}: expected an integer >= {}", name, value, min));
   };
@@ -457,6 +459,14 @@ void check_sharding(const std::string& strategy, const std::string& sharding_str
         fmt::format("precision={} scales the loss, and a sharded strategy ({}) has no sharded loss scaler yet: use "
                     "precision=bf16-mixed or 32-true",
                     precision, fsdp ? "strategy=fsdp" : "zero_redundancy_optimizer=true"));
+}
+
+void check_state_dict_type(const std::string& state_dict_type) {
+  if (state_dict_type != "full" && state_dict_type != "sharded")
+    throw ConfigError(
+        fmt::format("state_dict_type='{}': expected \"full\" (one checkpoint file, the state whole) "
+                    "or \"sharded\" (a distributed checkpoint's folder, each rank's part)",
+                    state_dict_type));
 }
 
 void check_strategy(const std::string& strategy) {

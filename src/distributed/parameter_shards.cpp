@@ -407,6 +407,19 @@ std::vector<torch::Tensor> ParameterShards::shards_in(const torch::optim::Optimi
   return found;
 }
 
+std::optional<ParameterShards::Place> ParameterShards::place_of(const torch::Tensor& tensor) const {
+  const void* impl = tensor.unsafeGetTensorImpl();
+  for (const Piece& piece : pieces_) {
+    if (piece.param.unsafeGetTensorImpl() != impl && piece.shard.unsafeGetTensorImpl() != impl) continue;
+    Place place{piece.param, piece.shard};
+    place.begin = std::min(piece.numel, group_.rank() * piece.size);
+    place.end = std::min(piece.numel, place.begin + piece.size);
+    place.released = piece.unit >= 0 && !units_[static_cast<size_t>(piece.unit)].gathered;
+    return place;
+  }
+  return std::nullopt;
+}
+
 int64_t ParameterShards::shards_version() const {
   // Version counters only grow, so their sum moves when any of them does.
   int64_t sum = 0;

@@ -9,6 +9,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "fulgor/distributed/process_group.h"
@@ -108,6 +109,19 @@ class ParameterShards {
 
   /// The tensors of `optimizer`'s groups that are these shards.
   std::vector<torch::Tensor> shards_in(const torch::optim::Optimizer& optimizer) const;
+  /// Where this rank's piece of a parameter lies: the elements [begin, end)
+  /// of the parameter's flattened values, which the shard's first end - begin
+  /// elements hold (the rest is padding; none past the parameter's end).
+  /// `released`: the parameter holds no values now (a FULL_SHARD unit's
+  /// between its passes), the shard alone does.
+  struct Place {
+    torch::Tensor param, shard;
+    int64_t begin = 0, end = 0;
+    bool released = false;
+  };
+  /// The place of the piece whose parameter or shard `tensor` is; nullopt for
+  /// a tensor that is neither.
+  std::optional<Place> place_of(const torch::Tensor& tensor) const;
   /// Whether the shards changed since the last reduce_gradients or
   /// gather_parameters: an optimizer stepped them, and no gather followed.
   bool stepped_ungathered() const;

@@ -20,6 +20,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <vector>
@@ -71,5 +72,10 @@ DcpMetadata read_dcp_metadata(const uint8_t* data, size_t size, const std::strin
 /// Refuses what is not well-formed in `metadata`: the checks of
 /// Note [A distributed checkpoint from elsewhere] that need no file.
 void check_dcp_metadata(const DcpMetadata& metadata, const std::string& source);
+
+/// read_distributed_checkpoint's whole state, of the entries nested under
+/// the top-level `key` alone ("" for all): the other keys' bytes are not
+/// read (src/interop/distributed_checkpoint.cpp).
+c10::IValue read_distributed_checkpoint_under(const std::filesystem::path& folder, const std::string& key);
 
 }  // namespace fulgor::detail

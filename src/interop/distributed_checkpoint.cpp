@@ -244,6 +244,10 @@ void load_distributed_checkpoint(DistributedStateDict& state, const std::filesys
 }
 
 c10::IValue read_distributed_checkpoint(const std::filesystem::path& folder) {
+  return detail::read_distributed_checkpoint_under(folder, "");
+}
+
+c10::IValue detail::read_distributed_checkpoint_under(const std::filesystem::path& folder, const std::string& key) {
   FolderReader reader(folder);
   detail::DcpMetadata metadata = reader.metadata();
   DistributedStateDict state;
@@ -251,6 +255,7 @@ c10::IValue read_distributed_checkpoint(const std::filesystem::path& folder) {
     // A key without planner_data (no nesting recorded) stays one key.
     std::vector<c10::IValue> path = entry.path;
     if (path.empty() || joined(path) != entry.fqn) path = {c10::IValue(entry.fqn)};
+    if (!key.empty() && !(path.size() > 1 && path[0].isString() && path[0].toStringRef() == key)) continue;
     c10::IValue value;
     if (entry.is_tensor) value = torch::empty(entry.size, torch::TensorOptions().dtype(entry.dtype));
     state.push_back(DistributedCheckpointEntry{path, value, std::nullopt});

@@ -15,7 +15,9 @@
 #include "fulgor/checkpoint/checkpoint.h"
 #include "fulgor/core/version.h"
 #include "fulgor/distributed/strategy.h"
+#include "fulgor/interop/distributed_checkpoint.h"
 #include "interop/python_checkpoint.h"
+#include "interop/sharded_checkpoint.h"
 #include "trainer/callback_connector.h"
 #include "trainer/state.h"
 
@@ -90,6 +92,13 @@ bool may_be_last_checkpoint(const fs::path& file) {
   return !name.empty() && name[0] != '.' && file.extension() == ".ckpt";
 }
 
+// A checkpoint file, or a sharded checkpoint's folder (Note [Sharded
+// training checkpoints]).
+bool is_checkpoint(const fs::path& path) {
+  std::error_code ec;
+  return fs::is_regular_file(path, ec) || is_distributed_checkpoint(path);
+}
+
 bool is_any_checkpoint(const fs::path&) { return true; }
 
 // The regular files of `dir` that may be a "last" checkpoint and that `keep` accepts.
@@ -97,8 +106,7 @@ template <typename Keep>
 void add_last_candidates(const fs::path& dir, Keep&& keep, std::set<fs::path>& files) {
   std::error_code ec;
   for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
-    std::error_code type_ec;
-    if (may_be_last_checkpoint(it->path()) && keep(it->path()) && it->is_regular_file(type_ec))
+    if (may_be_last_checkpoint(it->path()) && keep(it->path()) && is_checkpoint(it->path()))
       files.insert(it->path().lexically_normal());
   }
 }
@@ -146,10 +154,8 @@ std::string CheckpointConnector::find_last() const {
   std::set<fs::path> files;
   add_last_candidates(folder, is_named_last, files);
   for (const auto& dir : places.folders) add_last_candidates(dir, is_named_last, files);
-  for (const auto& file : places.files) {
-    std::error_code ec;
-    if (fs::is_regular_file(file, ec)) files.insert(fs::path(file).lexically_normal());
-  }
+  for (const auto& file : places.files)
+    if (is_checkpoint(file)) files.insert(fs::path(file).lexically_normal());
   if (files.empty()) add_last_candidates(folder, is_any_checkpoint, files);
   return most_recently_modified(files);
 }
@@ -157,6 +163,7 @@ std::string CheckpointConnector::find_last() const {
 // The one place a checkpoint's format is told: each reader gives the same
 // loaded form (Note [The loaded checkpoint]).
 LoadedCheckpoint CheckpointConnector::read(const std::string& path) const {
+  if (is_distributed_checkpoint(path)) return load_sharded_checkpoint(path);
   const RegularFile file = open_regular<CheckpointError>(path, "checkpoint");  // Note [Opening a user's path]
   return is_python_checkpoint(file) ? load_python_checkpoint(file, path) : load_checkpoint(file, path);
 }
@@ -298,7 +305,7 @@ nlohmann::json CheckpointConnector::meta() {
   return meta;
 }
 
-torch::serialize::OutputArchive CheckpointConnector::archive(std::vector<torch::Tensor>* snapshot) {
+torch::serialize::OutputArchive CheckpointConnector::archive(std::vector<torch::Tensor>* snapshot, bool weights) {
   nlohmann::json meta = this->meta();
   std::vector<torch::serialize::OutputArchive> callback_tensors;
   for (auto& cb : s.callbacks) {
@@ -312,19 +319,22 @@ torch::serialize::OutputArchive CheckpointConnector::archive(std::vector<torch::
   // Note [Weights a checkpoint holds]: the snapshot copies the swapped-in
   // weights; without one, save() swaps them in for the write.
   std::optional<CheckpointWeights> swapped;
-  if (snapshot) swapped.emplace(s);
-  torch::serialize::OutputArchive model_archive;
-  s.module->save(model_archive);
-  archive.write("model", model_archive);
+  if (snapshot && weights) swapped.emplace(s);
+  if (weights) {
+    torch::serialize::OutputArchive model_archive;
+    s.module->save(model_archive);
+    archive.write("model", model_archive);
+  }
   for (size_t i = 0; i < callback_tensors.size(); ++i)
     archive.write("callback_tensors_" + std::to_string(i), callback_tensors[i]);
-  unsharded(s.ddp.get(), s.optim.optimizers, /*load=*/false, [&] {
-    for (size_t i = 0; i < s.optim.optimizers.size(); ++i) {
-      torch::serialize::OutputArchive o;
-      s.optim.optimizers[i]->save(o);
-      archive.write("optimizer_" + std::to_string(i), o);
-    }
-  });
+  if (weights)
+    unsharded(s.ddp.get(), s.optim.optimizers, /*load=*/false, [&] {
+      for (size_t i = 0; i < s.optim.optimizers.size(); ++i) {
+        torch::serialize::OutputArchive o;
+        s.optim.optimizers[i]->save(o);
+        archive.write("optimizer_" + std::to_string(i), o);
+      }
+    });
   archive.write("rng_cpu", cpu_rng_state());
   if (s.accelerator && s.device_setup) {
     torch::Tensor device_state = s.accelerator->get_rng_state(s.device_setup->device);
@@ -345,9 +355,40 @@ bool CheckpointConnector::prepare_to_write(const std::string& path) {
   return true;
 }
 
+void CheckpointConnector::check_sharded_saves() const {
+  if (s.options.state_dict_type != "sharded") return;
+  for (size_t i = 0; i < s.optim.optimizers.size(); ++i)
+    if (!saves_sharded(*s.optim.optimizers[i]))
+      throw ConfigError(fmt::format(
+          "state_dict_type=\"sharded\" saves the optimizers' states in torch.optim's layout, which fulgor writes for "
+          "SGD, Adam and AdamW; optimizer {} from configure_optimizers is none of them: use state_dict_type=\"full\"",
+          i));
+}
+
+// Note [Sharded training checkpoints] (src/interop/sharded_checkpoint.h):
+// every rank gives its part, rank 0 the rest of the state, and the folder
+// replaces the one at `path` once complete (save_distributed_checkpoint).
+void CheckpointConnector::save_sharded(const std::string& path) {
+  torch::serialize::OutputArchive rest = archive(/*snapshot=*/nullptr, /*weights=*/false);
+  ShardSets shards;
+  if (s.ddp && s.ddp->shards()) shards.push_back(s.ddp->shards());
+  DistributedStateDict state;
+  CheckpointWeights swapped(s);  // Note [Weights a checkpoint holds]
+  add_module_entries(state, "model", *s.module, shards);
+  for (size_t i = 0; i < s.optim.optimizers.size(); ++i)
+    add_optimizer_entries(state, "optimizer_" + std::to_string(i), *s.optim.optimizers[i], shards);
+  if (!s.ddp || s.ddp->is_global_zero()) add_archive_entry(state, rest);
+  try {
+    save_distributed_checkpoint(state, path, s.ddp ? &s.ddp->group() : nullptr);
+  } catch (const InteropError& e) {
+    throw CheckpointError(e.what());
+  }
+}
+
 void CheckpointConnector::save(const std::string& path) {
   if (!s.module) throw Error(fmt::format("save_checkpoint('{}'): this Trainer has not fitted a module", path));
   writer_.finish();
+  if (s.options.state_dict_type == "sharded") return save_sharded(path);
   auto save = [&] {
     auto archive = this->archive(/*snapshot=*/nullptr);
     if (prepare_to_write(path)) {
@@ -367,6 +408,13 @@ void CheckpointConnector::save(const std::string& path) {
 
 void CheckpointConnector::save_async(const std::string& path, std::function<void()> on_written) {
   if (!s.module) throw Error(fmt::format("save_checkpoint('{}'): this Trainer has not fitted a module", path));
+  // A sharded save's collectives would meet the training's on the one
+  // process group: it is made in the foreground.
+  if (s.options.state_dict_type == "sharded") {
+    save(path);
+    if (on_written) on_written();
+    return;
+  }
   if (writer_.pending()) {
     ProfileScope timed(s.hooks.stage("wait_for_checkpoint_write"));
     writer_.finish();

@@ -35,6 +35,9 @@ struct CheckpointConnector {
   // Saves synchronously: returns once the file is on disk, after the
   // asynchronous write in flight, if any.
   void save(const std::string& path);
+  // With state_dict_type "sharded", throws ConfigError for an optimizer whose
+  // state a sharded checkpoint cannot hold; a fit checks before it trains.
+  void check_sharded_saves() const;
   // Saves asynchronously (Note [Asynchronous checkpoints]): returns once the
   // state is copied to host memory; `on_written` runs on this thread once the
   // file is on disk. Waits first for the write in flight, if any, as the
@@ -68,7 +71,10 @@ struct CheckpointConnector {
   nlohmann::json meta();
   // The archive of the state now; with `snapshot`, of copies in host memory,
   // and the copies to keep with it (snapshot_to_host).
-  torch::serialize::OutputArchive archive(std::vector<torch::Tensor>* snapshot);
+  // `weights`: with the module's and the optimizers' states, which a sharded
+  // checkpoint holds apart.
+  torch::serialize::OutputArchive archive(std::vector<torch::Tensor>* snapshot, bool weights = true);
+  void save_sharded(const std::string& path);
   // Whether this process writes the files (rank 0 under ddp); clears the
   // folder of `path` of stale temporaries before its first save there.
   bool prepare_to_write(const std::string& path);

@@ -77,6 +77,7 @@ FitResult Trainer::run_fit(ModuleBase& model, detail::StepRunner& train, detail:
     // fit's module before the optimizers take its parameters; end() reverts it.
     if (s.ddp && s.options.sync_batchnorm) convert_sync_batchnorm(model);
     s.configure_optimizers(model);
+    s.checkpoints.check_sharded_saves();
     s.manual_optimization.attach(model, true);
     s.fit_loop.reset_for_fit(train, val);
     s.metrics.log_step = 0;

@@ -6,11 +6,16 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "fulgor/interop/distributed_checkpoint.h"
+#include "fulgor/interop/state_dict.h"
+#include "fulgor/interop/torch_save.h"
 #include "support/sharded_scenario.h"
 #include "support/spawn.h"
 
@@ -42,7 +47,12 @@ std::vector<std::string> two_rank_variants() {
           "shard_grad_op_sgd_resumed",
           "full_shard_adam_resumed",
           "full_shard_sgd_resumed",
-          "full_shard_ckpt_adam_resumed"};
+          "full_shard_ckpt_adam_resumed",
+          "ddp_dcp_adam_resumed",
+          "zero1_dcp_adam_resumed",
+          "shard_grad_op_dcp_sgd_resumed",
+          "full_shard_dcp_adam_resumed",
+          "full_shard_dcp_sgd_resumed"};
 }
 
 std::map<std::string, torch::Tensor> run_ranks(int ranks, const TempDir& dir, const std::vector<std::string>& variants,
@@ -85,10 +95,12 @@ class ShardedTrainer : public ::testing::Test {
     if (!failure_.empty()) return;
     const std::string mid = *two_ / "mid_shard_grad_op_adam_resumed.ckpt";
     const std::string full_mid = *two_ / "mid_full_shard_adam_resumed.ckpt";
-    auto four = run_ranks(4, *four_,
-                          {"ddp_adam", "shard_grad_op_adam", "zero1_sgd", "full_shard_adam",
-                           "shard_grad_op_adam_from=" + mid, "full_shard_adam_from=" + full_mid},
-                          failure_);
+    const std::string folder_mid = *two_ / "mid_full_shard_dcp_adam_resumed.ckpt";
+    auto four =
+        run_ranks(4, *four_,
+                  {"ddp_adam", "shard_grad_op_adam", "zero1_sgd", "full_shard_adam", "shard_grad_op_adam_from=" + mid,
+                   "full_shard_adam_from=" + full_mid, "full_shard_dcp_adam_from=" + folder_mid},
+                  failure_);
     for (auto& [name, value] : four) params_["4:" + name] = value;
   }
   static void TearDownTestSuite() {
@@ -110,7 +122,7 @@ TEST_F(ShardedTrainer, EveryRankEndsWithTheSameParameters) {
     EXPECT_TRUE(torch::equal(at(name + "@0"), at(name + "@1"))) << name;
   }
   for (const char* name : {"ddp_adam", "shard_grad_op_adam", "zero1_sgd", "full_shard_adam", "shard_grad_op_adam_from",
-                           "full_shard_adam_from"})
+                           "full_shard_adam_from", "full_shard_dcp_adam_from"})
     for (const char* rank : {"@1", "@2", "@3"})
       EXPECT_TRUE(torch::equal(at(std::string("4:") + name + "@0"), at(std::string("4:") + name + rank))) << name;
 }
@@ -142,19 +154,70 @@ TEST_F(ShardedTrainer, ResumedFitEqualsTheUninterruptedOne) {
       EXPECT_TRUE(torch::equal(at(std::string(name) + "_resumed" + rank), at(name + std::string(rank)))) << name << rank;
 }
 
-// The checkpoint holds whole optimizer states (Note [Parameter shards]): 4
-// ranks, and one process without a process group, continue the 2 ranks' fit.
+// Note [Sharded training checkpoints]: a fit resumed from the folder its
+// ranks wrote ends bit-equal to the uninterrupted fit, which saved nothing.
+TEST_F(ShardedTrainer, ResumedFromShardedCheckpointsEqualsTheUninterruptedFit) {
+  for (const char* strategy : {"ddp_", "zero1_", "shard_grad_op_", "full_shard_"})
+    for (const char* optimizer : {"adam", "sgd"}) {
+      const std::string resumed = std::string(strategy) + "dcp_" + optimizer + "_resumed";
+      if (params_.count(resumed + "@0") == 0) continue;
+      for (const char* rank : {"@0", "@1"})
+        EXPECT_TRUE(torch::equal(at(resumed + rank), at(std::string(strategy) + optimizer + rank))) << resumed << rank;
+    }
+}
+
+// Each rank wrote its own part: under FULL_SHARD, where the ranks hold
+// different pieces of every parameter, both ranks' files hold tensors.
+TEST_F(ShardedTrainer, ShardedCheckpointIsAFolderEveryRankWroteItsPartOf) {
+  const std::filesystem::path folder = *two_ / "mid_full_shard_dcp_adam_resumed.ckpt";
+  ASSERT_TRUE(fulgor::is_distributed_checkpoint(folder));
+  for (const char* file : {"__0_0.distcp", "__1_0.distcp"})
+    EXPECT_GT(std::filesystem::file_size(folder / file), 1000u) << file;
+  const c10::IValue state = fulgor::read_distributed_checkpoint(folder);
+  ShardedNet model(kShardedSeed, "adam");
+  std::vector<std::string> saved, expected;
+  for (const auto& item : state.toGenericDict().at("model").toGenericDict()) saved.push_back(item.key().toStringRef());
+  for (const auto& item : fulgor::state_dict_of(model)) expected.push_back(item.key());
+  std::sort(saved.begin(), saved.end());
+  std::sort(expected.begin(), expected.end());
+  EXPECT_EQ(saved, expected);
+  // The Adam state of the last layer's single-element bias, which rank 1
+  // holds only padding of, is one element.
+  const auto optimizer = state.toGenericDict().at("optimizer_0").toGenericDict();
+  const auto bias_state = optimizer.at("state").toGenericDict().at("3").toGenericDict();
+  EXPECT_EQ(bias_state.at("exp_avg").toTensor().sizes(), torch::IntArrayRef({1}));
+}
+
+// PyTorch's dcp.load and dcp_to_torch_save (tests/interop/distributed_checkpoint.py
+// check) read the FULL_SHARD folder's pieces as fulgor assembles them, the
+// state a resume continues bit-equal.
+TEST_F(ShardedTrainer, PyTorchReadsTheShardedCheckpoint) {
+  const std::filesystem::path folder = *two_ / "mid_full_shard_dcp_adam_resumed.ckpt";
+  const std::filesystem::path expected = *two_ / "full_shard_dcp_expected.pt";
+  fulgor::torch_save(fulgor::read_distributed_checkpoint(folder), expected);
+  Child python({FULGOR_DEBIAN_PYTHON3, std::string(FULGOR_INTEROP_SCRIPTS) + "/distributed_checkpoint.py", "check",
+                folder.string(), expected.string()},
+               {}, *two_ / "python_log");
+  const auto status = python.wait(std::chrono::seconds(120));
+  if (exited_with(status, 77)) GTEST_SKIP() << python.log();
+  EXPECT_TRUE(exited_with(status, 0)) << python.log();
+}
+
+// A checkpoint file holds whole optimizer states (Note [Parameter shards]), a
+// sharded one each rank's pieces as boxes of the whole: 4 ranks, and one
+// process without a process group, continue the 2 ranks' fit from either.
 TEST_F(ShardedTrainer, CheckpointOfTwoRanksContinuesOnFourAndInOneProcess) {
   EXPECT_TRUE(close(at("4:shard_grad_op_adam_from@0"), at("shard_grad_op_adam@0")));
   EXPECT_TRUE(close(at("4:full_shard_adam_from@0"), at("full_shard_adam@0")));
-  for (const std::string strategy : {"shard_grad_op", "full_shard"}) {
+  EXPECT_TRUE(close(at("4:full_shard_dcp_adam_from@0"), at("full_shard_adam@0")));
+  for (const std::string strategy : {"shard_grad_op", "full_shard", "full_shard_dcp"}) {
     ShardedNet model(kShardedSeed + 1, "adam");
     auto loader = make_loader(1, 0);
     auto options = sharded_options(parse_variant("ddp_adam"), *two_ / ("alone_" + strategy));
     options.strategy = "auto";
     fulgor::Trainer trainer(options);
     trainer.fit(model, loader, fulgor::FitOptions{*two_ / ("mid_" + strategy + "_adam_resumed.ckpt")});
-    EXPECT_TRUE(close(flat_parameters(model), at(strategy + "_adam@0"))) << strategy;
+    EXPECT_TRUE(close(flat_parameters(model), at(parse_variant(strategy + "_adam").strategy + "_adam@0"))) << strategy;
   }
 }
 

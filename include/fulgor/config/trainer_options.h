@@ -83,6 +83,13 @@ struct FULGOR_API TrainerOptions {
   /// (ZeRO-1, as PyTorch's ZeroRedundancyOptimizer): each rank steps its
   /// piece of every parameter and the pieces are gathered after each step.
   bool zero_redundancy_optimizer = false;
+  /// What the fit's checkpoints are, by Lightning's FSDP names: "full" (a
+  /// file holding the whole state, which rank 0 gathers and writes) or
+  /// "sharded" (a folder in PyTorch's distributed-checkpoint layout, which
+  /// every rank writes its part of, nothing gathered; its optimizers must be
+  /// SGD, Adam or AdamW: docs/distributed.md). Under any strategy; a fit
+  /// resumes from either, at any number of ranks.
+  std::string state_dict_type = "full";
   Devices devices = "auto";
   /// The machines of a ddp job. Under a launcher (torchrun, fulgor-run,
   /// srun) it must be the launcher's: its world size over the processes of

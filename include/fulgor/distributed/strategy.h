@@ -127,6 +127,8 @@ class DdpStrategy {
   ProcessGroup& group() { return group_; }
 
   Sharding sharding() const { return sharding_; }
+  /// The shards of the attached module under sharding, else null.
+  const ParameterShards* shards() const { return shards_.get(); }
 
   void attach(torch::nn::Module& module);
   /// Under sharding: `optimizers` step the shards (ConfigError for one that

@@ -83,6 +83,7 @@ struct ShardedVariant {
   std::string name, strategy, optimizer, from;
   bool resumed = false;
   bool checkpoint_activations = false;  // "_ckpt" in the name
+  bool sharded_checkpoints = false;     // "_dcp" in the name: state_dict_type "sharded"
 };
 
 inline ShardedVariant parse_variant(const std::string& text) {
@@ -95,6 +96,7 @@ inline ShardedVariant parse_variant(const std::string& text) {
     if (v.name.rfind(std::string(strategy) + "_", 0) == 0) v.strategy = strategy;
   v.optimizer = v.name.find("_adam") != std::string::npos ? "adam" : "sgd";
   v.checkpoint_activations = v.name.find("_ckpt") != std::string::npos;
+  v.sharded_checkpoints = v.name.find("_dcp") != std::string::npos;
   if (v.strategy.empty()) throw std::invalid_argument("unknown variant " + text);
   return v;
 }
@@ -111,6 +113,7 @@ inline fulgor::TrainerOptions sharded_options(const ShardedVariant& variant, con
   o.zero_redundancy_optimizer = variant.strategy == "zero1";
   o.gradient_clip_algorithm = variant.optimizer == "adam" ? "norm" : "value";
   o.gradient_clip_val = variant.optimizer == "adam" ? 0.3 : 0.05;
+  o.state_dict_type = variant.sharded_checkpoints ? "sharded" : "full";
   return o;
 }
 

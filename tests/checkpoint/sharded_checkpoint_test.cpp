@@ -1,0 +1,141 @@
+// state_dict_type "sharded" in one process (Note [Sharded training
+// checkpoints]): the fit's checkpoints are folders that resume it exactly,
+// that ModelCheckpoint keeps, displaces and finds as "last" as it does files,
+// and that PyTorch's layout holds; the 2- and 4-rank fits are in
+// tests/distributed/sharded_trainer_test.cpp.
+
+#include <torch/optim/rmsprop.h>
+
+#include "../support/thrown.h"
+#include "fulgor/callbacks/model_checkpoint.h"
+#include "fulgor/interop/distributed_checkpoint.h"
+#include "support/fitted.h"
+
+namespace fulgor::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+TrainerOptions sharded(const TempDir& dir, int64_t epochs) {
+  auto o = resumable(dir, epochs);
+  o.state_dict_type = "sharded";
+  return o;
+}
+
+// Saved mid-epoch and resumed, with dropout, Adam and a schedule: the fit
+// that did not stop.
+TEST(ShardedCheckpoint, ResumeMidEpochFromAFolderIsBitIdentical) {
+  TempDir dir;
+  auto train = shuffled_loader(36, 8);
+  auto val = sequential_loader(8, 4);
+  auto straight = stateful_model();
+  torch::manual_seed(99);
+  Trainer(resumable(dir, 3)).fit(*straight, train, val);
+
+  const fs::path folder = dir.path / "mid.ckpt";
+  auto stop = std::make_shared<Hooks>();
+  stop->batch_end = [&](Trainer& t, int64_t) {
+    if (t.current_epoch() != 1 || t.batches_in_epoch() != 3) return;
+    t.save_checkpoint(folder.string());
+    t.request_stop("test stop");
+  };
+  auto options = sharded(dir, 3);
+  options.callbacks = {stop};
+  auto first = stateful_model();
+  torch::manual_seed(99);
+  Trainer(options).fit(*first, train, val);
+  ASSERT_TRUE(is_distributed_checkpoint(folder));
+  EXPECT_TRUE(fs::is_regular_file(folder / "__0_0.distcp"));
+  torch::manual_seed(12345);  // whatever the generators do in between
+
+  auto resumed = stateful_model();
+  Trainer more(sharded(dir, 3));
+  more.fit(*resumed, train, val, {.ckpt_path = folder.string()});
+  EXPECT_EQ(resumed->training_steps, 15 - 8);
+  EXPECT_TRUE(same_parameters(*resumed, *straight));
+}
+
+// The folder in torch.optim's and the state dict's layout: the weights by
+// Python's names, Adam's state by parameter number, the schedule's lr.
+TEST(ShardedCheckpoint, FolderHoldsTheStateDictsInPyTorchsLayout) {
+  TempDir dir;
+  auto model = stateful_model();
+  auto train = sequential_loader(16, 8);
+  Trainer trainer(sharded(dir, 2));
+  trainer.fit(*model, train);
+  const fs::path folder = dir.path / "end.ckpt";
+  trainer.save_checkpoint(folder.string());
+
+  const auto state = read_distributed_checkpoint(folder).toGenericDict();
+  const auto weights = state.at("model").toGenericDict();
+  EXPECT_TRUE(torch::equal(weights.at("l1.weight").toTensor(), model->l1->weight));
+  EXPECT_TRUE(torch::equal(weights.at("l2.bias").toTensor(), model->l2->bias));
+  const auto adam = state.at("optimizer_0").toGenericDict();
+  const auto first = adam.at("state").toGenericDict().at("0").toGenericDict();
+  EXPECT_EQ(first.at("step").toTensor().item<float>(), 4.0f);
+  EXPECT_EQ(first.at("exp_avg").toTensor().sizes(), model->l1->weight.sizes());
+  const auto group = adam.at("param_groups").toList().get(0).toGenericDict();
+  EXPECT_DOUBLE_EQ(group.at("lr").toDouble(), 0.01 * 0.7 * 0.7);
+  EXPECT_EQ(state.at("fulgor").toGenericDict().at("archive").toTensor().scalar_type(), torch::kUInt8);
+}
+
+// ModelCheckpoint's folders: the displaced one removed, "last" found, and a
+// folder replaced whole by a later save of the same name.
+TEST(ShardedCheckpoint, ModelCheckpointKeepsDisplacesAndFindsFolders) {
+  TempDir dir;
+  auto train = sequential_loader(16, 8);
+  auto options = sharded(dir, 3);
+  auto checkpoint = std::make_shared<ModelCheckpoint>(
+      ModelCheckpointOptions{.dirpath = (dir.path / "ckpt").string(), .filename = "{epoch}", .save_last = true});
+  options.callbacks = {checkpoint};
+  options.enable_checkpointing = true;
+  auto model = stateful_model();
+  Trainer(options).fit(*model, train);
+  std::set<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir.path / "ckpt")) {
+    names.insert(e.path().filename().string());
+    EXPECT_TRUE(is_distributed_checkpoint(e.path())) << e.path();
+  }
+  EXPECT_EQ(names, (std::set<std::string>{"epoch=2.ckpt", "last.ckpt"}));
+
+  auto resumed = stateful_model();
+  auto more = sharded(dir, 5);
+  more.callbacks = {std::make_shared<ModelCheckpoint>(
+      ModelCheckpointOptions{.dirpath = (dir.path / "ckpt").string(), .filename = "{epoch}", .save_last = true})};
+  more.enable_checkpointing = true;
+  Trainer trainer(more);
+  trainer.fit(*resumed, train, {.ckpt_path = "last"});
+  EXPECT_EQ(resumed->training_steps, 4);
+  EXPECT_EQ(trainer.global_step(), 10);
+}
+
+bool says(const std::string& message, const std::string& part) { return message.find(part) != std::string::npos; }
+
+TEST(ShardedCheckpoint, SaysWhatItCannotSave) {
+  using test::thrown_message;
+  TempDir dir;
+  auto train = sequential_loader(16, 8);
+  auto model = stateful_model();
+  model->make_optimizers = [](TinyNet& m) -> OptimizerConfig {
+    return std::make_shared<torch::optim::RMSprop>(m.parameters(), torch::optim::RMSpropOptions(0.01));
+  };
+  EXPECT_PRED2(
+      says, thrown_message<ConfigError>([&] { Trainer(sharded(dir, 1)).fit(*model, train); }),
+      std::string("state_dict_type=\"sharded\" saves the optimizers' states in torch.optim's layout, which "
+                  "fulgor writes for SGD, Adam and AdamW; optimizer 0 from configure_optimizers is none of them"));
+  auto options = resumable(dir, 1);
+  options.state_dict_type = "partial";
+  EXPECT_PRED2(says, thrown_message<ConfigError>([&] { Trainer(options).fit(*stateful_model(), train); }),
+               std::string("state_dict_type='partial': expected \"full\""));
+  // A distributed checkpoint that no fit wrote is no training checkpoint.
+  DistributedStateDict weights = {{{std::string("model"), std::string("w")}, torch::ones({2}), std::nullopt}};
+  const fs::path folder = dir.path / "weights.dcp";
+  save_distributed_checkpoint(weights, folder);
+  EXPECT_PRED2(says, thrown_message<CheckpointError>([&] {
+                 Trainer(resumable(dir, 1)).fit(*stateful_model(), train, {.ckpt_path = folder.string()});
+               }),
+               std::string("is a distributed checkpoint without fulgor's state"));
+}
+
+}  // namespace
+}  // namespace fulgor::testing
