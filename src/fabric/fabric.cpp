@@ -82,6 +82,7 @@ Fabric::Fabric(FabricOptions options)
   detail::check_strategy(options_.strategy);
   detail::check_sharding(options_.strategy, options_.sharding_strategy, options_.zero_redundancy_optimizer,
                          options_.precision);
+  detail::check_state_dict_type(options_.state_dict_type);
   precision_ = Precision::parse(options_.precision, *accelerator_);
   selected_ = accelerator_->parse_devices(options_.devices);
   environment_ = detect_distributed_environment();

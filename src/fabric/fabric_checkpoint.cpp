@@ -19,10 +19,12 @@
 #include "fulgor/core/version.h"
 #include "fulgor/distributed/gradient_sync.h"
 #include "fulgor/fabric/fabric.h"
+#include "fulgor/interop/distributed_checkpoint.h"
 #include "fulgor/interop/optimizer_state.h"
 #include "fulgor/interop/state_dict.h"
 #include "fulgor/interop/torch_load.h"
 #include "fulgor/interop/weights_file.h"
+#include "interop/sharded_checkpoint.h"
 
 namespace fulgor {
 
@@ -35,7 +37,11 @@ namespace fulgor {
 //              state_dict() of json-stateful objects
 //   <name>     a module's or an optimizer's archive (Module::save,
 //              Optimizer::save), an archive-stateful object's, or a tensor
-// Only tensors and JSON: nothing in it runs code when it is read.
+// Only tensors and JSON: nothing in it runs code when it is read. With
+// state_dict_type "sharded" it is a distributed checkpoint's folder (Note
+// [Sharded training checkpoints]): each module's and optimizer's state under
+// its name, in PyTorch's layout, and this archive less them as
+// "fulgor"/"archive".
 namespace {
 
 constexpr const char* kFabricFormat = "fulgor-fabric";
@@ -123,7 +129,9 @@ std::optional<nlohmann::json> json_of(const c10::IValue& value) {
   return std::nullopt;
 }
 
-void write_fabric_file(const std::string& path, const FabricState& state) {
+// The archive of `state` that a Fabric file holds; without `weights`, less
+// its modules and optimizers, which a sharded checkpoint holds apart.
+torch::serialize::OutputArchive fabric_archive(const FabricState& state, bool weights) {
   nlohmann::json meta = {{"format", kFabricFormat},
                          {"format_version", kFabricFormatVersion},
                          {"fulgor_version", fulgor::version()},
@@ -136,10 +144,12 @@ void write_fabric_file(const std::string& path, const FabricState& state) {
     torch::serialize::OutputArchive nested;
     switch (item.kind()) {
       case FabricStateItem::Kind::module:
+        if (!weights) break;
         item.module()->save(nested);
         archive.write(name, nested);
         break;
       case FabricStateItem::Kind::optimizer:
+        if (!weights) break;
         item.optimizer()->save(nested);
         archive.write(name, nested);
         break;
@@ -157,7 +167,33 @@ void write_fabric_file(const std::string& path, const FabricState& state) {
     }
   }
   archive.write("meta", c10::IValue(meta.dump()));
-  write_checkpoint_file(path, archive);
+  return archive;
+}
+
+// Note [Sharded training checkpoints]: every rank its pieces of the modules
+// and optimizers, rank 0 the rest.
+void write_fabric_folder(const std::string& path, const FabricState& state, const detail::ShardSets& shards,
+                         ProcessGroup* group, bool rank_zero) {
+  DistributedStateDict entries;
+  for (const auto& [name, item] : state) {
+    if (name == "fulgor")
+      throw ConfigError("fabric state name 'fulgor' is the sharded checkpoint's own entry: name the item otherwise");
+    if (item.kind() == FabricStateItem::Kind::module) detail::add_module_entries(entries, name, *item.module(), shards);
+    if (item.kind() != FabricStateItem::Kind::optimizer) continue;
+    if (!detail::saves_sharded(*item.optimizer()))
+      throw ConfigError(fmt::format(
+          "state_dict_type=\"sharded\" saves an optimizer's state in torch.optim's layout, which fulgor writes for "
+          "SGD, Adam and AdamW; '{}' is none of them: use state_dict_type=\"full\"",
+          name));
+    detail::add_optimizer_entries(entries, name, *item.optimizer(), shards);
+  }
+  torch::serialize::OutputArchive rest = fabric_archive(state, /*weights=*/false);
+  if (rank_zero) detail::add_archive_entry(entries, rest);
+  try {
+    save_distributed_checkpoint(entries, path, group);
+  } catch (const InteropError& e) {
+    throw CheckpointError(e.what());
+  }
 }
 
 // Runs `body` with each of `sharded` (an optimizer and the shards it steps)
@@ -203,11 +239,19 @@ void Fabric::with_whole_states(const FabricState& state, bool load, const std::f
 void Fabric::save(const std::string& path, const FabricState& state) {
   require_launched("save");
   check_names(state);
+  if (options_.state_dict_type == "sharded") {
+    detail::ShardSets shards;
+    for (const auto& m : modules_)
+      if (m->parallel.shards) shards.push_back(m->parallel.shards.get());
+    return write_fabric_folder(path, state, shards, group_.get(), is_global_zero());
+  }
   // Gathering a sharded optimizer's whole state is a collective, so every
   // rank runs it, and rank 0 alone writes the file.
   with_whole_states(state, /*load=*/false, [&] {
     with_whole_modules(modules_, /*load=*/false, [&] {
-      if (is_global_zero()) write_fabric_file(path, state);
+      if (!is_global_zero()) return;
+      torch::serialize::OutputArchive archive = fabric_archive(state, /*weights=*/true);
+      write_checkpoint_file(path, archive);
     });
   });
   barrier();
@@ -264,10 +308,11 @@ void restore_saved(const LoadRequest& request, torch::serialize::InputArchive& a
   }
 }
 
-// A file Fabric::save wrote; returns its plain values the state did not ask for.
-nlohmann::json load_fabric_file(const LoadRequest& request, const Accelerator& accelerator, torch::Device device) {
-  torch::serialize::InputArchive archive = read_checkpoint_file(request.path);
-  const nlohmann::json meta = read_fabric_meta(archive, request.path);
+// Restores the items of `request` from a checkpoint Fabric::save wrote, whose
+// metadata is `meta`, each with `restore(name, item)`; returns the
+// checkpoint's plain values the state did not ask for.
+nlohmann::json restore_fabric_items(const LoadRequest& request, const nlohmann::json& meta,
+                                    const std::function<void(const std::string&, const FabricStateItem&)>& restore) {
   const nlohmann::json& items = meta.at("items");
   const nlohmann::json& values = meta.at("values");
   for (const auto& [name, item] : request.state) {
@@ -279,14 +324,21 @@ nlohmann::json load_fabric_file(const LoadRequest& request, const Accelerator& a
     if (saved_kind != kind_name(item.kind()))
       throw CheckpointError(fmt::format("checkpoint '{}': '{}' was saved as a {}, and is loaded into a {}",
                                         request.path, name, saved_kind, kind_name(item.kind())));
-    restore_item(request.path, name, [&, &name = name, &item = item] {
-      restore_saved(request, archive, values, name, item, accelerator, device);
-    });
+    restore_item(request.path, name, [&, &name = name, &item = item] { restore(name, item); });
   }
   nlohmann::json remainder = nlohmann::json::object();
   for (auto it = values.begin(); it != values.end(); ++it)
     if (!request.asked(it.key()) && items.value(it.key(), "") == "value") remainder[it.key()] = it.value();
   return remainder;
+}
+
+// A file Fabric::save wrote.
+nlohmann::json load_fabric_file(const LoadRequest& request, const Accelerator& accelerator, torch::Device device) {
+  torch::serialize::InputArchive archive = read_checkpoint_file(request.path);
+  const nlohmann::json meta = read_fabric_meta(archive, request.path);
+  return restore_fabric_items(request, meta, [&](const std::string& name, const FabricStateItem& item) {
+    restore_saved(request, archive, meta.at("values"), name, item, accelerator, device);
+  });
 }
 
 // One item from a torch.save or Lightning file's dict.
@@ -325,6 +377,19 @@ void restore_loaded(const LoadRequest& request, const c10::IValue& value, const 
   }
 }
 
+// A folder Fabric::save wrote with state_dict_type "sharded": the modules'
+// and optimizers' states whole from their entries, the rest from its archive.
+nlohmann::json load_fabric_folder(const LoadRequest& request, const Accelerator& accelerator, torch::Device device) {
+  const auto archive = detail::read_archive_entry(request.path);
+  const nlohmann::json meta = read_fabric_meta(*archive, request.path);
+  return restore_fabric_items(request, meta, [&](const std::string& name, const FabricStateItem& item) {
+    if (item.kind() == FabricStateItem::Kind::module || item.kind() == FabricStateItem::Kind::optimizer)
+      restore_loaded(request, detail::read_entry(request.path, name), name, item);
+    else
+      restore_saved(request, *archive, meta.at("values"), name, item, accelerator, device);
+  });
+}
+
 // A torch.save or Lightning file, read without running any of it; returns
 // its plain values the state did not ask for.
 nlohmann::json load_torch_file(const LoadRequest& request) {
@@ -355,7 +420,8 @@ nlohmann::json load_torch_file(const LoadRequest& request) {
 nlohmann::json Fabric::load(const std::string& path, const FabricState& state, bool strict) {
   require_launched("load");
   check_names(state);
-  const WeightsFormat format = detect_weights_format(path);
+  const bool folder = is_distributed_checkpoint(path);
+  const WeightsFormat format = folder ? WeightsFormat::fulgor_checkpoint : detect_weights_format(path);
   if (format == WeightsFormat::safetensors)
     throw CheckpointError(fmt::format(
         "checkpoint '{}' is a safetensors file, which holds weights alone: load them with Fabric::load_raw", path));
@@ -365,8 +431,9 @@ nlohmann::json Fabric::load(const std::string& path, const FabricState& state, b
                             }};
   nlohmann::json remainder;
   with_whole_modules(modules_, /*load=*/true, [&] {
-    remainder = format == WeightsFormat::fulgor_checkpoint ? load_fabric_file(request, *accelerator_, device())
-                                                           : load_torch_file(request);
+    remainder = folder                                       ? load_fabric_folder(request, *accelerator_, device())
+                : format == WeightsFormat::fulgor_checkpoint ? load_fabric_file(request, *accelerator_, device())
+                                                             : load_torch_file(request);
   });
   barrier();
   // Note [Ranks in step] (gradient_sync.h): a load must leave the ranks equal.

@@ -30,7 +30,8 @@ TEST(FabricSharded, LoopsEndAsUnderDdpAndResumeExactly) {
       FULGOR_FABRIC_WORKER,
       {"sharded", dir.str(),
        "ddp,zero1,shard_grad_op,full_shard,zero1_resumed,shard_grad_op_resumed,full_shard_resumed,ddp_twice,"
-       "zero1_twice,shard_grad_op_twice,full_shard_twice",
+       "zero1_twice,shard_grad_op_twice,full_shard_twice,zero1_dcp_resumed,shard_grad_op_dcp_resumed,"
+       "full_shard_dcp_resumed",
        "run"},
       dir / "sharded.log", std::chrono::seconds(180));
   ASSERT_TRUE(fulgor::test::exited_with(status, 0)) << log;
@@ -40,9 +41,12 @@ TEST(FabricSharded, LoopsEndAsUnderDdpAndResumeExactly) {
     for (const std::string variant : {"zero1", "shard_grad_op", "full_shard"}) {
       const torch::Tensor sharded = parameters_of(dir, rank, variant);
       EXPECT_LE((sharded - ddp).abs().max().item<double>(), 1e-12 * scale) << variant << ", rank " << rank;
-      const torch::Tensor resumed = parameters_of(dir, rank, variant + "_resumed");
-      EXPECT_TRUE(torch::equal(resumed, sharded))
-          << variant << ", rank " << rank << ": max difference " << (resumed - sharded).abs().max().item<double>();
+      // From a checkpoint file, and from a sharded checkpoint's folder.
+      for (const std::string resumed_variant : {variant + "_resumed", variant + "_dcp_resumed"}) {
+        const torch::Tensor resumed = parameters_of(dir, rank, resumed_variant);
+        EXPECT_TRUE(torch::equal(resumed, sharded)) << resumed_variant << ", rank " << rank << ": max difference "
+                                                    << (resumed - sharded).abs().max().item<double>();
+      }
       // Two synchronized passes before a step add up, as under ddp.
       const torch::Tensor twice = parameters_of(dir, rank, variant + "_twice");
       const torch::Tensor ddp_twice = parameters_of(dir, rank, "ddp_twice");

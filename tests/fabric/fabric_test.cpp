@@ -16,6 +16,7 @@
 #include "fabric_loops.h"   // docs/ways_in.md's loops
 #include "fabric_resume.h"  // and its resumable one
 #include "fulgor/fulgor.h"
+#include "fulgor/interop/distributed_checkpoint.h"
 
 namespace {
 
@@ -384,10 +385,12 @@ struct Counter {
   void load_state_dict(const nlohmann::json& state) { count = state.at("count").get<int64_t>(); }
 };
 
-TEST(Fabric, SaveAndLoadANamedState) {
+// Saves a named state with `state_dict_type` ("full": a file; "sharded": a
+// distributed checkpoint's folder), and loads it back.
+void save_and_load_a_named_state(const std::string& state_dict_type) {
   TempDir dir;
   const std::string path = dir / "state.ckpt";
-  fulgor::Fabric fabric({.accelerator = "cpu"});
+  fulgor::Fabric fabric({.accelerator = "cpu", .state_dict_type = state_dict_type});
   auto net = make_net();
   auto sgd = make_sgd(net);
   auto optimizer = fabric.setup(net, sgd);
@@ -406,7 +409,10 @@ TEST(Fabric, SaveAndLoadANamedState) {
                      {"counter", counter},
                      {"extra", extra},
                      {"scaler", scaler}});
-  EXPECT_EQ(fulgor::detect_weights_format(path), fulgor::WeightsFormat::fulgor_checkpoint);
+  if (state_dict_type == "full")
+    EXPECT_EQ(fulgor::detect_weights_format(path), fulgor::WeightsFormat::fulgor_checkpoint);
+  else
+    EXPECT_TRUE(fulgor::is_distributed_checkpoint(path));
 
   auto restored = make_net();
   auto restored_sgd = make_sgd(restored);
@@ -443,6 +449,27 @@ TEST(Fabric, SaveAndLoadANamedState) {
   EXPECT_THROW(fabric.save(path, {{"a.b", step}}), fulgor::ConfigError);
   auto wider = torch::nn::Sequential(torch::nn::Linear(6, 32), torch::nn::ReLU(), torch::nn::Linear(32, 3));
   EXPECT_THROW(fabric.load(path, {{"model", wider}}), fulgor::CheckpointError);
+}
+
+TEST(Fabric, SaveAndLoadANamedState) { save_and_load_a_named_state("full"); }
+
+TEST(Fabric, SaveAndLoadANamedStateAsAShardedCheckpoint) {
+  save_and_load_a_named_state("sharded");
+  // What a sharded checkpoint cannot hold is named.
+  TempDir dir;
+  fulgor::Fabric fabric({.accelerator = "cpu", .state_dict_type = "sharded"});
+  auto net = make_net();
+  torch::optim::RMSprop rmsprop(net->parameters(), torch::optim::RMSpropOptions(0.01));
+  int64_t step = 1;
+  EXPECT_NE(fulgor::test::thrown_message<fulgor::ConfigError>([&] {
+              fabric.save(dir / "a.ckpt", {{"model", net}, {"optimizer", rmsprop}});
+            }).find("'optimizer' is none of them: use state_dict_type=\"full\""),
+            std::string::npos);
+  EXPECT_NE(fulgor::test::thrown_message<fulgor::ConfigError>([&] {
+              fabric.save(dir / "b.ckpt", {{"fulgor", step}});
+            }).find("fabric state name 'fulgor' is the sharded checkpoint's own entry"),
+            std::string::npos);
+  EXPECT_THROW(fulgor::Fabric({.accelerator = "cpu", .state_dict_type = "FULL"}), fulgor::ConfigError);
 }
 
 // A folder or a missing file is named as what it is, with the system's reason.

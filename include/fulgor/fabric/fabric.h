@@ -71,6 +71,12 @@ struct FabricOptions {
   /// (ZeRO-1), as the Trainer's option.
   bool zero_redundancy_optimizer = false;
   /// Nodes of the job; more than one needs a launcher on every node
+  /// What save() writes, as the Trainer's option: "full" (one file, the
+  /// state whole, written by rank 0) or "sharded" (a distributed
+  /// checkpoint's folder that every rank writes its part of; the modules'
+  /// and the optimizers' states in PyTorch's layout, the optimizers SGD,
+  /// Adam or AdamW). load() reads either.
+  std::string state_dict_type = "full";
   /// (torchrun, fulgor-run, srun) whose world size is num_nodes times the
   /// processes of each node.
   int64_t num_nodes = 1;
@@ -529,7 +535,10 @@ class FULGOR_API Fabric {
   /// written atomically by rank 0; every rank waits for it). Never code: no
   /// TorchScript or pickled objects, only tensors and JSON. Under sharding,
   /// an optimizer's state is saved whole, gathered from the ranks' pieces,
-  /// so that any number of ranks can load it.
+  /// so that any number of ranks can load it. With state_dict_type
+  /// "sharded", a distributed checkpoint's folder instead, which every rank
+  /// writes its pieces into, nothing gathered (Note [Sharded training
+  /// checkpoints]); a name may not be "fulgor" then.
   void save(const std::string& path, const FabricState& state);
   /// Restores `state` in place from `path`: a file written by save, or a
   /// torch.save / Lightning file of a dict (read by fulgor's interop

@@ -25,7 +25,8 @@
 // whose parameters must hold no memory after each step);
 // a VARIANT ending in "_resumed" saves OUTDIR/VARIANT.ckpt after its first
 // epoch and trains the other epochs with a new Fabric, model and optimizer
-// loaded from it; one ending in "_twice" synchronizes both passes of each
+// loaded from it (with "_dcp_resumed", a sharded checkpoint's folder:
+// state_dict_type "sharded"); one ending in "_twice" synchronizes both passes of each
 // step, whose gradients then add up. Every rank writes each variant's final parameters to
 // OUTDIR/sharded_rankR.pt under the variant's name. "bare_step" steps the
 // bare optimizer instead of the FabricOptimizer; "optimizer_first" only sets
@@ -161,14 +162,16 @@ struct ShardedRun {
   std::string resume_from, save_to;
   bool bare_step = false;
   bool sync_every_pass = false;  // the accumulated passes synchronized too
+  bool sharded_checkpoints = false;  // state_dict_type "sharded"
 };
 
-fulgor::FabricOptions sharded_options(const std::string& strategy) {
+fulgor::FabricOptions sharded_options(const std::string& strategy, bool sharded_checkpoints = false) {
   return {.accelerator = "cpu",
           .devices = 2,
           .strategy = strategy == "shard_grad_op" || strategy == "full_shard" ? "fsdp" : "ddp",
           .sharding_strategy = strategy == "full_shard" ? "FULL_SHARD" : "SHARD_GRAD_OP",
-          .zero_redundancy_optimizer = strategy == "zero1"};
+          .zero_redundancy_optimizer = strategy == "zero1",
+          .state_dict_type = sharded_checkpoints ? "sharded" : "full"};
 }
 
 torch::nn::Sequential sharded_model(int64_t rank) {
@@ -190,7 +193,7 @@ void set_up_optimizer_first(const std::string& strategy) {
 }
 
 torch::Tensor train_sharded(const ShardedRun& run) {
-  fulgor::Fabric fabric(sharded_options(run.strategy));
+  fulgor::Fabric fabric(sharded_options(run.strategy, run.sharded_checkpoints));
   fabric.launch();
   torch::nn::Sequential model = sharded_model(fabric.global_rank());
   // As with Lightning's FSDP: the module first, then its optimizer.
@@ -238,7 +241,10 @@ void run_sharded(const std::string& out, const std::string& variants, const std:
   std::stringstream list(variants);
   for (std::string variant; std::getline(list, variant, ',');) {
     ShardedRun run;
-    run.strategy = variant.substr(0, variant.find(ends_with(variant, "_resumed") ? "_resumed" : "_twice"));
+    run.sharded_checkpoints = variant.find("_dcp") != std::string::npos;
+    run.strategy = variant.substr(0, variant.find(run.sharded_checkpoints          ? "_dcp"
+                                                  : ends_with(variant, "_resumed") ? "_resumed"
+                                                                                   : "_twice"));
     run.bare_step = how == "bare_step";
     run.sync_every_pass = ends_with(variant, "_twice");
     if (ends_with(variant, "_resumed")) {
