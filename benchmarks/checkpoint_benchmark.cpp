@@ -2,7 +2,8 @@
 // optimizer state, loop state, RNG states; written atomically) against
 // torch::save + fsync / torch::load of the module alone; the training
 // thread's stall per asynchronous save of a 100 MB model against a
-// synchronous save; and the steps per second of a fit of that model saving
+// synchronous save, as one file and as a sharded checkpoint's folder
+// (state_dict_type "sharded", one process); and the steps per second of a fit of that model saving
 // every N steps against the same fit without checkpoints.
 
 #include <fcntl.h>
@@ -64,9 +65,11 @@ TrainerOptions quiet_options(const std::filesystem::path& dir) {
   return options;
 }
 
-std::unique_ptr<Trainer> fitted_trainer(Wide& model, TensorLoader& loader, const std::filesystem::path& dir) {
+std::unique_ptr<Trainer> fitted_trainer(Wide& model, TensorLoader& loader, const std::filesystem::path& dir,
+                                        const std::string& state_dict_type = "full") {
   TrainerOptions options = quiet_options(dir);
   options.max_epochs = 1;
+  options.state_dict_type = state_dict_type;
   // For async_stall's save_checkpoint_async; save_checkpoint is synchronous either way.
   options.async_checkpointing = true;
   auto trainer = std::make_unique<Trainer>(options);
@@ -75,14 +78,16 @@ std::unique_ptr<Trainer> fitted_trainer(Wide& model, TensorLoader& loader, const
 }
 
 // The training thread's time in an asynchronous save (the copy to host
-// memory), its write waited for outside the timing, against a synchronous save.
-void async_stall(Report& report, const Settings& settings, const std::filesystem::path& dir) {
+// memory), its write waited for outside the timing, against a synchronous
+// save, with `state_dict_type`.
+void async_stall(Report& report, const Settings& settings, const std::filesystem::path& dir,
+                 const std::string& state_dict_type) {
   const int64_t width = settings.quick ? 1000 : 5000;  // 25.0 million parameters, 100 MB
   Wide model(width);
   TensorLoader loader = wide_loader(width);
-  const auto fitted = fitted_trainer(model, loader, dir);
+  const auto fitted = fitted_trainer(model, loader, dir, state_dict_type);
   Trainer& trainer = *fitted;
-  const std::string path = (dir / "async.ckpt").string();
+  const std::string path = (dir / ("async_" + state_dict_type + ".ckpt")).string();
   using Clock = std::chrono::steady_clock;
   std::vector<double> stall, sync;
   for (int r = 0; r < settings.repeats; ++r) {
@@ -95,10 +100,13 @@ void async_stall(Report& report, const Settings& settings, const std::filesystem
     sync.push_back(std::chrono::duration<double>(Clock::now() - start).count());
   }
   const double stall_s = median(stall), sync_s = median(sync);
-  report.row({"checkpoint", fmt::format("asynchronous save, {:.1f}M parameters, training thread", width * width / 1e6),
+  const bool sharded = state_dict_type == "sharded";
+  report.row({"checkpoint",
+              fmt::format("asynchronous {}save, {:.1f}M parameters, training thread", sharded ? "sharded " : "",
+                          width * width / 1e6),
               fmt::format("{:.0f} ms (synchronous {:.0f} ms)", stall_s * 1e3, sync_s * 1e3),
               fmt::format("{:.1f}% of a synchronous save", 100 * stall_s / sync_s)});
-  report.figures["checkpoint_async_stall_ratio"] = stall_s / sync_s;
+  report.figures[sharded ? "checkpoint_sharded_async_stall_ratio" : "checkpoint_async_stall_ratio"] = stall_s / sync_s;
 }
 
 // A fit of `steps` steps that saves every `every` steps (none if 0), in a
@@ -179,7 +187,8 @@ void checkpoint_benchmark(Report& report, const Settings& settings) {
               fmt::format("{:.2f}x time", load[1] / load[0])});
   report.figures["checkpoint_save_ratio"] = save[1] / save[0];
   report.figures["checkpoint_load_ratio"] = load[1] / load[0];
-  async_stall(report, settings, dir);
+  async_stall(report, settings, dir, "full");
+  async_stall(report, settings, dir, "sharded");
   saving_every_n_steps(report, settings, dir);
   std::filesystem::remove_all(dir);
   distributed_checkpoint_rows(report, settings);

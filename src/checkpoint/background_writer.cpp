@@ -18,30 +18,33 @@ BackgroundWriter::~BackgroundWriter() {
 
 void BackgroundWriter::start(std::string path, torch::serialize::OutputArchive archive,
                              std::vector<torch::Tensor> owned, bool write, std::function<void()> on_written) {
+  if (!write) return start(std::move(path), [] {}, std::move(on_written));
+  // Held by a pointer: LibTorch's OutputArchive copies only from a non-const
+  // reference, which clang refuses in the copy constructor std::function
+  // declares for a lambda holding it.
+  auto held = std::make_shared<torch::serialize::OutputArchive>(std::move(archive));
+  auto kept = std::make_shared<std::vector<torch::Tensor>>(std::move(owned));
+  start(
+      path, [path, held, kept] { write_checkpoint_file(path, *held); }, std::move(on_written));
+}
+
+void BackgroundWriter::start(std::string path, std::function<void()> write, std::function<void()> on_written) {
   path_ = std::move(path);
   on_written_ = std::move(on_written);
   error_.clear();
   pending_ = true;
-  if (!write) {
-    ended_.store(true, std::memory_order_release);
-    return;
-  }
   ended_.store(false, std::memory_order_relaxed);
-  // Held by a pointer: LibTorch's OutputArchive copies only from a non-const
-  // reference, which clang refuses in the copy constructor std::thread's
-  // tuple declares for a lambda holding it.
-  auto held = std::make_unique<torch::serialize::OutputArchive>(std::move(archive));
-  thread_ = std::thread([this, archive = std::move(held), owned = std::move(owned)]() mutable {
+  thread_ = std::thread([this, write = std::move(write)]() mutable {
     try {
-      write_checkpoint_file(path_, *archive);
+      write();
     } catch (const CheckpointError& e) {
       error_ = e.what();
     } catch (const std::exception& e) {
       error_ = fmt::format("cannot write checkpoint '{}': {}", path_, e.what());
     }
-    // The archive's copies are freed here, on this thread, before the write counts as ended.
-    archive.reset();
-    owned.clear();
+    // What the write held (the archive, the snapshot's copies) is freed
+    // here, on this thread, before the write counts as ended.
+    write = nullptr;
     ended_.store(true, std::memory_order_release);
   });
 }

@@ -14,7 +14,10 @@ namespace fulgor::detail {
 // An asynchronous save pauses training only to build the checkpoint's archive
 // and copy its tensors to host memory (snapshot_to_host); a thread of its own
 // then serialises the archive, writes, fsyncs and renames the file
-// (write_checkpoint_file, the same atomic write as a synchronous save). One
+// (write_checkpoint_file, the same atomic write as a synchronous save). A
+// sharded checkpoint's save (Note [Sharded training checkpoints]) copies each
+// rank's entries so, and its thread runs the whole distributed save, whose
+// collectives go over a process group of their own. One
 // write is in flight at most: the next save waits for it first. What waits
 // for the file on disk (ModelCheckpoint's removal of the files it displaces)
 // runs on the training thread once the write has completed, in the order of
@@ -36,6 +39,9 @@ class BackgroundWriter {
   // no write is in flight (finish() was called).
   void start(std::string path, torch::serialize::OutputArchive archive, std::vector<torch::Tensor> owned, bool write,
              std::function<void()> on_written);
+  // Starts `write`, which saves the checkpoint at `path` and throws
+  // CheckpointError when it cannot, and frees what it holds once it ended.
+  void start(std::string path, std::function<void()> write, std::function<void()> on_written);
   // Whether a write was started and not yet finished.
   bool pending() const { return pending_; }
   // Whether the write in flight has ended, successfully or not.

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <mutex>
+#include <numeric>
 
 #include "config/option_names.h"
 #include "distributed/launcher.h"
@@ -113,6 +114,15 @@ DdpStrategy::DdpStrategy(const DistributedEnvironment& environment, const Accele
     : environment_(environment), group_(shared_group(environment, accelerator, device, options)), sharding_(sharding) {}
 
 DdpStrategy::~DdpStrategy() = default;
+
+ProcessGroup& DdpStrategy::checkpoint_group() {
+  if (!checkpoint_group_) {
+    std::vector<int64_t> all(static_cast<size_t>(group_.size()));
+    std::iota(all.begin(), all.end(), 0);
+    checkpoint_group_ = group_.new_group(all);
+  }
+  return *checkpoint_group_;
+}
 
 void DdpStrategy::attach(torch::nn::Module& module) {
   synchronizer_.reset();

@@ -365,24 +365,57 @@ void CheckpointConnector::check_sharded_saves() const {
           i));
 }
 
+namespace {
+
+// Saves `state` into the folder `path` (save_distributed_checkpoint), its
+// errors CheckpointErrors.
+void write_sharded(const DistributedStateDict& state, const std::string& path, ProcessGroup* group) {
+  try {
+    save_distributed_checkpoint(state, path, group);
+  } catch (const InteropError& e) {
+    throw CheckpointError(e.what());
+  }
+}
+
+}  // namespace
+
 // Note [Sharded training checkpoints] (src/interop/sharded_checkpoint.h):
-// every rank gives its part, rank 0 the rest of the state, and the folder
-// replaces the one at `path` once complete (save_distributed_checkpoint).
-void CheckpointConnector::save_sharded(const std::string& path) {
-  torch::serialize::OutputArchive rest = archive(/*snapshot=*/nullptr, /*weights=*/false);
+// every rank gives its part, rank 0 also `rest`, the archive of the rest of
+// the state. The entries refer to the module's tensors, or with `snapshot`
+// to copies of them in host memory.
+DistributedStateDict CheckpointConnector::sharded_state(torch::serialize::OutputArchive& rest, bool snapshot) {
   ShardSets shards;
   if (s.ddp && s.ddp->shards()) shards.push_back(s.ddp->shards());
   DistributedStateDict state;
-  CheckpointWeights swapped(s);  // Note [Weights a checkpoint holds]
   add_module_entries(state, "model", *s.module, shards);
   for (size_t i = 0; i < s.optim.optimizers.size(); ++i)
     add_optimizer_entries(state, "optimizer_" + std::to_string(i), *s.optim.optimizers[i], shards);
   if (!s.ddp || s.ddp->is_global_zero()) add_archive_entry(state, rest);
-  try {
-    save_distributed_checkpoint(state, path, s.ddp ? &s.ddp->group() : nullptr);
-  } catch (const InteropError& e) {
-    throw CheckpointError(e.what());
+  if (snapshot)
+    for (auto& entry : state)
+      if (entry.value.isTensor())
+        entry.value = entry.value.toTensor().detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true);
+  return state;
+}
+
+void CheckpointConnector::save_sharded(const std::string& path) {
+  torch::serialize::OutputArchive rest = archive(/*snapshot=*/nullptr, /*weights=*/false);
+  CheckpointWeights swapped(s);  // Note [Weights a checkpoint holds]
+  write_sharded(sharded_state(rest, /*snapshot=*/false), path, s.ddp ? &s.ddp->group() : nullptr);
+}
+
+// Note [Asynchronous checkpoints]: the entries copied, the distributed save
+// on the writer's thread over a process group of its own.
+void CheckpointConnector::save_sharded_async(const std::string& path, std::function<void()> on_written) {
+  torch::serialize::OutputArchive rest = archive(/*snapshot=*/nullptr, /*weights=*/false);
+  DistributedStateDict state;
+  {
+    CheckpointWeights swapped(s);
+    state = sharded_state(rest, /*snapshot=*/true);
   }
+  ProcessGroup* group = s.ddp ? &s.ddp->checkpoint_group() : nullptr;
+  writer_.start(
+      path, [state = std::move(state), path, group] { write_sharded(state, path, group); }, std::move(on_written));
 }
 
 void CheckpointConnector::save(const std::string& path) {
@@ -408,17 +441,11 @@ void CheckpointConnector::save(const std::string& path) {
 
 void CheckpointConnector::save_async(const std::string& path, std::function<void()> on_written) {
   if (!s.module) throw Error(fmt::format("save_checkpoint('{}'): this Trainer has not fitted a module", path));
-  // A sharded save's collectives would meet the training's on the one
-  // process group: it is made in the foreground.
-  if (s.options.state_dict_type == "sharded") {
-    save(path);
-    if (on_written) on_written();
-    return;
-  }
   if (writer_.pending()) {
     ProfileScope timed(s.hooks.stage("wait_for_checkpoint_write"));
     writer_.finish();
   }
+  if (s.options.state_dict_type == "sharded") return save_sharded_async(path, std::move(on_written));
   const bool write = prepare_to_write(path);
   // Only rank 0, which writes, copies the state; under FULL_SHARD only its
   // units are whole.

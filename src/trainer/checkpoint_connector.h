@@ -11,6 +11,7 @@
 
 #include "checkpoint/background_writer.h"
 #include "checkpoint/loaded.h"
+#include "fulgor/interop/distributed_checkpoint.h"
 
 namespace fulgor::detail {
 
@@ -74,7 +75,9 @@ struct CheckpointConnector {
   // `weights`: with the module's and the optimizers' states, which a sharded
   // checkpoint holds apart.
   torch::serialize::OutputArchive archive(std::vector<torch::Tensor>* snapshot, bool weights = true);
+  DistributedStateDict sharded_state(torch::serialize::OutputArchive& rest, bool snapshot);
   void save_sharded(const std::string& path);
+  void save_sharded_async(const std::string& path, std::function<void()> on_written);
   // Whether this process writes the files (rank 0 under ddp); clears the
   // folder of `path` of stale temporaries before its first save there.
   bool prepare_to_write(const std::string& path);

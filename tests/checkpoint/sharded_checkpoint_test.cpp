@@ -79,34 +79,35 @@ TEST(ShardedCheckpoint, FolderHoldsTheStateDictsInPyTorchsLayout) {
   EXPECT_EQ(state.at("fulgor").toGenericDict().at("archive").toTensor().scalar_type(), torch::kUInt8);
 }
 
-// ModelCheckpoint's folders: the displaced one removed, "last" found, and a
-// folder replaced whole by a later save of the same name.
+// ModelCheckpoint's folders, saved in the foreground and in the background:
+// the displaced one removed, "last" found.
 TEST(ShardedCheckpoint, ModelCheckpointKeepsDisplacesAndFindsFolders) {
-  TempDir dir;
-  auto train = sequential_loader(16, 8);
-  auto options = sharded(dir, 3);
-  auto checkpoint = std::make_shared<ModelCheckpoint>(
-      ModelCheckpointOptions{.dirpath = (dir.path / "ckpt").string(), .filename = "{epoch}", .save_last = true});
-  options.callbacks = {checkpoint};
-  options.enable_checkpointing = true;
-  auto model = stateful_model();
-  Trainer(options).fit(*model, train);
-  std::set<std::string> names;
-  for (const auto& e : fs::directory_iterator(dir.path / "ckpt")) {
-    names.insert(e.path().filename().string());
-    EXPECT_TRUE(is_distributed_checkpoint(e.path())) << e.path();
-  }
-  EXPECT_EQ(names, (std::set<std::string>{"epoch=2.ckpt", "last.ckpt"}));
+  for (const bool async : {false, true}) {
+    TempDir dir;
+    auto train = sequential_loader(16, 8);
+    auto with_checkpoints = [&](int64_t epochs) {
+      auto o = sharded(dir, epochs);
+      o.callbacks = {std::make_shared<ModelCheckpoint>(
+          ModelCheckpointOptions{.dirpath = (dir.path / "ckpt").string(), .filename = "{epoch}", .save_last = true})};
+      o.enable_checkpointing = true;
+      o.async_checkpointing = async;
+      return o;
+    };
+    auto model = stateful_model();
+    Trainer(with_checkpoints(3)).fit(*model, train);
+    std::set<std::string> names;
+    for (const auto& e : fs::directory_iterator(dir.path / "ckpt")) {
+      names.insert(e.path().filename().string());
+      EXPECT_TRUE(is_distributed_checkpoint(e.path())) << e.path();
+    }
+    EXPECT_EQ(names, (std::set<std::string>{"epoch=2.ckpt", "last.ckpt"})) << "async " << async;
 
-  auto resumed = stateful_model();
-  auto more = sharded(dir, 5);
-  more.callbacks = {std::make_shared<ModelCheckpoint>(
-      ModelCheckpointOptions{.dirpath = (dir.path / "ckpt").string(), .filename = "{epoch}", .save_last = true})};
-  more.enable_checkpointing = true;
-  Trainer trainer(more);
-  trainer.fit(*resumed, train, {.ckpt_path = "last"});
-  EXPECT_EQ(resumed->training_steps, 4);
-  EXPECT_EQ(trainer.global_step(), 10);
+    auto resumed = stateful_model();
+    Trainer trainer(with_checkpoints(5));
+    trainer.fit(*resumed, train, {.ckpt_path = "last"});
+    EXPECT_EQ(resumed->training_steps, 4) << "async " << async;
+    EXPECT_EQ(trainer.global_step(), 10);
+  }
 }
 
 bool says(const std::string& message, const std::string& part) { return message.find(part) != std::string::npos; }

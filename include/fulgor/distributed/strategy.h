@@ -125,6 +125,10 @@ class DdpStrategy {
   const DistributedEnvironment& environment() const { return environment_; }
   bool is_global_zero() const { return environment_.rank == 0; }
   ProcessGroup& group() { return group_; }
+  /// A group of the same ranks for the collectives of a checkpoint saved on
+  /// a thread of its own while training goes on over group(); made at the
+  /// first call, which is a collective.
+  ProcessGroup& checkpoint_group();
 
   Sharding sharding() const { return sharding_; }
   /// The shards of the attached module under sharding, else null.
@@ -167,6 +171,7 @@ class DdpStrategy {
  private:
   DistributedEnvironment environment_;
   ProcessGroup group_;
+  std::optional<ProcessGroup> checkpoint_group_;
   void average_gradients();
 
   Sharding sharding_;
