@@ -19,6 +19,7 @@
 #include "fulgor/core/registry.h"
 #include "fulgor/distributed/gradient_sync.h"
 #include "fulgor/distributed/strategy.h"
+#include "precision/precision_plugin.h"
 
 namespace fulgor {
 namespace {
@@ -83,7 +84,8 @@ Fabric::Fabric(FabricOptions options)
   detail::check_sharding(options_.strategy, options_.sharding_strategy, options_.zero_redundancy_optimizer,
                          options_.precision);
   detail::check_state_dict_type(options_.state_dict_type);
-  precision_ = Precision::parse(options_.precision, *accelerator_);
+  precision_ = std::make_unique<detail::PrecisionPlugin>();
+  precision_->setup(options_.precision, *accelerator_);
   selected_ = accelerator_->parse_devices(options_.devices);
   environment_ = detect_distributed_environment();
   detail::check_job_size(options_.devices, selected_.size(), options_.num_nodes, environment_);
@@ -104,6 +106,10 @@ Fabric::~Fabric() {
   if (launched_) accelerator_->teardown();
 }
 
+const Precision& Fabric::precision() const { return precision_->precision(); }
+
+GradScaler* Fabric::grad_scaler() const { return precision_->scaler(); }
+
 void Fabric::launch() {
   if (launched_) throw Error("Fabric::launch() was called already: call it once");
   if (detail::launches_ranks(options_.strategy, environment_, *accelerator_, options_.devices, selected_.size()))
@@ -117,7 +123,6 @@ void Fabric::launch() {
         detail::join_ddp(environment_, *accelerator_, device_setup_.device, options_.ddp_timeout)->group());
     detail::silence_off_rank_zero(loggers_, environment_);
   }
-  if (precision_.needs_grad_scaler()) scaler_ = std::make_unique<GradScaler>();
   launched_ = true;
 }
 
@@ -149,7 +154,7 @@ void Fabric::setup_module(torch::nn::Module& module, bool move_to_device) {
   require_launched("setup");
   if (std::any_of(modules_.begin(), modules_.end(), [&](const auto& m) { return m->module == &module; }))
     throw ConfigError(fmt::format("the module '{}' was set up already: set up each module once", module.name()));
-  precision_.convert_module(module);
+  precision().convert_module(module);
   if (move_to_device) accelerator_->move_module(module, device());
   auto set_up = std::make_unique<detail::FabricModule>();
   set_up->module = &module;
@@ -213,12 +218,12 @@ void Fabric::with_whole_parameters(torch::nn::Module& module, const std::functio
 // same buffers as under DDP; only the buffers after the last step differ
 // (rank 0's on every rank, where DDP leaves each rank's own).
 void Fabric::backward(const torch::Tensor& loss) {
-  if (precision_.mixed && !std::exchange(autocast_since_backward_, false))
+  if (precision().mixed && !std::exchange(autocast_since_backward_, false))
     warn_once(
         fmt::format("precision '{}': no fabric.autocast() scope was open since the last backward, so the forward "
                     "pass ran in float32; compute the loss inside `auto autocast = fabric.autocast();`",
-                    precision_.name));
-  (scaler_ ? scaler_->scale(loss) : loss).backward();
+                    precision().name));
+  precision_->scale(loss).backward();
   for (auto& m : modules_) {
     if (auto& synchronizer = m->parallel.synchronizer) {
       synchronizer->finish_backward();
@@ -235,13 +240,8 @@ void Fabric::backward(const torch::Tensor& loss) {
 
 bool Fabric::step(torch::optim::Optimizer& optimizer) {
   check_reduced(optimizer);
-  bool stepped = true;
-  if (scaler_) {
-    stepped = scaler_->step(optimizer);
-    scaler_->update();
-  } else {
-    optimizer.step();
-  }
+  const bool stepped = precision_->step(optimizer);
+  precision_->update();
   // Under sharding it stepped this rank's pieces, which every rank needs in
   // the parameters it computes with.
   for (auto& m : modules_)
@@ -274,7 +274,7 @@ std::optional<double> Fabric::clip_gradients(torch::nn::Module& module, torch::o
   if (how.clip_val.has_value() == how.max_norm.has_value())
     throw ConfigError(how.clip_val ? "clip_gradients: both clip_val and max_norm are set; set one of them"
                                    : "clip_gradients: set clip_val or max_norm to clip gradients");
-  if (scaler_) scaler_->unscale(optimizer);
+  precision_->unscale(optimizer);
   // Under sharding the gradients are on the optimizer's pieces of the
   // parameters; backward freed the module's.
   const auto it = std::find_if(modules_.begin(), modules_.end(), [&](const auto& m) { return m->module == &module; });

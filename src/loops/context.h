@@ -25,7 +25,7 @@
 #include "loops/manual_optimization.h"
 #include "loops/metric_store.h"
 #include "loops/profiling.h"
-#include "precision/trainer_precision.h"
+#include "precision/precision_plugin.h"
 
 namespace fulgor {
 class Trainer;
@@ -80,7 +80,7 @@ struct LoopContext {
   // The data module of the loop running or last run (nullptr: it had none).
   DataModuleBase* datamodule = nullptr;
   OptimizerConfig optim;
-  TrainerPrecision precision;
+  PrecisionPlugin precision;
   // Whether the fit running optimizes manually (the module's
   // automatic_optimization() when it began), and what the module steps with.
   bool manual = false;

@@ -42,6 +42,7 @@ class Fabric;
 
 namespace detail {
 struct FabricModule;
+class PrecisionPlugin;
 }
 
 /// What a Fabric runs on, with Lightning Fabric's names and defaults. The
@@ -70,13 +71,13 @@ struct FabricOptions {
   /// Under strategy "ddp", the optimizers' state sharded over the ranks
   /// (ZeRO-1), as the Trainer's option.
   bool zero_redundancy_optimizer = false;
-  /// Nodes of the job; more than one needs a launcher on every node
   /// What save() writes, as the Trainer's option: "full" (one file, the
   /// state whole, written by rank 0) or "sharded" (a distributed
   /// checkpoint's folder that every rank writes its part of; the modules'
   /// and the optimizers' states in PyTorch's layout, the optimizers SGD,
   /// Adam or AdamW). load() reads either.
   std::string state_dict_type = "full";
+  /// Nodes of the job; more than one needs a launcher on every node
   /// (torchrun, fulgor-run, srun) whose world size is num_nodes times the
   /// processes of each node.
   int64_t num_nodes = 1;
@@ -402,8 +403,8 @@ class FULGOR_API Fabric {
   /// "-true" precision (Lightning's init_module and init_tensor; see
   /// DefaultDtypeGuard). LibTorch has no default device: setup moves the
   /// module onto the device.
-  DefaultDtypeGuard init_module() const { return DefaultDtypeGuard(precision_); }
-  DefaultDtypeGuard init_tensor() const { return DefaultDtypeGuard(precision_); }
+  DefaultDtypeGuard init_module() const { return DefaultDtypeGuard(precision()); }
+  DefaultDtypeGuard init_tensor() const { return DefaultDtypeGuard(precision()); }
 
   /// This rank's shard of `loader`, its batches on the device (see
   /// DataLoaderSetup). The loader is moved into the result.
@@ -453,7 +454,7 @@ class FULGOR_API Fabric {
   /// beyond the forward pass; `auto autocast = fabric.autocast();`.
   AutocastScope autocast() const {
     autocast_since_backward_ = true;
-    return AutocastScope(precision_, *accelerator_);
+    return AutocastScope(precision(), *accelerator_);
   }
   /// While the guard lives, backward accumulates `module`'s gradients
   /// locally without communicating (gradient accumulation); `enabled` false
@@ -540,8 +541,8 @@ class FULGOR_API Fabric {
   /// writes its pieces into, nothing gathered (Note [Sharded training
   /// checkpoints]); a name may not be "fulgor" then.
   void save(const std::string& path, const FabricState& state);
-  /// Restores `state` in place from `path`: a file written by save, or a
-  /// torch.save / Lightning file of a dict (read by fulgor's interop
+  /// Restores `state` in place from `path`: a file or folder written by
+  /// save, or a torch.save / Lightning file of a dict (read by fulgor's interop
   /// readers, which run nothing): a module from a state dict, an optimizer
   /// from a torch.optim state dict, values from numbers, bools and strings.
   /// With `strict`, every name of `state` must be in the file and modules
@@ -583,11 +584,11 @@ class FULGOR_API Fabric {
   bool is_global_zero() const { return environment_.rank == 0; }
   torch::Device device() const { return device_setup_.device; }
   const Accelerator& accelerator() const { return *accelerator_; }
-  const Precision& precision() const { return precision_; }
+  const Precision& precision() const;
   /// "ddp", "fsdp" or "single_device", what "auto" became.
   const std::string& strategy() const { return strategy_; }
   /// The "16-mixed" loss scaler; nullptr otherwise.
-  GradScaler* grad_scaler() const { return scaler_.get(); }
+  GradScaler* grad_scaler() const;
 
  private:
   template <typename M>
@@ -618,14 +619,13 @@ class FULGOR_API Fabric {
 
   FabricOptions options_;
   std::unique_ptr<Accelerator> accelerator_;
-  Precision precision_;
+  std::unique_ptr<detail::PrecisionPlugin> precision_;  // shared with the Trainer
   std::string strategy_;
   std::vector<torch::Device> selected_;
   DistributedEnvironment environment_;
   DeviceSetup device_setup_;
   bool launched_ = false;
   std::unique_ptr<ProcessGroup> group_;
-  std::unique_ptr<GradScaler> scaler_;
   std::vector<std::shared_ptr<Logger>> loggers_;
   std::vector<std::shared_ptr<FabricCallback>> callbacks_;
   int64_t log_calls_ = 0;

@@ -1,7 +1,7 @@
 #pragma once
 
-// The Trainer's side of precision: the parsed option and the loss scaling of
-// "16-mixed".
+// The precision plugin the Trainer and Fabric share (Lightning's Precision
+// plugins): the parsed option and the loss scaling of "16-mixed".
 
 #include <torch/optim/optimizer.h>
 #include <torch/serialize/archive.h>
@@ -15,10 +15,10 @@
 
 namespace fulgor::detail {
 
-/// The Trainer's precision. Without a GradScaler (every precision but
-/// "16-mixed") backward, unscale, step and update reduce to the plain
-/// backward and optimizer step.
-class TrainerPrecision {
+/// The precision of a Trainer or a Fabric. Without a GradScaler (every
+/// precision but "16-mixed") scaling, unscaling, stepping and updating
+/// reduce to the plain loss and optimizer step.
+class PrecisionPlugin {
  public:
   /// Parses `value` for `accelerator` (see Precision::parse). The GradScaler is
   /// made on the first setup for "16-mixed" and kept across later loops of the
@@ -27,13 +27,16 @@ class TrainerPrecision {
 
   const Precision& precision() const { return precision_; }
   /// The loss scaler; nullptr unless the precision is "16-mixed".
+  GradScaler* scaler() { return scaler_ ? &*scaler_ : nullptr; }
   const GradScaler* scaler() const { return scaler_ ? &*scaler_ : nullptr; }
 
   // Inline, so that a precision without a scaler adds no calls to the
   // training step (Note [The per-step path] in src/loops/training_epoch_loop.cpp).
 
+  /// The loss to run backward from: scaled by the GradScaler, if any.
+  torch::Tensor scale(const torch::Tensor& loss) { return scaler_ ? scaler_->scale(loss) : loss; }
   /// Runs the module's backward hook from `loss`, scaled.
-  void backward(const torch::Tensor& loss, ModuleBase& module) { module.backward(scaler_ ? scaler_->scale(loss) : loss); }
+  void backward(const torch::Tensor& loss, ModuleBase& module) { module.backward(scale(loss)); }
   /// Unscales the optimizer's gradients, so that clipping and the optimizer see true values.
   void unscale(torch::optim::Optimizer& optimizer) {
     if (scaler_) scaler_->unscale(optimizer);

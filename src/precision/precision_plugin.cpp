@@ -1,4 +1,4 @@
-#include "precision/trainer_precision.h"
+#include "precision/precision_plugin.h"
 
 #include <fmt/format.h>
 
@@ -6,21 +6,21 @@
 
 namespace fulgor::detail {
 
-void TrainerPrecision::setup(const std::string& value, const Accelerator& accelerator) {
+void PrecisionPlugin::setup(const std::string& value, const Accelerator& accelerator) {
   Precision parsed = Precision::parse(value, accelerator);
   if (parsed.name != precision_.name || !parsed.needs_grad_scaler()) scaler_.reset();
   precision_ = std::move(parsed);
   if (precision_.needs_grad_scaler() && !scaler_) scaler_.emplace();
 }
 
-void TrainerPrecision::save(torch::serialize::OutputArchive& archive) const {
+void PrecisionPlugin::save(torch::serialize::OutputArchive& archive) const {
   if (!scaler_) return;
   torch::serialize::OutputArchive scaler_archive;
   scaler_->save(scaler_archive);
   archive.write("grad_scaler", scaler_archive);
 }
 
-void TrainerPrecision::load(torch::serialize::InputArchive& archive, const std::string& path) {
+void PrecisionPlugin::load(torch::serialize::InputArchive& archive, const std::string& path) {
   if (!scaler_) return;
   torch::serialize::InputArchive scaler_archive;
   if (!archive.try_read("grad_scaler", scaler_archive)) return;
