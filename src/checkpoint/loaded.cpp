@@ -24,7 +24,8 @@ LoadedCheckpoint load_checkpoint(const RegularFile& file, const std::string& pat
   };
   const auto n_optimizers = ckpt.meta.at("optimizers").get<size_t>();  // checked by parse_checkpoint_meta
   ckpt.restore_optimizers = [archive, path, n_optimizers](const LoadedCheckpoint::Optimizers& optimizers,
-                                                          const Accelerator& accelerator, torch::Device device) {
+                                                          const torch::nn::Module&, const Accelerator& accelerator,
+                                                          torch::Device device) {
     if (n_optimizers != optimizers.size())
       throw CheckpointError(fmt::format("checkpoint '{}' holds {} optimizer states; configure_optimizers returned {}",
                                         path, n_optimizers, optimizers.size()));

@@ -43,9 +43,11 @@ struct LoadedCheckpoint {
   // The weights into `module`, strictly; throws naming the file.
   std::function<void(torch::nn::Module& module)> restore_weights;
   // The states of the optimizers configure_optimizers returned, one each in
-  // order, their tensors on `device`; throws CheckpointError when the file
-  // holds another number of them.
-  std::function<void(const Optimizers& optimizers, const Accelerator& accelerator, torch::Device device)>
+  // order, their tensors on `device`, their parameters `module`'s (whose
+  // names a sharded checkpoint keys them by); throws CheckpointError when
+  // the file holds another number of them.
+  std::function<void(const Optimizers& optimizers, const torch::nn::Module& module, const Accelerator& accelerator,
+                     torch::Device device)>
       restore_optimizers;
 };
 

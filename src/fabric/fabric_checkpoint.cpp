@@ -24,6 +24,7 @@
 #include "fulgor/interop/state_dict.h"
 #include "fulgor/interop/torch_load.h"
 #include "fulgor/interop/weights_file.h"
+#include "interop/optimizer_names.h"
 #include "interop/sharded_checkpoint.h"
 
 namespace fulgor {
@@ -129,6 +130,15 @@ std::optional<nlohmann::json> json_of(const c10::IValue& value) {
   return std::nullopt;
 }
 
+// The names of the parameters of `state`'s modules, which name an
+// optimizer's parameters (Note [Optimizer states by parameter names]).
+detail::ParameterNames module_parameter_names(const FabricState& state) {
+  std::vector<const torch::nn::Module*> modules;
+  for (const auto& [name, item] : state)
+    if (item.kind() == FabricStateItem::Kind::module) modules.push_back(&*item.module());
+  return detail::parameter_names(modules);
+}
+
 // The archive of `state` that a Fabric file holds; without `weights`, less
 // its modules and optimizers, which a sharded checkpoint holds apart.
 torch::serialize::OutputArchive fabric_archive(const FabricState& state, bool weights) {
@@ -174,6 +184,7 @@ torch::serialize::OutputArchive fabric_archive(const FabricState& state, bool we
 // and optimizers, rank 0 the rest.
 void write_fabric_folder(const std::string& path, const FabricState& state, const detail::ShardSets& shards,
                          ProcessGroup* group, bool rank_zero) {
+  const detail::ParameterNames names = module_parameter_names(state);
   DistributedStateDict entries;
   for (const auto& [name, item] : state) {
     if (name == "fulgor")
@@ -185,7 +196,7 @@ void write_fabric_folder(const std::string& path, const FabricState& state, cons
           "state_dict_type=\"sharded\" saves an optimizer's state in torch.optim's layout, which fulgor writes for "
           "SGD, Adam and AdamW; '{}' is none of them: use state_dict_type=\"full\"",
           name));
-    detail::add_optimizer_entries(entries, name, *item.optimizer(), shards);
+    detail::add_optimizer_entries(entries, name, *item.optimizer(), shards, names);
   }
   torch::serialize::OutputArchive rest = fabric_archive(state, /*weights=*/false);
   if (rank_zero) detail::add_archive_entry(entries, rest);
@@ -354,7 +365,10 @@ void restore_loaded(const LoadRequest& request, const c10::IValue& value, const 
     }
     case FabricStateItem::Kind::optimizer:
       request.load_whole(*item.optimizer(), [&] {
-        import_optimizer_state(*item.optimizer(), value, fmt::format("'{}' of '{}'", name, path));
+        const std::string what = fmt::format("'{}' of '{}'", name, path);
+        import_optimizer_state(
+            *item.optimizer(),
+            detail::by_parameter_numbers(value, *item.optimizer(), module_parameter_names(request.state), what), what);
       });
       break;
     case FabricStateItem::Kind::archive:
@@ -381,6 +395,11 @@ void restore_loaded(const LoadRequest& request, const c10::IValue& value, const 
 // and optimizers' states whole from their entries, the rest from its archive.
 nlohmann::json load_fabric_folder(const LoadRequest& request, const Accelerator& accelerator, torch::Device device) {
   const auto archive = detail::read_archive_entry(request.path);
+  if (!archive)
+    throw CheckpointError(
+        fmt::format("checkpoint '{}' is a distributed checkpoint that Fabric::save did not write "
+                    "(it has no 'fulgor.archive'): read its tensors with load_distributed_checkpoint",
+                    request.path));
   const nlohmann::json meta = read_fabric_meta(*archive, request.path);
   return restore_fabric_items(request, meta, [&](const std::string& name, const FabricStateItem& item) {
     if (item.kind() == FabricStateItem::Kind::module || item.kind() == FabricStateItem::Kind::optimizer)

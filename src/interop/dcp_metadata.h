@@ -73,6 +73,10 @@ DcpMetadata read_dcp_metadata(const uint8_t* data, size_t size, const std::strin
 /// Note [A distributed checkpoint from elsewhere] that need no file.
 void check_dcp_metadata(const DcpMetadata& metadata, const std::string& source);
 
+/// The top-level keys of the state a distributed checkpoint's folder holds,
+/// in the order of its metadata, each once (src/interop/distributed_checkpoint.cpp).
+std::vector<std::string> distributed_checkpoint_keys(const std::filesystem::path& folder);
+
 /// read_distributed_checkpoint's whole state, of the entries nested under
 /// the top-level `key` alone ("" for all): the other keys' bytes are not
 /// read (src/interop/distributed_checkpoint.cpp).

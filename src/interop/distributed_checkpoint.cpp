@@ -247,6 +247,15 @@ c10::IValue read_distributed_checkpoint(const std::filesystem::path& folder) {
   return detail::read_distributed_checkpoint_under(folder, "");
 }
 
+std::vector<std::string> detail::distributed_checkpoint_keys(const std::filesystem::path& folder) {
+  std::vector<std::string> keys;
+  for (const DcpEntry& entry : FolderReader(folder).metadata().entries) {
+    const std::string key = entry.path.empty() || joined(entry.path) != entry.fqn ? entry.fqn : key_text(entry.path[0]);
+    if (std::find(keys.begin(), keys.end(), key) == keys.end()) keys.push_back(key);
+  }
+  return keys;
+}
+
 c10::IValue detail::read_distributed_checkpoint_under(const std::filesystem::path& folder, const std::string& key) {
   FolderReader reader(folder);
   detail::DcpMetadata metadata = reader.metadata();

@@ -9,6 +9,7 @@
 #include "fulgor/interop/optimizer_state.h"
 #include "fulgor/interop/state_dict.h"
 #include "fulgor/interop/torch_load.h"
+#include "interop/optimizer_names.h"
 #include "interop/torch_load_archive.h"
 
 // Note [Resuming a Python run]
@@ -113,6 +114,11 @@ nlohmann::json scheduler_states(const c10::IValue& checkpoint, const std::string
 
 }  // namespace
 
+nlohmann::json python_checkpoint_meta(const c10::IValue& checkpoint, const std::string& path) {
+  return {{"loop", loop_state(checkpoint, path)},
+          {"schedulers", scheduler_states(checkpoint, "checkpoint '" + path + "'")}};
+}
+
 bool is_python_checkpoint(const RegularFile& file) {
   char head[4] = {};
   return read_at(file.fd(), 0, head, 4) && std::string(head, 4) == "PK\x03\x04";
@@ -123,7 +129,7 @@ LoadedCheckpoint load_python_checkpoint(const RegularFile& file, const std::stri
   const c10::IValue checkpoint = torch_load_archive(MappedFile::map(file, path, 0, UINT64_MAX), {});
   LoadedCheckpoint ckpt;
   ckpt.path = path;
-  ckpt.meta = {{"loop", loop_state(checkpoint, path)}, {"schedulers", scheduler_states(checkpoint, source)}};
+  ckpt.meta = python_checkpoint_meta(checkpoint, path);
   // The weights ("state_dict" or "model") into the module, by name, strictly.
   ckpt.restore_weights = [checkpoint, source](torch::nn::Module& module) {
     StateDict state = state_dict_from(checkpoint, source);
@@ -135,14 +141,19 @@ LoadedCheckpoint load_python_checkpoint(const RegularFile& file, const std::stri
   };
   // torch.optim's states, copied onto the parameters' devices as they are
   // imported: no move after.
-  ckpt.restore_optimizers = [checkpoint, source](const LoadedCheckpoint::Optimizers& optimizers, const Accelerator&,
-                                                 torch::Device) {
+  ckpt.restore_optimizers = [checkpoint, source](const LoadedCheckpoint::Optimizers& optimizers,
+                                                 const torch::nn::Module& module, const Accelerator&, torch::Device) {
     const std::vector<c10::IValue> states = optimizer_states_in(checkpoint);
     if (states.size() != optimizers.size())
       throw CheckpointError(fmt::format("{} holds {} torch.optim states; configure_optimizers returned {}", source,
                                         states.size(), optimizers.size()));
-    for (size_t i = 0; i < states.size(); ++i)
-      import_optimizer_state(*optimizers[i], states[i], fmt::format("{}, optimizer {}", source, i));
+    // A Lightning FSDP checkpoint names the parameters (Note [Optimizer
+    // states by parameter names]).
+    const ParameterNames names = parameter_names({&module});
+    for (size_t i = 0; i < states.size(); ++i) {
+      const std::string what = fmt::format("{}, optimizer {}", source, i);
+      import_optimizer_state(*optimizers[i], by_parameter_numbers(states[i], *optimizers[i], names, what), what);
+    }
   };
   return ckpt;
 }

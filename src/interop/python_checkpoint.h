@@ -11,6 +11,11 @@ namespace fulgor::detail {
 // bytes: fulgor's own checkpoints begin otherwise (Note [Checkpoint files]).
 bool is_python_checkpoint(const RegularFile& file);
 
+// The metadata fulgor's loops and schedules resume from (Note [Checkpoint
+// metadata]'s "loop" and "schedulers") of `checkpoint`, a dict Python
+// wrote: a Lightning .ckpt, or the meta.pt of Lightning's sharded folder.
+nlohmann::json python_checkpoint_meta(const c10::IValue& checkpoint, const std::string& path);
+
 // A checkpoint Python wrote, translated into the form fulgor's own are
 // loaded in (Note [The loaded checkpoint]): Lightning's loop progress as the
 // loops' state, the torch schedulers' states as fulgor's schedules keep

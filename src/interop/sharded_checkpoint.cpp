@@ -6,6 +6,8 @@
 #include <torch/optim/sgd.h>
 
 #include <cstring>
+#include <filesystem>
+#include <map>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -16,7 +18,9 @@
 #include "fulgor/core/error.h"
 #include "fulgor/interop/optimizer_state.h"
 #include "fulgor/interop/state_dict.h"
+#include "fulgor/interop/torch_load.h"
 #include "interop/dcp_metadata.h"
+#include "interop/python_checkpoint.h"
 
 namespace fulgor::detail {
 namespace {
@@ -113,16 +117,26 @@ void add_module_entries(DistributedStateDict& state, const std::string& key, con
 }
 
 void add_optimizer_entries(DistributedStateDict& state, const std::string& key,
-                           const torch::optim::Optimizer& optimizer, const ShardSets& shards) {
-  std::vector<torch::Tensor> params;  // by torch.optim's ids
+                           const torch::optim::Optimizer& optimizer, const ShardSets& shards,
+                           const ParameterNames& names) {
+  std::vector<torch::Tensor> stepped, params;  // by torch.optim's numbers: what the groups hold, whose it is
   for (const auto& group : optimizer.param_groups())
-    for (const auto& p : group.params()) params.push_back(p);
-  for (auto& entry : flatten_state_dict(dict_of(key, export_optimizer_state(optimizer)))) {
-    // [key, "state", id, name]: a state tensor of the shard's size is a piece.
+    for (const auto& p : group.params()) {
+      const auto place = place_in(shards, p);
+      stepped.push_back(p);
+      params.push_back(place ? place->param : p);
+    }
+  c10::IValue exported = export_optimizer_state(optimizer);
+  std::map<std::string, size_t> number;  // by the keys of the saved state
+  const auto keys = names_of(params, names);
+  if (keys) exported = by_parameter_names(exported, *keys);
+  for (size_t i = 0; i < params.size(); ++i) number[keys ? (*keys)[i] : std::to_string(i)] = i;
+  for (auto& entry : flatten_state_dict(dict_of(key, exported))) {
+    // [key, "state", parameter, name]: a state tensor of the shard's size is a piece.
     const auto& path = entry.path;
-    const bool per_parameter =
-        path.size() == 4 && path[1].isString() && path[1].toStringRef() == "state" && entry.value.isTensor();
-    const auto place = per_parameter ? place_in(shards, params.at(std::stoul(path[2].toStringRef()))) : std::nullopt;
+    const bool per_parameter = path.size() == 4 && path[1].isString() && path[1].toStringRef() == "state" &&
+                               path[2].isString() && entry.value.isTensor();
+    const auto place = per_parameter ? place_in(shards, stepped.at(number.at(path[2].toStringRef()))) : std::nullopt;
     if (place && entry.value.toTensor().sizes() == place->shard.sizes())
       add_piece(state, path, entry.value.toTensor(), *place);
     else
@@ -150,11 +164,10 @@ std::shared_ptr<torch::serialize::InputArchive> read_archive_entry(const std::st
   const c10::IValue own = read_distributed_checkpoint_under(folder, "fulgor");
   const c10::IValue* bytes = find(own, "fulgor");
   bytes = bytes ? find(*bytes, "archive") : nullptr;
-  if (!bytes || !bytes->isTensor() || bytes->toTensor().scalar_type() != torch::kUInt8 || bytes->toTensor().dim() != 1)
-    throw CheckpointError(
-        fmt::format("checkpoint '{}' is a distributed checkpoint without fulgor's state "
-                    "('fulgor.archive'); load its tensors with load_distributed_checkpoint",
-                    folder));
+  if (!bytes) return nullptr;
+  if (!bytes->isTensor() || bytes->toTensor().scalar_type() != torch::kUInt8 || bytes->toTensor().dim() != 1)
+    throw CheckpointError(fmt::format("checkpoint '{}': 'fulgor.archive' is a {}, not the bytes of an archive", folder,
+                                      bytes->tagKind()));
   const torch::Tensor data = bytes->toTensor().contiguous();
   auto archive = std::make_shared<torch::serialize::InputArchive>();
   try {
@@ -173,11 +186,35 @@ c10::IValue read_entry(const std::string& folder, const std::string& key) {
   return *entry;
 }
 
+// Note [Lightning's sharded checkpoints]
+// Lightning's FSDP strategy (2.6.5's strategies/fsdp.py, save_checkpoint
+// with state_dict_type "sharded") writes a distributed checkpoint of
+// {"model": the module's sharded state dict, "optimizer_N": FSDP's
+// optim_state_dict of each, by parameter names} and, from rank 0,
+// torch.save of the rest of its checkpoint dict (epoch, global_step,
+// loops, callbacks, lr_schedulers) as meta.pt beside it. A fit resumes from
+// it as from a Lightning .ckpt (Note [Resuming a Python run]): the loops'
+// and schedules' states from meta.pt, the weights and optimizers' states
+// from the folder.
 LoadedCheckpoint load_sharded_checkpoint(const std::string& folder) {
   LoadedCheckpoint ckpt;
   ckpt.path = folder;
-  ckpt.archive = read_archive_entry(folder);
-  ckpt.meta = parse_checkpoint_meta(*ckpt.archive, folder);
+  size_t n_optimizers = 0;
+  if (auto archive = read_archive_entry(folder)) {
+    ckpt.archive = archive;
+    ckpt.meta = parse_checkpoint_meta(*archive, folder);
+    n_optimizers = ckpt.meta.at("optimizers").get<size_t>();  // checked by parse_checkpoint_meta
+  } else if (std::filesystem::is_regular_file(std::filesystem::path(folder) / "meta.pt")) {
+    ckpt.meta = python_checkpoint_meta(torch_load(std::filesystem::path(folder) / "meta.pt"), folder);
+    for (const std::string& key : distributed_checkpoint_keys(folder))
+      if (key.rfind("optimizer_", 0) == 0) ++n_optimizers;
+  } else {
+    throw CheckpointError(
+        fmt::format("checkpoint '{}' is a distributed checkpoint without fulgor's state "
+                    "('fulgor.archive') or Lightning's (meta.pt); load its tensors with "
+                    "load_distributed_checkpoint",
+                    folder));
+  }
   const std::string source = "checkpoint '" + folder + "'";
   ckpt.restore_weights = [folder, source](torch::nn::Module& module) {
     const c10::IValue model = read_entry(folder, "model");
@@ -187,17 +224,22 @@ LoadedCheckpoint load_sharded_checkpoint(const std::string& folder) {
       throw CheckpointError(fmt::format("{}: {}", source, e.what()));
     }
   };
-  const auto n_optimizers = ckpt.meta.at("optimizers").get<size_t>();  // checked by parse_checkpoint_meta
   // One optimizer's state in memory at a time, copied onto the parameters'
   // devices as it is imported.
   ckpt.restore_optimizers = [folder, source, n_optimizers](const LoadedCheckpoint::Optimizers& optimizers,
-                                                           const Accelerator&, torch::Device) {
+                                                           const torch::nn::Module& module, const Accelerator&,
+                                                           torch::Device) {
     if (n_optimizers != optimizers.size())
       throw CheckpointError(fmt::format("{} holds {} optimizer states; configure_optimizers returned {}", source,
                                         n_optimizers, optimizers.size()));
-    for (size_t i = 0; i < n_optimizers; ++i)
-      import_optimizer_state(*optimizers[i], read_entry(folder, "optimizer_" + std::to_string(i)),
-                             fmt::format("{}, optimizer {}", source, i));
+    const ParameterNames names = parameter_names({&module});
+    for (size_t i = 0; i < n_optimizers; ++i) {
+      const std::string what = fmt::format("{}, optimizer {}", source, i);
+      import_optimizer_state(
+          *optimizers[i],
+          by_parameter_numbers(read_entry(folder, "optimizer_" + std::to_string(i)), *optimizers[i], names, what),
+          what);
+    }
   };
   return ckpt;
 }

@@ -10,8 +10,10 @@
 //                  pieces (a FULL_SHARD unit's between its passes), each
 //                  rank's piece
 //   "optimizer_N"  each optimizer's state in torch.optim's layout
-//                  (export_optimizer_state), the states of sharded
-//                  parameters as each rank's piece of the whole
+//                  (export_optimizer_state), its parameters named as the
+//                  module names them (Note [Optimizer states by parameter
+//                  names]), the states of sharded parameters as each
+//                  rank's piece of the whole
 //   "fulgor"       {"archive": the bytes, as a uint8 tensor, of the archive
 //                  a checkpoint file holds (Note [Checkpoint files]) less
 //                  "model" and "optimizer_N": the metadata, the generators'
@@ -37,6 +39,7 @@
 
 #include "checkpoint/loaded.h"
 #include "fulgor/interop/distributed_checkpoint.h"
+#include "interop/optimizer_names.h"
 
 namespace fulgor::detail {
 
@@ -50,11 +53,14 @@ using ShardSets = std::vector<const ParameterShards*>;
 void add_module_entries(DistributedStateDict& state, const std::string& key, const torch::nn::Module& module,
                         const ShardSets& shards);
 
-// Adds `optimizer`'s state under `key` in torch.optim's layout: the states
-// of `shards`' pieces as pieces of the whole. Throws InteropError for an
-// optimizer export_optimizer_state does not export.
+// Adds `optimizer`'s state under `key` in torch.optim's layout, by the
+// parameters' `names` where each has one (Note [Optimizer states by
+// parameter names]): the states of `shards`' pieces as pieces of the whole.
+// Throws InteropError for an optimizer export_optimizer_state does not
+// export.
 void add_optimizer_entries(DistributedStateDict& state, const std::string& key,
-                           const torch::optim::Optimizer& optimizer, const ShardSets& shards);
+                           const torch::optim::Optimizer& optimizer, const ShardSets& shards,
+                           const ParameterNames& names);
 
 // Adds `archive` (the rest of a checkpoint) as "fulgor"/"archive".
 void add_archive_entry(DistributedStateDict& state, torch::serialize::OutputArchive& archive);
@@ -63,8 +69,9 @@ void add_archive_entry(DistributedStateDict& state, torch::serialize::OutputArch
 // Adam, AdamW and fulgor's: export_optimizer_state's kinds).
 bool saves_sharded(const torch::optim::Optimizer& optimizer);
 
-// The archive a sharded checkpoint's folder holds as "fulgor"/"archive";
-// throws CheckpointError naming `folder` when there is none.
+// The archive a sharded checkpoint's folder holds as "fulgor"/"archive",
+// null when it holds none; throws CheckpointError naming `folder` when it is
+// not an archive.
 std::shared_ptr<torch::serialize::InputArchive> read_archive_entry(const std::string& folder);
 
 // The nested state under the top-level `key` of a distributed checkpoint's
@@ -72,10 +79,11 @@ std::shared_ptr<torch::serialize::InputArchive> read_archive_entry(const std::st
 // naming `folder` when it has none.
 c10::IValue read_entry(const std::string& folder, const std::string& key);
 
-// A folder of a sharded training checkpoint, in the loaded form (Note [The
-// loaded checkpoint]): its metadata and archive read at once, the module's
-// and each optimizer's states when restored. Throws CheckpointError naming
-// the folder when it holds no fulgor state.
+// A folder of a sharded training checkpoint, fulgor's or Lightning's (Note
+// [Lightning's sharded checkpoints] in the .cpp), in the loaded form (Note
+// [The loaded checkpoint]): its metadata and archive read at once, the
+// module's and each optimizer's states when restored. Throws
+// CheckpointError naming the folder when it holds neither's state.
 LoadedCheckpoint load_sharded_checkpoint(const std::string& folder);
 
 }  // namespace fulgor::detail

@@ -235,7 +235,7 @@ void CheckpointConnector::restore_training_state(LoadedCheckpoint& ckpt) {
   s.fit_loop.load_state_dict(ckpt.meta.at("loop"));
   s.fit_loop.resume_from(ckpt);
   unsharded(s.ddp.get(), s.optim.optimizers, /*load=*/true,
-            [&] { ckpt.restore_optimizers(s.optim.optimizers, *s.accelerator, s.device_setup->device); });
+            [&] { ckpt.restore_optimizers(s.optim.optimizers, *s.module, *s.accelerator, s.device_setup->device); });
   const auto& schedulers = ckpt.meta.at("schedulers");
   if (schedulers.size() != s.optim.schedulers.size())
     throw CheckpointError(fmt::format("checkpoint '{}' holds {} scheduler states; configure_optimizers returned {}",
@@ -386,10 +386,11 @@ void write_sharded(const DistributedStateDict& state, const std::string& path, P
 DistributedStateDict CheckpointConnector::sharded_state(torch::serialize::OutputArchive& rest, bool snapshot) {
   ShardSets shards;
   if (s.ddp && s.ddp->shards()) shards.push_back(s.ddp->shards());
+  const ParameterNames names = parameter_names({s.module});
   DistributedStateDict state;
   add_module_entries(state, "model", *s.module, shards);
   for (size_t i = 0; i < s.optim.optimizers.size(); ++i)
-    add_optimizer_entries(state, "optimizer_" + std::to_string(i), *s.optim.optimizers[i], shards);
+    add_optimizer_entries(state, "optimizer_" + std::to_string(i), *s.optim.optimizers[i], shards, names);
   if (!s.ddp || s.ddp->is_global_zero()) add_archive_entry(state, rest);
   if (snapshot)
     for (auto& entry : state)

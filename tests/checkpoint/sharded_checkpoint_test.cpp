@@ -55,8 +55,9 @@ TEST(ShardedCheckpoint, ResumeMidEpochFromAFolderIsBitIdentical) {
   EXPECT_TRUE(same_parameters(*resumed, *straight));
 }
 
-// The folder in torch.optim's and the state dict's layout: the weights by
-// Python's names, Adam's state by parameter number, the schedule's lr.
+// The folder in PyTorch's layout: the weights by Python's names, Adam's state
+// in torch.optim's layout by the parameters' names (as get_state_dict and
+// FSDP name them), the schedule's lr.
 TEST(ShardedCheckpoint, FolderHoldsTheStateDictsInPyTorchsLayout) {
   TempDir dir;
   auto model = stateful_model();
@@ -71,11 +72,14 @@ TEST(ShardedCheckpoint, FolderHoldsTheStateDictsInPyTorchsLayout) {
   EXPECT_TRUE(torch::equal(weights.at("l1.weight").toTensor(), model->l1->weight));
   EXPECT_TRUE(torch::equal(weights.at("l2.bias").toTensor(), model->l2->bias));
   const auto adam = state.at("optimizer_0").toGenericDict();
-  const auto first = adam.at("state").toGenericDict().at("0").toGenericDict();
+  const auto first = adam.at("state").toGenericDict().at("l1.weight").toGenericDict();
   EXPECT_EQ(first.at("step").toTensor().item<float>(), 4.0f);
   EXPECT_EQ(first.at("exp_avg").toTensor().sizes(), model->l1->weight.sizes());
   const auto group = adam.at("param_groups").toList().get(0).toGenericDict();
   EXPECT_DOUBLE_EQ(group.at("lr").toDouble(), 0.01 * 0.7 * 0.7);
+  std::vector<std::string> params;
+  for (const c10::IValue& name : group.at("params").toListRef()) params.push_back(name.toStringRef());
+  EXPECT_EQ(params, (std::vector<std::string>{"l1.weight", "l1.bias", "l2.weight", "l2.bias"}));
   EXPECT_EQ(state.at("fulgor").toGenericDict().at("archive").toTensor().scalar_type(), torch::kUInt8);
 }
 
@@ -128,6 +132,20 @@ TEST(ShardedCheckpoint, SaysWhatItCannotSave) {
   options.state_dict_type = "partial";
   EXPECT_PRED2(says, thrown_message<ConfigError>([&] { Trainer(options).fit(*stateful_model(), train); }),
                std::string("state_dict_type='partial': expected \"full\""));
+  // The optimizer's state by names: a name the resumed optimizer lacks.
+  auto saved = stateful_model();
+  Trainer saving(sharded(dir, 1));
+  saving.fit(*saved, train);
+  saving.save_checkpoint((dir.path / "all.ckpt").string());
+  auto fewer = stateful_model();
+  fewer->make_optimizers = [](TinyNet& m) -> OptimizerConfig {
+    return std::make_shared<torch::optim::Adam>(m.l1->parameters(), torch::optim::AdamOptions(0.01));
+  };
+  EXPECT_PRED2(says, thrown_message<InteropError>([&] {
+                 Trainer(sharded(dir, 2)).fit(*fewer, train, {.ckpt_path = (dir.path / "all.ckpt").string()});
+               }),
+               std::string("optimizer 0: the optimizer's state names parameter 'l2.weight', which is none of the "
+                           "optimizer's 2 parameters"));
   // A distributed checkpoint that no fit wrote is no training checkpoint.
   DistributedStateDict weights = {{{std::string("model"), std::string("w")}, torch::ones({2}), std::nullopt}};
   const fs::path folder = dir.path / "weights.dcp";
