@@ -146,7 +146,7 @@ Configuration read_configuration(const char* text, const std::string& folder) {
   const std::string where = "the configuration";
   check_keys(config, where,
              {"accelerator", "precision", "loss", "optimizer", "lr_scheduler", "seed", "buffers", "strategy",
-              "sharding_strategy", "zero_redundancy_optimizer", "ddp_timeout"});
+              "sharding_strategy", "zero_redundancy_optimizer", "state_dict_type", "ddp_timeout"});
   read_loss(config, folder, result);
   const auto buffers = value_at<std::string>(config, "buffers", where, "host");
   if (buffers != "host" && buffers != "device")
@@ -171,6 +171,8 @@ Configuration read_configuration(const char* text, const std::string& folder) {
                      where));
   if (config.contains("zero_redundancy_optimizer"))
     result.zero_redundancy_optimizer = value_at<bool>(config, "zero_redundancy_optimizer", where, false);
+  if (config.contains("state_dict_type"))
+    result.state_dict_type = value_at<std::string>(config, "state_dict_type", where, "");
   if (config.contains("ddp_timeout")) {
     const double seconds = value_at<double>(config, "ddp_timeout", where, 0);
     if (!(seconds > 0 && std::isfinite(seconds)))

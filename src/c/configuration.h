@@ -31,6 +31,7 @@ struct Configuration {
   std::optional<std::string> strategy;
   std::optional<std::string> sharding_strategy;
   std::optional<bool> zero_redundancy_optimizer;
+  std::optional<std::string> state_dict_type;
   std::optional<double> ddp_timeout;
 };
 

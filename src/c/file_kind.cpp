@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include "fulgor/interop/distributed_checkpoint.h"
+
 namespace fulgor::c_api {
 namespace {
 
@@ -29,6 +31,10 @@ FileInfo inspect_zip(const std::string& path) {
 
 FileInfo inspect_file(const std::string& path) {
   std::error_code ec;
+  if (is_distributed_checkpoint(path))
+    return {FileKind::checkpoint,
+            "a fulgor sharded checkpoint (a distributed checkpoint's folder, as fulgor_save "
+            "writes with \"state_dict_type\": \"sharded\")"};
   if (std::filesystem::is_directory(path, ec)) return {FileKind::folder, "a folder"};
   std::ifstream in(path, std::ios::binary);
   if (!in) return {FileKind::unreadable, fmt::format("it cannot be opened: {}", std::strerror(errno))};

@@ -270,6 +270,7 @@ std::unique_ptr<fulgor_model> make_model(const std::string& path, const fulgor::
   if (config.strategy) options.strategy = *config.strategy;
   if (config.sharding_strategy) options.sharding_strategy = *config.sharding_strategy;
   if (config.zero_redundancy_optimizer) options.zero_redundancy_optimizer = *config.zero_redundancy_optimizer;
+  if (config.state_dict_type) options.state_dict_type = *config.state_dict_type;
   options.ddp_timeout = config.ddp_timeout;
   model->fabric = std::make_unique<fulgor::Fabric>(options);
   model->fabric->launch();

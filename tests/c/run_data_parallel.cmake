@@ -1,5 +1,6 @@
 # Runs tests/c/data_parallel_test.c on 2 ranks through fulgor-run, once per
-# configuration (ddp, ZeRO-1, SHARD_GRAD_OP), on tests/c/multiarg_model.py's
+# configuration (ddp, ZeRO-1, SHARD_GRAD_OP, and SHARD_GRAD_OP saving a sharded
+# checkpoint's folder), on tests/c/multiarg_model.py's
 # model, and checks that both ranks end with the same predictions:
 #   cmake -DPROGRAM=... -DRUN=fulgor-run -DMAKE_MODEL=.../multiarg_model.py -P run_data_parallel.cmake
 include(${CMAKE_CURRENT_LIST_DIR}/fresh_folder.cmake)
@@ -13,8 +14,10 @@ set(common "\"accelerator\": \"cpu\", \"loss\": {\"type\": \"torchscript\", \"pa
 file(WRITE ${dir}/ddp.json "{${common}, \"strategy\": \"ddp\"}")
 file(WRITE ${dir}/zero1.json "{${common}, \"strategy\": \"ddp\", \"zero_redundancy_optimizer\": true}")
 file(WRITE ${dir}/shard_grad_op.json "{${common}, \"strategy\": \"fsdp\", \"sharding_strategy\": \"shard_grad_op\"}")
+file(WRITE ${dir}/shard_grad_op_folder.json
+     "{${common}, \"strategy\": \"fsdp\", \"sharding_strategy\": \"shard_grad_op\", \"state_dict_type\": \"sharded\"}")
 set(failed "")
-foreach(config ddp zero1 shard_grad_op)
+foreach(config ddp zero1 shard_grad_op shard_grad_op_folder)
   execute_process(COMMAND ${RUN} --nproc-per-node 2 -- ${PROGRAM} ${dir} ${config}.json ${dir}/${config}
                   RESULT_VARIABLE result OUTPUT_VARIABLE output ERROR_VARIABLE output TIMEOUT 300)
   message("${config}: ${output}")

@@ -100,6 +100,8 @@ FULGOR_C_API const char* fulgor_last_error(void);
  *   "strategy"      "auto" (default: ddp under a launcher), "ddp" or "fsdp"
  *   "sharding_strategy"  under "fsdp": "SHARD_GRAD_OP" (gradients and optimizer state sharded) or "NO_SHARD"
  *   "zero_redundancy_optimizer"  under "ddp": true shards the optimizer's state (ZeRO-1)
+ *   "state_dict_type"  "full" (default: fulgor_save writes one file, rank 0) or "sharded"
+ *                   (a distributed checkpoint's folder, every rank writing its part)
  *   "ddp_timeout"   seconds a collective may take before the ranks fail (default 1800)
  * Sets *model on success. */
 FULGOR_C_API fulgor_status fulgor_model_create(const char* torchscript_path, const char* config_json,
