@@ -381,7 +381,7 @@ void write_sharded(const DistributedStateDict& state, const std::string& path, P
 
 // Note [Sharded training checkpoints] (src/interop/sharded_checkpoint.h):
 // every rank gives its part, rank 0 also `rest`, the archive of the rest of
-// the state. The entries refer to the module's tensors, or with `snapshot`
+// the state. The module's entries refer to its tensors, or with `snapshot`
 // to copies of them in host memory.
 DistributedStateDict CheckpointConnector::sharded_state(torch::serialize::OutputArchive& rest, bool snapshot) {
   ShardSets shards;
@@ -389,13 +389,27 @@ DistributedStateDict CheckpointConnector::sharded_state(torch::serialize::Output
   const ParameterNames names = parameter_names({s.module});
   DistributedStateDict state;
   add_module_entries(state, "model", *s.module, shards);
+  // The optimizers' entries and the archive's are copies already
+  // (export_optimizer_state's). The module's are copied into the previous
+  // snapshot's memory where it fits (its write has ended: Note [Reusing
+  // snapshot memory]), pinned where the accelerator pins.
+  if (snapshot) {
+    const bool pin = s.accelerator && s.accelerator->supports_pinned_memory();
+    sharded_snapshot_.resize(state.size());
+    for (size_t i = 0; i < state.size(); ++i) {
+      const torch::Tensor live = state[i].value.toTensor();
+      torch::Tensor& copy = sharded_snapshot_[i];
+      if (!copy.defined() || copy.sizes() != live.sizes() || copy.scalar_type() != live.scalar_type())
+        copy = torch::empty(
+            live.sizes(),
+            torch::TensorOptions().dtype(live.scalar_type()).pinned_memory(pin && !live.device().is_cpu()));
+      copy.copy_(live);
+      state[i].value = copy;
+    }
+  }
   for (size_t i = 0; i < s.optim.optimizers.size(); ++i)
     add_optimizer_entries(state, "optimizer_" + std::to_string(i), *s.optim.optimizers[i], shards, names);
   if (!s.ddp || s.ddp->is_global_zero()) add_archive_entry(state, rest);
-  if (snapshot)
-    for (auto& entry : state)
-      if (entry.value.isTensor())
-        entry.value = entry.value.toTensor().detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true);
   return state;
 }
 

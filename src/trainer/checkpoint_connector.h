@@ -88,6 +88,9 @@ struct CheckpointConnector {
   // The last snapshot's host memory: in use by its write, then reused by the
   // next snapshot (Note [Reusing snapshot memory] in src/checkpoint/snapshot.cpp).
   std::vector<c10::Storage> snapshot_storages_;
+  // Likewise the host copies of the module's entries of a sharded
+  // checkpoint (sharded_state).
+  std::vector<torch::Tensor> sharded_snapshot_;
   BackgroundWriter writer_;
 
   TrainerState& s;

@@ -105,6 +105,12 @@ TEST(ShardedCheckpoint, ModelCheckpointKeepsDisplacesAndFindsFolders) {
       EXPECT_TRUE(is_distributed_checkpoint(e.path())) << e.path();
     }
     EXPECT_EQ(names, (std::set<std::string>{"epoch=2.ckpt", "last.ckpt"})) << "async " << async;
+    // The last of several saves (in the background, each into the previous
+    // one's memory) holds the weights the fit ended with.
+    for (const char* folder : {"epoch=2.ckpt", "last.ckpt"}) {
+      const auto weights = read_distributed_checkpoint(dir.path / "ckpt" / folder).toGenericDict().at("model");
+      EXPECT_TRUE(torch::equal(weights.toGenericDict().at("l1.weight").toTensor(), model->l1->weight)) << folder;
+    }
 
     auto resumed = stateful_model();
     Trainer trainer(with_checkpoints(5));
