@@ -9,6 +9,9 @@
 #include "../support/thrown.h"
 #include "fulgor/callbacks/model_checkpoint.h"
 #include "fulgor/interop/distributed_checkpoint.h"
+#include "fulgor/interop/lightning_checkpoint.h"
+#include "fulgor/interop/torch_load.h"
+#include "fulgor/interop/torch_save.h"
 #include "support/fitted.h"
 
 namespace fulgor::testing {
@@ -78,7 +81,8 @@ TEST(ShardedCheckpoint, FolderHoldsTheStateDictsInPyTorchsLayout) {
   const auto group = adam.at("param_groups").toList().get(0).toGenericDict();
   EXPECT_DOUBLE_EQ(group.at("lr").toDouble(), 0.01 * 0.7 * 0.7);
   std::vector<std::string> params;
-  for (const c10::IValue& name : group.at("params").toListRef()) params.push_back(name.toStringRef());
+  const c10::IValue saved_params = group.at("params");
+  for (const c10::IValue& name : saved_params.toListRef()) params.push_back(name.toStringRef());
   EXPECT_EQ(params, (std::vector<std::string>{"l1.weight", "l1.bias", "l2.weight", "l2.bias"}));
   EXPECT_EQ(state.at("fulgor").toGenericDict().at("archive").toTensor().scalar_type(), torch::kUInt8);
 }
@@ -118,6 +122,56 @@ TEST(ShardedCheckpoint, ModelCheckpointKeepsDisplacesAndFindsFolders) {
     EXPECT_EQ(resumed->training_steps, 4) << "async " << async;
     EXPECT_EQ(trainer.global_step(), 10);
   }
+}
+
+// `optimizer_state` (torch.optim's, by numbers) by the parameters' `names`,
+// as FSDP's optim_state_dict keys it.
+c10::IValue by_names(const c10::IValue& optimizer_state, const std::vector<std::string>& names) {
+  c10::impl::GenericDict dict = optimizer_state.toGenericDict().copy();
+  c10::impl::GenericDict state(c10::StringType::get(), c10::AnyType::get());
+  for (const auto& item : dict.at("state").toGenericDict()) state.insert(names.at(item.key().toInt()), item.value());
+  dict.insert_or_assign("state", state);
+  c10::impl::GenericList groups(c10::AnyType::get());
+  const c10::IValue saved_groups = dict.at("param_groups");
+  for (const c10::IValue& g : saved_groups.toListRef()) {
+    c10::impl::GenericDict group = g.toGenericDict().copy();
+    c10::impl::GenericList params(c10::AnyType::get());
+    const c10::IValue ids = group.at("params");
+    for (const c10::IValue& id : ids.toListRef()) params.push_back(names.at(id.toInt()));
+    group.insert_or_assign("params", params);
+    groups.push_back(group);
+  }
+  dict.insert_or_assign("param_groups", groups);
+  return dict;
+}
+
+// Note [Optimizer states by parameter names]: a Lightning .ckpt whose
+// optimizer state names the parameters (as its FSDP strategy writes it)
+// resumes as the same .ckpt by torch.optim's numbers.
+TEST(ShardedCheckpoint, ResumesALightningCheckpointWhoseOptimizerStateIsByNames) {
+  TempDir dir;
+  auto train = sequential_loader(16, 8);
+  const fs::path fulgor_file = dir.path / "two.ckpt", numbered = dir.path / "numbered.ckpt",
+                 named = dir.path / "named.ckpt";
+  auto trained = stateful_model();
+  Trainer trainer(resumable(dir, 2));
+  trainer.fit(*trained, train);
+  trainer.save_checkpoint(fulgor_file.string());
+  export_lightning_checkpoint(*stateful_model(), fulgor_file, numbered);
+  c10::impl::GenericDict checkpoint = torch_load(numbered).toGenericDict().copy();
+  c10::impl::GenericList optimizers = checkpoint.at("optimizer_states").toList().copy();
+  optimizers.set(0, by_names(optimizers.get(0), {"l1.weight", "l1.bias", "l2.weight", "l2.bias"}));
+  checkpoint.insert_or_assign("optimizer_states", optimizers);
+  torch_save(checkpoint, named);
+
+  std::vector<std::unique_ptr<TinyNet>> resumed;
+  for (const fs::path& file : {numbered, named}) {
+    resumed.push_back(stateful_model());
+    torch::manual_seed(7);
+    Trainer(resumable(dir, 3)).fit(*resumed.back(), train, {.ckpt_path = file.string()});
+  }
+  EXPECT_TRUE(same_parameters(*resumed[0], *resumed[1]));
+  EXPECT_FALSE(same_parameters(*resumed[0], *trained)) << "the resumed fits trained";
 }
 
 bool says(const std::string& message, const std::string& part) { return message.find(part) != std::string::npos; }
