@@ -18,7 +18,7 @@ BackgroundWriter::~BackgroundWriter() {
 
 void BackgroundWriter::start(std::string path, torch::serialize::OutputArchive archive,
                              std::vector<torch::Tensor> owned, bool write, std::function<void()> on_written) {
-  if (!write) return start(std::move(path), [] {}, std::move(on_written));
+  if (!write) return start(std::move(path), nullptr, std::move(on_written));
   // Held by a pointer: LibTorch's OutputArchive copies only from a non-const
   // reference, which clang refuses in the copy constructor std::function
   // declares for a lambda holding it.
@@ -33,6 +33,10 @@ void BackgroundWriter::start(std::string path, std::function<void()> write, std:
   on_written_ = std::move(on_written);
   error_.clear();
   pending_ = true;
+  if (!write) {  // a rank that writes nothing
+    ended_.store(true, std::memory_order_release);
+    return;
+  }
   ended_.store(false, std::memory_order_relaxed);
   thread_ = std::thread([this, write = std::move(write)]() mutable {
     try {

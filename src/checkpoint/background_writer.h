@@ -40,7 +40,8 @@ class BackgroundWriter {
   void start(std::string path, torch::serialize::OutputArchive archive, std::vector<torch::Tensor> owned, bool write,
              std::function<void()> on_written);
   // Starts `write`, which saves the checkpoint at `path` and throws
-  // CheckpointError when it cannot, and frees what it holds once it ended.
+  // CheckpointError when it cannot, and frees what it holds once it ended;
+  // an empty `write` writes nothing (the ranks that do not write).
   void start(std::string path, std::function<void()> write, std::function<void()> on_written);
   // Whether a write was started and not yet finished.
   bool pending() const { return pending_; }

@@ -191,20 +191,12 @@ void write_fabric_folder(const std::string& path, const FabricState& state, cons
       throw ConfigError("fabric state name 'fulgor' is the sharded checkpoint's own entry: name the item otherwise");
     if (item.kind() == FabricStateItem::Kind::module) detail::add_module_entries(entries, name, *item.module(), shards);
     if (item.kind() != FabricStateItem::Kind::optimizer) continue;
-    if (!detail::saves_sharded(*item.optimizer()))
-      throw ConfigError(fmt::format(
-          "state_dict_type=\"sharded\" saves an optimizer's state in torch.optim's layout, which fulgor writes for "
-          "SGD, Adam and AdamW; '{}' is none of them: use state_dict_type=\"full\"",
-          name));
+    detail::require_saves_sharded(*item.optimizer(), "'" + name + "'");
     detail::add_optimizer_entries(entries, name, *item.optimizer(), shards, names);
   }
   torch::serialize::OutputArchive rest = fabric_archive(state, /*weights=*/false);
   if (rank_zero) detail::add_archive_entry(entries, rest);
-  try {
-    save_distributed_checkpoint(entries, path, group);
-  } catch (const InteropError& e) {
-    throw CheckpointError(e.what());
-  }
+  save_distributed_checkpoint(entries, path, group);
 }
 
 // Runs `body` with each of `sharded` (an optimizer and the shards it steps)

@@ -5,7 +5,6 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
-#include <cstring>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -145,19 +144,26 @@ void add_optimizer_entries(DistributedStateDict& state, const std::string& key,
 }
 
 void add_archive_entry(DistributedStateDict& state, torch::serialize::OutputArchive& archive) {
-  std::string bytes;
+  // The tensor keeps the serialized bytes alive rather than copying them
+  // (callbacks' tensors can be as large as the model).
+  auto bytes = std::make_shared<std::string>();
   archive.save_to([&](const void* data, size_t size) {
-    bytes.append(static_cast<const char*>(data), size);
+    bytes->append(static_cast<const char*>(data), size);
     return size;
   });
-  torch::Tensor tensor = torch::empty({static_cast<int64_t>(bytes.size())}, torch::kUInt8);
-  std::memcpy(tensor.data_ptr<uint8_t>(), bytes.data(), bytes.size());
+  torch::Tensor tensor = torch::from_blob(
+      bytes->data(), {static_cast<int64_t>(bytes->size())}, [bytes](void*) {}, torch::kUInt8);
   state.push_back(DistributedCheckpointEntry{{std::string("fulgor"), std::string("archive")}, tensor, std::nullopt});
 }
 
-bool saves_sharded(const torch::optim::Optimizer& optimizer) {
-  return dynamic_cast<const torch::optim::SGD*>(&optimizer) || dynamic_cast<const torch::optim::Adam*>(&optimizer) ||
-         dynamic_cast<const torch::optim::AdamW*>(&optimizer);
+void require_saves_sharded(const torch::optim::Optimizer& optimizer, const std::string& which) {
+  if (dynamic_cast<const torch::optim::SGD*>(&optimizer) || dynamic_cast<const torch::optim::Adam*>(&optimizer) ||
+      dynamic_cast<const torch::optim::AdamW*>(&optimizer))
+    return;
+  throw ConfigError(fmt::format(
+      "state_dict_type=\"sharded\" saves the optimizers' states in torch.optim's layout, which fulgor writes for "
+      "SGD, Adam and AdamW; {} is none of them: use state_dict_type=\"full\"",
+      which));
 }
 
 std::shared_ptr<torch::serialize::InputArchive> read_archive_entry(const std::string& folder) {

@@ -65,9 +65,10 @@ void add_optimizer_entries(DistributedStateDict& state, const std::string& key,
 // Adds `archive` (the rest of a checkpoint) as "fulgor"/"archive".
 void add_archive_entry(DistributedStateDict& state, torch::serialize::OutputArchive& archive);
 
-// Whether `optimizer`'s state can be saved in a sharded checkpoint (SGD,
-// Adam, AdamW and fulgor's: export_optimizer_state's kinds).
-bool saves_sharded(const torch::optim::Optimizer& optimizer);
+// Throws ConfigError naming `which` (an optimizer, in words) unless its
+// state can be saved in a sharded checkpoint (SGD, Adam, AdamW and
+// fulgor's: export_optimizer_state's kinds).
+void require_saves_sharded(const torch::optim::Optimizer& optimizer, const std::string& which);
 
 // The archive a sharded checkpoint's folder holds as "fulgor"/"archive",
 // null when it holds none; throws CheckpointError naming `folder` when it is

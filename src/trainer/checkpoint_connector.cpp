@@ -358,26 +358,8 @@ bool CheckpointConnector::prepare_to_write(const std::string& path) {
 void CheckpointConnector::check_sharded_saves() const {
   if (s.options.state_dict_type != "sharded") return;
   for (size_t i = 0; i < s.optim.optimizers.size(); ++i)
-    if (!saves_sharded(*s.optim.optimizers[i]))
-      throw ConfigError(fmt::format(
-          "state_dict_type=\"sharded\" saves the optimizers' states in torch.optim's layout, which fulgor writes for "
-          "SGD, Adam and AdamW; optimizer {} from configure_optimizers is none of them: use state_dict_type=\"full\"",
-          i));
+    require_saves_sharded(*s.optim.optimizers[i], fmt::format("optimizer {} from configure_optimizers", i));
 }
-
-namespace {
-
-// Saves `state` into the folder `path` (save_distributed_checkpoint), its
-// errors CheckpointErrors.
-void write_sharded(const DistributedStateDict& state, const std::string& path, ProcessGroup* group) {
-  try {
-    save_distributed_checkpoint(state, path, group);
-  } catch (const InteropError& e) {
-    throw CheckpointError(e.what());
-  }
-}
-
-}  // namespace
 
 // Note [Sharded training checkpoints] (src/interop/sharded_checkpoint.h):
 // every rank gives its part, rank 0 also `rest`, the archive of the rest of
@@ -416,7 +398,7 @@ DistributedStateDict CheckpointConnector::sharded_state(torch::serialize::Output
 void CheckpointConnector::save_sharded(const std::string& path) {
   torch::serialize::OutputArchive rest = archive(/*snapshot=*/nullptr, /*weights=*/false);
   CheckpointWeights swapped(s);  // Note [Weights a checkpoint holds]
-  write_sharded(sharded_state(rest, /*snapshot=*/false), path, s.ddp ? &s.ddp->group() : nullptr);
+  save_distributed_checkpoint(sharded_state(rest, /*snapshot=*/false), path, s.ddp ? &s.ddp->group() : nullptr);
 }
 
 // Note [Asynchronous checkpoints]: the entries copied, the distributed save
@@ -430,7 +412,8 @@ void CheckpointConnector::save_sharded_async(const std::string& path, std::funct
   }
   ProcessGroup* group = s.ddp ? &s.ddp->checkpoint_group() : nullptr;
   writer_.start(
-      path, [state = std::move(state), path, group] { write_sharded(state, path, group); }, std::move(on_written));
+      path, [state = std::move(state), path, group] { save_distributed_checkpoint(state, path, group); },
+      std::move(on_written));
 }
 
 void CheckpointConnector::save(const std::string& path) {
