@@ -159,16 +159,15 @@ Configuration read_configuration(const char* text, const std::string& folder) {
   if (config.contains("strategy")) result.strategy = value_at<std::string>(config, "strategy", where, "");
   if (config.contains("sharding_strategy"))
     result.sharding_strategy = value_at<std::string>(config, "sharding_strategy", where, "");
-  // A TorchScript model holds no fulgor::Sharded unit for FULL_SHARD to
-  // shard. Fabric checks the names.
+  // A TorchScript model holds no fulgor::Sharded unit for FULL_SHARD or
+  // HYBRID_SHARD to shard. Fabric checks the names.
   std::string sharding = result.sharding_strategy.value_or("FULL_SHARD");
   std::transform(sharding.begin(), sharding.end(), sharding.begin(), [](unsigned char c) { return std::toupper(c); });
-  if (result.strategy == "fsdp" && sharding == "FULL_SHARD")
+  if (result.strategy == "fsdp" && (sharding == "FULL_SHARD" || sharding == "HYBRID_SHARD"))
     fail(FULGOR_ERROR_CONFIG,
          fmt::format("{}: strategy \"fsdp\" takes sharding_strategy \"SHARD_GRAD_OP\" or \"NO_SHARD\" here; "
-                     "FULL_SHARD (Lightning's default) shards the parameters of fulgor::Sharded units, which a "
-                     "TorchScript model has none of",
-                     where));
+                     "{} shards the parameters of fulgor::Sharded units, which a TorchScript model has none of",
+                     where, sharding == "FULL_SHARD" ? "FULL_SHARD (Lightning's default)" : "HYBRID_SHARD"));
   if (config.contains("zero_redundancy_optimizer"))
     result.zero_redundancy_optimizer = value_at<bool>(config, "zero_redundancy_optimizer", where, false);
   if (config.contains("state_dict_type"))

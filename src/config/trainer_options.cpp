@@ -436,11 +436,6 @@ std::string sharding_strategy_name(std::string name) {
   static const std::vector<std::string> known = {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"};
   if (std::find(known.begin(), known.end(), name) == known.end())
     throw ConfigError(fmt::format("unknown sharding_strategy '{}'; known: {}", name, fmt::join(known, ", ")));
-  if (name == "HYBRID_SHARD")
-    throw ConfigError(
-        "sharding_strategy=HYBRID_SHARD (shard within each node, replicate across nodes) is not supported: use "
-        "FULL_SHARD (the parameters of the fulgor::Sharded units sharded too, ZeRO-3), SHARD_GRAD_OP (gradients "
-        "and optimizer state sharded, ZeRO-2) or NO_SHARD (ddp)");
   return name;
 }
 

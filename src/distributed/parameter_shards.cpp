@@ -118,8 +118,8 @@ bool owns_storage(const torch::Tensor& param) {
 }  // namespace
 
 ParameterShards::ParameterShards(ProcessGroup group, torch::nn::Module& module, bool gradients_reduced,
-                                 bool shard_units)
-    : group_(std::move(group)), gradients_reduced_(gradients_reduced) {
+                                 bool shard_units, std::optional<ProcessGroup> replicas)
+    : group_(std::move(group)), replicas_(std::move(replicas)), gradients_reduced_(gradients_reduced) {
   torch::NoGradGuard no_grad;
   const int64_t n = group_.size();
   for (const auto& p : module.parameters())
@@ -145,7 +145,12 @@ ParameterShards::ParameterShards(ProcessGroup group, torch::nn::Module& module, 
         group_.rank(), pieces_.size(), shape[1].item<int64_t>(), units_.size(), smallest[0].item<int64_t>(),
         largest[0].item<int64_t>(), smallest[1].item<int64_t>(), largest[1].item<int64_t>(),
         smallest[2].item<int64_t>(), largest[2].item<int64_t>()));
-  if (!gradients_reduced_) group_.broadcast_module(module);  // else the GradientSynchronizer did
+  if (!gradients_reduced_) {  // else the GradientSynchronizer did
+    // From rank 0 to its node, then from each of its node's ranks to its
+    // replicas: every rank has rank 0's.
+    group_.broadcast_module(module);
+    if (replicas_) replicas_->broadcast_module(module);
+  }
   for (size_t i = 0; i < pieces_.size(); ++i) {
     Piece& piece = pieces_[i];
     piece.shard = own_piece(piece, piece.param).clone().set_requires_grad(true);
@@ -192,6 +197,7 @@ void ParameterShards::find_units(torch::nn::Module& module) {
       }
       units_.emplace_back();
       units_.back().module = unit;
+      units_.back().reshard_after_forward = unit->options().reshard_after_forward;
       units_.back().handle = std::make_shared<UnitSharding>(this, units_.size() - 1);
     }
   for (Piece& piece : pieces_)
@@ -306,7 +312,8 @@ void ParameterShards::reduce_bucket(const Bucket& bucket, std::vector<char>& had
   }
   const torch::Tensor& first = pieces_[bucket.pieces.front()].param;
   columns.push_back(flags.to(first.options()).expand({n, k}));
-  const torch::Tensor mine = group_.reduce_scatter(torch::cat(columns, 1).reshape({-1}), ReduceOp::mean);
+  torch::Tensor mine = group_.reduce_scatter(torch::cat(columns, 1).reshape({-1}), ReduceOp::mean);
+  if (replicas_) replicas_->all_reduce(mine, ReduceOp::mean);
   const torch::Tensor any = mine.narrow(0, bucket.row, k).to(torch::kFloat64).cpu();
   for (int64_t j = 0; j < k; ++j) {
     const size_t i = bucket.pieces[static_cast<size_t>(j)];
@@ -319,6 +326,7 @@ void ParameterShards::reduce_bucket(const Bucket& bucket, std::vector<char>& had
 // collective, copy-out (each parameter from its pieces of every rank). With
 // `to_rank_zero` a gather to rank 0 alone, the others copying nothing out.
 void ParameterShards::gather_bucket(const Bucket& bucket, bool to_rank_zero) {
+  if (to_rank_zero && !first_replica()) return;
   std::vector<torch::Tensor> row;
   for (size_t i : bucket.pieces) row.push_back(pieces_[i].shard.detach());
   const torch::Tensor mine = torch::cat(row);
@@ -342,7 +350,7 @@ void ParameterShards::gather_parameters() {
 void ParameterShards::gather_unit(size_t unit, bool to_rank_zero) {
   if (units_[unit].gathered) return;
   torch::NoGradGuard no_grad;
-  const bool receives = !to_rank_zero || group_.rank() == 0;
+  const bool receives = !to_rank_zero || (group_.rank() == 0 && first_replica());
   for (size_t b : units_[unit].buckets) {
     if (receives)
       for (size_t i : buckets_[b].pieces) allocate_storage(pieces_[i].param);
@@ -455,7 +463,7 @@ void ParameterShards::with_whole_state(torch::optim::Optimizer& optimizer, const
     // Rank 0 writes the checkpoint; the others hold no whole state.
     auto whole = converted(*it->second, [&](const torch::Tensor& t) {
       if (t.dim() != 1 || t.size(0) != piece.size) return t;
-      const auto parts = group_.gather(t, 0);
+      const auto parts = first_replica() ? group_.gather(t, 0) : std::vector<torch::Tensor>{};
       if (parts.empty()) return torch::empty({0}, t.options());
       return torch::cat(parts).narrow(0, 0, piece.numel).view(piece.param.sizes());
     });
@@ -519,7 +527,9 @@ void UnitSharding::forward_begins() {
 }
 
 void UnitSharding::forward_ends(bool routed) {
-  if (routed || !torch::GradMode::is_enabled()) shards().release_unit(unit_);
+  ParameterShards& shards = this->shards();
+  if (!torch::GradMode::is_enabled() || (routed && shards.units_[unit_].reshard_after_forward))
+    shards.release_unit(unit_);
 }
 
 void UnitSharding::backward_begins() { shards().gather_unit(unit_); }

@@ -57,7 +57,21 @@ namespace fulgor::detail {
 //     parameters outside any unit, as under SHARD_GRAD_OP.
 // Parameters outside every unit stay whole, as under SHARD_GRAD_OP. The
 // copy into a gathered parameter does not move its version counter, which
-// autograd checks its saved tensors against.
+// autograd checks its saved tensors against. A unit made with
+// reshard_after_forward false keeps its parameters gathered from its forward
+// to the end of its backward (FSDP2's option of that name): one all-gather
+// a step instead of two, for the memory of the unit's parameters.
+//
+// Note [Replicated shards]
+// Under HYBRID_SHARD the pieces are cut among the ranks of one node (the
+// group), and every node holds the same pieces: each reduced piece of a
+// gradient, the mean over the node's ranks, is averaged again over the
+// ranks that hold the same piece on the other nodes (the replicas), which
+// makes it the mean over all ranks, as FSDP1's HYBRID_SHARD reduces. The
+// collectives of a step run within the node but for that one all_reduce per
+// bucket. The first node alone gathers what rank 0 writes (a full
+// checkpoint); every node offers its pieces to a sharded one, whose plan
+// has one rank write each (Note [Saving a distributed checkpoint]).
 class ParameterShards {
  public:
   /// A collective. `gradients_reduced`: the module's gradients arrive
@@ -66,7 +80,12 @@ class ParameterShards {
   /// `shard_units`: the parameters of the module's fulgor::Sharded units are
   /// released and gathered only for their passes (Note [Fully sharded
   /// units]); throws ConfigError for a parameter that shares its storage.
-  ParameterShards(ProcessGroup group, torch::nn::Module& module, bool gradients_reduced, bool shard_units = false);
+  /// `replicas` (HYBRID_SHARD, Note [Replicated shards]): the ranks that hold
+  /// the same pieces as this one, among which the reduced gradients are
+  /// averaged again; `group` is then the ranks among which the pieces are
+  /// cut.
+  ParameterShards(ProcessGroup group, torch::nn::Module& module, bool gradients_reduced, bool shard_units = false,
+                  std::optional<ProcessGroup> replicas = std::nullopt);
   ~ParameterShards();
   ParameterShards(const ParameterShards&) = delete;
   ParameterShards& operator=(const ParameterShards&) = delete;
@@ -155,6 +174,7 @@ class ParameterShards {
     std::weak_ptr<ShardedUnit> module;
     std::shared_ptr<UnitSharding> handle;
     std::vector<size_t> buckets;
+    bool reshard_after_forward = true;
     bool gathered = true, reduced = false;
     int64_t forwards = 0, backwards = 0;  // passes since the last reduction
   };
@@ -172,7 +192,12 @@ class ParameterShards {
   void swap_in(torch::optim::Optimizer& optimizer, bool shards);
   int64_t shards_version() const;
 
+  // Whether this rank's node is the first of the ranks holding its pieces
+  // (always, but under HYBRID_SHARD).
+  bool first_replica() const { return !replicas_ || replicas_->rank() == 0; }
+
   ProcessGroup group_;
+  std::optional<ProcessGroup> replicas_;
   bool gradients_reduced_;
   bool synchronizing_ = true;
   std::vector<Piece> pieces_;

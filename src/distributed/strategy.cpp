@@ -93,19 +93,62 @@ Sharding sharding_of(const std::string& strategy, const std::string& sharding_st
   if (strategy != "fsdp") return Sharding::none;
   const std::string name = sharding_strategy_name(sharding_strategy);
   if (name == "NO_SHARD") return Sharding::none;
+  if (name == "HYBRID_SHARD") return Sharding::parameters_within_nodes;
   return name == "FULL_SHARD" ? Sharding::parameters : Sharding::gradients;
 }
 
-DataParallelModule attach_data_parallel(ProcessGroup& group, torch::nn::Module& module, Sharding sharding) {
+namespace {
+
+// HYBRID_SHARD's groups, FSDP's intra- and inter-node groups: this node's
+// ranks, over which the parameters are sharded, and this rank's peers at the
+// same place on the other nodes, over which the pieces are replicated (none
+// in a job of one node). Nodes hold consecutive ranks, as torchrun and
+// SLURM's default block distribution number them; the ranks check that
+// together, so that all of them fail or none. Every rank makes every group,
+// in the same order (new_group is a collective).
+std::pair<ProcessGroup, std::optional<ProcessGroup>> node_groups(ProcessGroup& world,
+                                                                 const DistributedEnvironment& env) {
+  const int64_t per_node = env.local_world_size, nodes = world.size() / per_node;
+  const bool consecutive = world.size() % per_node == 0 && env.rank == env.node_rank * per_node + env.local_rank;
+  if (world.all_reduce(consecutive ? 0.0 : 1.0, ReduceOp::max) > 0)
+    throw DistributedError(
+        fmt::format("sharding_strategy HYBRID_SHARD shards over each node's ranks, which must be consecutive "
+                    "(node n holding ranks n * {0} to n * {0} + {1}, as torchrun and srun's block distribution "
+                    "number them), but some rank is not: this one is rank {2} of {3}, local rank {4} on node {5}",
+                    per_node, per_node - 1, env.rank, world.size(), env.local_rank, env.node_rank));
+  if (nodes == 1) return {world, std::nullopt};
+  std::optional<ProcessGroup> node, peers;
+  for (int64_t n = 0; n < nodes; ++n) {
+    std::vector<int64_t> ranks(static_cast<size_t>(per_node));
+    std::iota(ranks.begin(), ranks.end(), n * per_node);
+    if (auto group = world.new_group(ranks)) node = std::move(group);
+  }
+  for (int64_t local = 0; local < per_node; ++local) {
+    std::vector<int64_t> ranks;
+    for (int64_t n = 0; n < nodes; ++n) ranks.push_back(n * per_node + local);
+    if (auto group = world.new_group(ranks)) peers = std::move(group);
+  }
+  return {std::move(*node), std::move(peers)};
+}
+
+}  // namespace
+
+DataParallelModule attach_data_parallel(ProcessGroup& group, torch::nn::Module& module, Sharding sharding,
+                                        const DistributedEnvironment& environment) {
   DataParallelModule attached;
   // Where the gradients are sharded they are reduce-scattered after
   // backward (or after each unit's backward), not all_reduced during it.
   if (sharding == Sharding::none || sharding == Sharding::optimizer_state)
     attached.synchronizer = std::make_unique<GradientSynchronizer>(group, module);
-  if (sharding != Sharding::none)
+  if (sharding == Sharding::parameters_within_nodes) {
+    auto [node, peers] = node_groups(group, environment);
+    attached.shards = std::make_unique<ParameterShards>(std::move(node), module, /*gradients_reduced=*/false,
+                                                        /*shard_units=*/true, std::move(peers));
+  } else if (sharding != Sharding::none) {
     attached.shards = std::make_unique<ParameterShards>(group, module,
                                                         /*gradients_reduced=*/attached.synchronizer != nullptr,
                                                         /*shard_units=*/sharding == Sharding::parameters);
+  }
   return attached;
 }
 
@@ -128,7 +171,7 @@ void DdpStrategy::attach(torch::nn::Module& module) {
   synchronizer_.reset();
   shards_.reset();
   module_ = &module;
-  DataParallelModule attached = attach_data_parallel(group_, module, sharding_);
+  DataParallelModule attached = attach_data_parallel(group_, module, sharding_, environment_);
   synchronizer_ = std::move(attached.synchronizer);
   shards_ = std::move(attached.shards);
 }

@@ -37,6 +37,8 @@ static void check_configuration_errors(const char* path) {
               "out of range");
   CHECK_ERROR(fulgor_model_create(path, "{\"strategy\": \"deepspeed\"}", &model), FULGOR_ERROR_CONFIG, "deepspeed");
   CHECK_ERROR(fulgor_model_create(path, "{\"strategy\": \"fsdp\"}", &model), FULGOR_ERROR_CONFIG, "FULL_SHARD");
+  CHECK_ERROR(fulgor_model_create(path, "{\"strategy\": \"fsdp\", \"sharding_strategy\": \"hybrid_shard\"}", &model),
+              FULGOR_ERROR_CONFIG, "HYBRID_SHARD shards the parameters of fulgor::Sharded units");
   CHECK_ERROR(fulgor_model_create(path, "{\"zero_redundancy_optimizer\": \"yes\"}", &model), FULGOR_ERROR_CONFIG,
               "key 'zero_redundancy_optimizer' is \"yes\" (string); expected true or false");
   CHECK_ERROR(fulgor_model_create(path, "{\"ddp_timeout\": 0}", &model), FULGOR_ERROR_CONFIG,

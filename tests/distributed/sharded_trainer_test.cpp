@@ -52,21 +52,19 @@ std::vector<std::string> two_rank_variants() {
           "zero1_dcp_adam_resumed",
           "shard_grad_op_dcp_sgd_resumed",
           "full_shard_dcp_adam_resumed",
-          "full_shard_dcp_sgd_resumed"};
+          "full_shard_dcp_sgd_resumed",
+          "full_shard_keep_adam"};
 }
 
-std::map<std::string, torch::Tensor> run_ranks(int ranks, const TempDir& dir, const std::vector<std::string>& variants,
-                                               std::string& failure) {
-  std::vector<std::string> argv = {FULGOR_RUN_PATH, "--nproc-per-node", std::to_string(ranks), "--",
-                                   FULGOR_SHARDED_WORKER, dir.str()};
-  argv.insert(argv.end(), variants.begin(), variants.end());
-  Child launcher(argv, {}, dir / "log");
-  const auto status = launcher.wait(std::chrono::seconds(300));
+// 2 nodes of 2 ranks: the 4-rank job's data and world size.
+std::vector<std::string> hybrid_variants() {
+  return {"hybrid_shard_adam", "hybrid_shard_sgd", "hybrid_shard_adam_resumed", "hybrid_shard_dcp_sgd_resumed"};
+}
+
+// The variants' parameters on every rank, read from the files the ranks wrote.
+std::map<std::string, torch::Tensor> read_ranks(int ranks, const TempDir& dir,
+                                                const std::vector<std::string>& variants) {
   std::map<std::string, torch::Tensor> params;
-  if (!exited_with(status, 0)) {
-    failure = launcher.log();
-    return params;
-  }
   for (int rank = 0; rank < ranks; ++rank) {
     torch::serialize::InputArchive archive;
     archive.load_from(dir / ("params_rank" + std::to_string(rank) + ".pt"));
@@ -76,6 +74,32 @@ std::map<std::string, torch::Tensor> run_ranks(int ranks, const TempDir& dir, co
     }
   }
   return params;
+}
+
+std::map<std::string, torch::Tensor> run_ranks(int ranks, const TempDir& dir, const std::vector<std::string>& variants,
+                                               std::string& failure) {
+  std::vector<std::string> argv = {FULGOR_RUN_PATH,       "--nproc-per-node", std::to_string(ranks), "--",
+                                   FULGOR_SHARDED_WORKER, dir.str()};
+  argv.insert(argv.end(), variants.begin(), variants.end());
+  Child launcher(argv, {}, dir / "log");
+  const auto status = launcher.wait(std::chrono::seconds(300));
+  if (!exited_with(status, 0)) {
+    failure = launcher.log();
+    return {};
+  }
+  return read_ranks(ranks, dir, variants);
+}
+
+// A job of 2 nodes of 2 ranks on loopback; its ranks' logs where one failed.
+std::map<std::string, torch::Tensor> run_nodes(const TempDir& dir, const std::vector<std::string>& variants,
+                                               std::string& failure) {
+  std::vector<std::string> argv = {FULGOR_SHARDED_WORKER, dir.str()};
+  argv.insert(argv.end(), variants.begin(), variants.end());
+  auto ranks = start_nodes(argv, dir.str(), 2, 2);
+  for (auto& rank : ranks)
+    if (!exited_with(rank->wait(std::chrono::seconds(300)), 0)) failure += rank->log();
+  if (!failure.empty()) return {};
+  return read_ranks(4, dir, variants);
 }
 
 ::testing::AssertionResult close(const torch::Tensor& actual, const torch::Tensor& expected) {
@@ -91,6 +115,7 @@ class ShardedTrainer : public ::testing::Test {
   static void SetUpTestSuite() {
     two_ = std::make_unique<TempDir>();
     four_ = std::make_unique<TempDir>();
+    nodes_ = std::make_unique<TempDir>();
     params_ = run_ranks(2, *two_, two_rank_variants(), failure_);
     if (!failure_.empty()) return;
     const std::string mid = *two_ / "mid_shard_grad_op_adam_resumed.ckpt";
@@ -102,16 +127,18 @@ class ShardedTrainer : public ::testing::Test {
                    "full_shard_adam_from=" + full_mid, "full_shard_dcp_adam_from=" + folder_mid},
                   failure_);
     for (auto& [name, value] : four) params_["4:" + name] = value;
+    for (auto& [name, value] : run_nodes(*nodes_, hybrid_variants(), failure_)) params_["2x2:" + name] = value;
   }
   static void TearDownTestSuite() {
     two_.reset();
     four_.reset();
+    nodes_.reset();
   }
   void SetUp() override { ASSERT_TRUE(failure_.empty()) << failure_; }
 
   static torch::Tensor at(const std::string& name) { return params_.at(name); }
 
-  static inline std::unique_ptr<TempDir> two_, four_;
+  static inline std::unique_ptr<TempDir> two_, four_, nodes_;
   static inline std::map<std::string, torch::Tensor> params_;
   static inline std::string failure_;
 };
@@ -125,6 +152,27 @@ TEST_F(ShardedTrainer, EveryRankEndsWithTheSameParameters) {
                            "full_shard_adam_from", "full_shard_dcp_adam_from"})
     for (const char* rank : {"@1", "@2", "@3"})
       EXPECT_TRUE(torch::equal(at(std::string("4:") + name + "@0"), at(std::string("4:") + name + rank))) << name;
+  for (const std::string& variant : hybrid_variants())
+    for (const char* rank : {"@1", "@2", "@3"})
+      EXPECT_TRUE(torch::equal(at("2x2:" + variant + "@0"), at("2x2:" + variant + rank))) << variant;
+}
+
+// HYBRID_SHARD (Note [Replicated shards]) on 2 nodes of 2 ranks: the mean of
+// the nodes' means is the 4 ranks' mean, so the fit is ddp's on 4 ranks; its
+// resumes, from a checkpoint file and from a folder, end bit-equal.
+TEST_F(ShardedTrainer, HybridShardOnTwoNodesEndsWithDdpsParameters) {
+  EXPECT_TRUE(close(at("2x2:hybrid_shard_adam@0"), at("4:ddp_adam@0")));
+  // The four ranks' batches together are the two ranks' (make_loader).
+  EXPECT_TRUE(close(at("2x2:hybrid_shard_sgd@0"), at("ddp_sgd@0")));
+  EXPECT_TRUE(torch::equal(at("2x2:hybrid_shard_adam_resumed@0"), at("2x2:hybrid_shard_adam@0")));
+  EXPECT_TRUE(torch::equal(at("2x2:hybrid_shard_dcp_sgd_resumed@0"), at("2x2:hybrid_shard_sgd@0")));
+}
+
+// Units that keep their parameters from forward to backward compute with
+// the same values: the fit is FULL_SHARD's, bit for bit (the worker checks
+// that they were kept, and released between steps).
+TEST_F(ShardedTrainer, ReshardAfterForwardFalseChangesNoValue) {
+  EXPECT_TRUE(torch::equal(at("full_shard_keep_adam@0"), at("full_shard_adam@0")));
 }
 
 TEST_F(ShardedTrainer, EndsWithDdpsParametersOnTwoRanks) {
@@ -239,14 +287,25 @@ std::string fit_error(const fulgor::TrainerOptions& options) {
   return "";
 }
 
+// srun's cyclic distribution puts ranks 0 and 2 on node 0: no node holds
+// consecutive ranks, which every rank says, none waiting on the others.
+TEST(ShardedNodes, HybridShardRefusesNodesOfScatteredRanks) {
+  TempDir dir;
+  auto ranks = start_nodes({FULGOR_SHARDED_WORKER, dir.str(), "hybrid_shard_sgd"}, dir.str(), 2, 2, /*cyclic=*/true);
+  for (auto& rank : ranks) {
+    EXPECT_TRUE(exited_with(rank->wait(std::chrono::seconds(120)), 3)) << rank->log();
+    EXPECT_NE(rank->log().find("sharding_strategy HYBRID_SHARD shards over each node's ranks, which must be "
+                               "consecutive (node n holding ranks n * 2 to n * 2 + 1"),
+              std::string::npos)
+        << rank->log();
+  }
+}
+
 TEST(ShardedOptions, SayWhatIsRefusedAndWhatIsAccepted) {
   auto o = one_process("fsdp");
   EXPECT_EQ(fit_error(o), "");  // FULL_SHARD, Lightning's default
-  o.sharding_strategy = "hybrid_shard";
-  EXPECT_NE(fit_error(o).find("sharding_strategy=HYBRID_SHARD (shard within each node, replicate across nodes) is "
-                              "not supported: use FULL_SHARD"),
-            std::string::npos)
-      << fit_error(o);
+  o.sharding_strategy = "hybrid_shard";  // one node: FULL_SHARD
+  EXPECT_EQ(fit_error(o), "");
   o.sharding_strategy = "zero3";
   EXPECT_NE(fit_error(o).find("unknown sharding_strategy 'ZERO3'; known: FULL_SHARD, SHARD_GRAD_OP, NO_SHARD"),
             std::string::npos)

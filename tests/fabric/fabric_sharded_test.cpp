@@ -42,7 +42,7 @@ TEST(FabricSharded, LoopsEndAsUnderDdpAndResumeExactly) {
       const torch::Tensor sharded = parameters_of(dir, rank, variant);
       EXPECT_LE((sharded - ddp).abs().max().item<double>(), 1e-12 * scale) << variant << ", rank " << rank;
       // From a checkpoint file, and from a sharded checkpoint's folder.
-      for (const std::string resumed_variant : {variant + "_resumed", variant + "_dcp_resumed"}) {
+      for (const std::string& resumed_variant : {variant + "_resumed", variant + "_dcp_resumed"}) {
         const torch::Tensor resumed = parameters_of(dir, rank, resumed_variant);
         EXPECT_TRUE(torch::equal(resumed, sharded)) << resumed_variant << ", rank " << rank << ": max difference "
                                                     << (resumed - sharded).abs().max().item<double>();
@@ -52,6 +52,24 @@ TEST(FabricSharded, LoopsEndAsUnderDdpAndResumeExactly) {
       const torch::Tensor ddp_twice = parameters_of(dir, rank, "ddp_twice");
       EXPECT_LE((twice - ddp_twice).abs().max().item<double>(), 1e-12 * scale) << variant << "_twice, rank " << rank;
     }
+  }
+}
+
+// HYBRID_SHARD on 2 nodes of one rank: each node's one rank holds whole
+// pieces, its replica on the other node the same (Note [Replicated shards]),
+// and their gradients are averaged as ddp's; it resumes exactly.
+TEST(FabricSharded, HybridShardOnTwoNodesEndsAsUnderDdp) {
+  TempDir dir;
+  auto ranks = fulgor::test::start_nodes({FULGOR_FABRIC_WORKER, "sharded", dir.str(),
+                                          "ddp,hybrid_shard,hybrid_shard_resumed,hybrid_shard_dcp_resumed", "run"},
+                                         dir.str(), 2, 1);
+  for (auto& rank : ranks)
+    ASSERT_TRUE(fulgor::test::exited_with(rank->wait(std::chrono::seconds(180)), 0)) << rank->log();
+  for (int rank = 0; rank < 2; ++rank) {
+    const torch::Tensor ddp = parameters_of(dir, rank, "ddp"), hybrid = parameters_of(dir, rank, "hybrid_shard");
+    EXPECT_LE((hybrid - ddp).abs().max().item<double>(), 1e-12 * ddp.abs().max().item<double>()) << rank;
+    EXPECT_TRUE(torch::equal(parameters_of(dir, rank, "hybrid_shard_resumed"), hybrid)) << rank;
+    EXPECT_TRUE(torch::equal(parameters_of(dir, rank, "hybrid_shard_dcp_resumed"), hybrid)) << rank;
   }
 }
 

@@ -300,11 +300,8 @@ TEST(Fabric, RefusesShardingOptionsAsTheTrainer) {
   auto refusal = [](const fulgor::FabricOptions& options) {
     return fulgor::test::thrown_message<fulgor::ConfigError>([&] { fulgor::Fabric fabric(options); });
   };
-  EXPECT_EQ(refusal({.accelerator = "cpu", .strategy = "fsdp", .sharding_strategy = "HYBRID_SHARD"}),
-            "sharding_strategy=HYBRID_SHARD (shard within each node, replicate across nodes) is not supported: use "
-            "FULL_SHARD (the parameters of the fulgor::Sharded units sharded too, ZeRO-3), SHARD_GRAD_OP (gradients "
-            "and optimizer state sharded, ZeRO-2) or NO_SHARD (ddp)");
   EXPECT_NO_THROW(fulgor::Fabric({.accelerator = "cpu", .strategy = "fsdp"}));  // FULL_SHARD, Lightning's default
+  EXPECT_NO_THROW(fulgor::Fabric({.accelerator = "cpu", .strategy = "fsdp", .sharding_strategy = "hybrid_shard"}));
   EXPECT_EQ(refusal({.accelerator = "cpu", .strategy = "fsdp", .sharding_strategy = "full"}),
             "unknown sharding_strategy 'FULL'; known: FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD");
   EXPECT_EQ(refusal({.accelerator = "cpu",

@@ -76,8 +76,11 @@ struct FULGOR_API TrainerOptions {
   /// the gradients, the optimizers' state and the parameters of the module's
   /// fulgor::Sharded units, gathered only for their passes; the parameters
   /// outside every unit stay whole), "SHARD_GRAD_OP" (the gradients and the
-  /// optimizers' state, ZeRO-2) or "NO_SHARD" (nothing: ddp). "HYBRID_SHARD"
-  /// is refused with a ConfigError.
+  /// optimizers' state, ZeRO-2), "NO_SHARD" (nothing: ddp) or
+  /// "HYBRID_SHARD" (FULL_SHARD over the ranks of each node, every node
+  /// holding the same pieces: collectives within nodes but for one
+  /// all_reduce of the reduced gradients across them; num_nodes nodes of
+  /// consecutive ranks).
   std::string sharding_strategy = "FULL_SHARD";
   /// Under strategy "ddp", the optimizers' state sharded over the ranks
   /// (ZeRO-1, as PyTorch's ZeroRedundancyOptimizer): each rank steps its

@@ -37,6 +37,13 @@ struct ShardedOptions {
   /// once. Needs a forward whose arguments can be copied and whose result is
   /// tensors (ConfigError at a forward under grad mode otherwise).
   bool checkpoint_activations = false;
+  /// FSDP2's option of that name, under FULL_SHARD: whether the unit's
+  /// parameters are released when its forward ends and gathered again for
+  /// its backward (true), or kept gathered until its backward has reduced
+  /// their gradients (false: one all-gather a step instead of two, for the
+  /// memory of the unit's parameters from forward to backward). Without
+  /// grad mode they are released after the forward either way.
+  bool reshard_after_forward = true;
 };
 
 /// The part of every fulgor::Sharded that does not depend on the wrapped
@@ -59,8 +66,10 @@ struct ShardedOptions {
 ///     forward pass gathers them from the ranks' pieces, runs, and releases
 ///     them; in backward they are gathered again before the unit's gradients
 ///     are computed, which are then reduce-scattered into the pieces and
-///     released with the parameters. Every rank must run the same units in
-///     the same order, as every collective.
+///     released with the parameters (with options().reshard_after_forward
+///     false, kept from the forward to the end of the backward instead).
+///     Every rank must run the same units in the same order, as every
+///     collective. HYBRID_SHARD does the same over the ranks of each node.
 ///   - With options().checkpoint_activations, under grad mode, the forward
 ///     keeps no activations and backward runs it again (Note [Checkpointed
 ///     units] in src/distributed/sharded_unit.cpp), under FULL_SHARD between

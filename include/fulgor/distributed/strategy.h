@@ -49,10 +49,11 @@ class ParameterShards;
 /// What a data-parallel strategy shards over the ranks (Note [Parameter
 /// shards] in src/distributed/parameter_shards.h).
 enum class Sharding {
-  none,             // ddp, and fsdp's NO_SHARD
-  optimizer_state,  // ZeRO-1: ddp's zero_redundancy_optimizer
-  gradients,        // ZeRO-2, fsdp's SHARD_GRAD_OP: the gradients and the optimizer state
-  parameters,       // ZeRO-3, fsdp's FULL_SHARD: and the parameters of the fulgor::Sharded units
+  none,                     // ddp, and fsdp's NO_SHARD
+  optimizer_state,          // ZeRO-1: ddp's zero_redundancy_optimizer
+  gradients,                // ZeRO-2, fsdp's SHARD_GRAD_OP: the gradients and the optimizer state
+  parameters,               // ZeRO-3, fsdp's FULL_SHARD: and the parameters of the fulgor::Sharded units
+  parameters_within_nodes,  // fsdp's HYBRID_SHARD: FULL_SHARD over each node's ranks, replicated across nodes
 };
 
 /// The sharding that the options `strategy`, `sharding_strategy` and
@@ -69,8 +70,11 @@ struct DataParallelModule {
 
 /// A collective: starts gradient synchronization for `module` over `group`
 /// (rank 0's parameters and buffers copied to every rank) and, with
-/// `sharding`, cuts its parameters' shards.
-DataParallelModule attach_data_parallel(ProcessGroup& group, torch::nn::Module& module, Sharding sharding);
+/// `sharding`, cuts its parameters' shards. Under
+/// Sharding::parameters_within_nodes the nodes are `environment`'s, each
+/// holding consecutive ranks (DistributedError otherwise, on every rank).
+DataParallelModule attach_data_parallel(ProcessGroup& group, torch::nn::Module& module, Sharding sharding,
+                                        const DistributedEnvironment& environment);
 
 /// Whether `strategy` ("auto", "single_device", "ddp" or "fsdp") runs
 /// data-parallel in the job `environment` describes: "ddp" and "fsdp" when
@@ -106,8 +110,9 @@ void check_job_size(const Devices& devices, size_t selected, int64_t num_nodes, 
 ///     shard() then puts the optimizers on the shards, and after each
 ///     optimizer step after_optimizer_step() gathers the parameters; the
 ///     optimizers keep the shards after detach(), until the next attach().
-///     Under Sharding::parameters, unshard() gathers the units' parameters
-///     for good at the end of a fit; a fit that fails leaves them released.
+///     Under Sharding::parameters and parameters_within_nodes, unshard()
+///     gathers the units' parameters for good at the end of a fit; a fit
+///     that fails leaves them released.
 ///   - Each training batch: before_forward(sync), forward, the backward pass,
 ///     after_backward().
 ///     With sync false the gradients only accumulate locally, without any

@@ -65,8 +65,8 @@ struct FabricOptions {
   /// case: "FULL_SHARD" (Lightning's default, ZeRO-3: the parameters of the
   /// set-up modules' fulgor::Sharded units too, between their passes; keep
   /// the Fabric while the module is used), "SHARD_GRAD_OP" (the gradients
-  /// and the optimizers' state, ZeRO-2) or "NO_SHARD" (nothing: ddp).
-  /// "HYBRID_SHARD" is refused with a ConfigError.
+  /// and the optimizers' state, ZeRO-2), "NO_SHARD" (nothing: ddp) or
+  /// "HYBRID_SHARD" (FULL_SHARD within each node, replicated across nodes).
   std::string sharding_strategy = "FULL_SHARD";
   /// Under strategy "ddp", the optimizers' state sharded over the ranks
   /// (ZeRO-1), as the Trainer's option.

@@ -5,6 +5,8 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <cctype>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -39,18 +41,21 @@ struct CountedLinearImpl : torch::nn::LinearImpl {
 /// fulgor::Sharded unit, which FULL_SHARD alone shards: the first, whose
 /// input needs no gradient, is reduced after backward; the second when its
 /// own backward ends. `checkpoint_activations`: the units' too, so that
-/// backward gathers them to run their forward again.
+/// backward gathers them to run their forward again;
+/// `reshard_after_forward`: the units' too.
 struct ShardedNet : fulgor::Module {
   torch::nn::Sequential net{nullptr};
   std::string optimizer;
   bool checkpoint_activations;
   std::shared_ptr<int64_t> forwards = std::make_shared<int64_t>(0);  // the units'
 
-  ShardedNet(uint64_t seed, std::string optimizer_name, bool checkpoint_activations = false)
+  ShardedNet(uint64_t seed, std::string optimizer_name, bool checkpoint_activations = false,
+             bool reshard_after_forward = true)
       : optimizer(std::move(optimizer_name)), checkpoint_activations(checkpoint_activations) {
     torch::manual_seed(seed);
     fulgor::ShardedOptions unit;
     unit.checkpoint_activations = checkpoint_activations;
+    unit.reshard_after_forward = reshard_after_forward;
     net = register_module(
         "net", torch::nn::Sequential(fulgor::Sharded(std::make_shared<CountedLinearImpl>(kFeatures, 5, forwards), unit),
                                      torch::nn::Tanh(),
@@ -84,6 +89,9 @@ struct ShardedVariant {
   bool resumed = false;
   bool checkpoint_activations = false;  // "_ckpt" in the name
   bool sharded_checkpoints = false;     // "_dcp" in the name: state_dict_type "sharded"
+  bool reshard_after_forward = true;    // false with "_keep" in the name
+  /// Whether the units' parameters are released between steps.
+  bool shards_units() const { return strategy == "full_shard" || strategy == "hybrid_shard"; }
 };
 
 inline ShardedVariant parse_variant(const std::string& text) {
@@ -92,11 +100,12 @@ inline ShardedVariant parse_variant(const std::string& text) {
   v.name = text.substr(0, equals);
   if (equals != std::string::npos) v.from = text.substr(equals + 1);
   v.resumed = v.name.size() > 8 && v.name.compare(v.name.size() - 8, 8, "_resumed") == 0;
-  for (const char* strategy : {"ddp", "zero1", "shard_grad_op", "no_shard", "full_shard"})
+  for (const char* strategy : {"ddp", "zero1", "shard_grad_op", "no_shard", "full_shard", "hybrid_shard"})
     if (v.name.rfind(std::string(strategy) + "_", 0) == 0) v.strategy = strategy;
   v.optimizer = v.name.find("_adam") != std::string::npos ? "adam" : "sgd";
   v.checkpoint_activations = v.name.find("_ckpt") != std::string::npos;
   v.sharded_checkpoints = v.name.find("_dcp") != std::string::npos;
+  v.reshard_after_forward = v.name.find("_keep") == std::string::npos;
   if (v.strategy.empty()) throw std::invalid_argument("unknown variant " + text);
   return v;
 }
@@ -104,12 +113,12 @@ inline ShardedVariant parse_variant(const std::string& text) {
 /// The Trainer's options for `variant`: quiet, float64, 3 epochs.
 inline fulgor::TrainerOptions sharded_options(const ShardedVariant& variant, const std::string& root) {
   fulgor::TrainerOptions o = quiet(ddp_options(root, kShardedEpochs, variant.optimizer == "adam" ? 2 : 1));
-  const bool fsdp =
-      variant.strategy == "shard_grad_op" || variant.strategy == "no_shard" || variant.strategy == "full_shard";
-  o.strategy = fsdp ? "fsdp" : "ddp";
-  o.sharding_strategy = variant.strategy == "no_shard"     ? "NO_SHARD"
-                        : variant.strategy == "full_shard" ? "FULL_SHARD"
-                                                           : "SHARD_GRAD_OP";
+  o.strategy = variant.strategy == "ddp" || variant.strategy == "zero1" ? "ddp" : "fsdp";
+  if (o.strategy == "fsdp") {  // shard_grad_op: SHARD_GRAD_OP
+    o.sharding_strategy = variant.strategy;
+    std::transform(variant.strategy.begin(), variant.strategy.end(), o.sharding_strategy.begin(),
+                   [](unsigned char c) { return std::toupper(c); });
+  }
   o.zero_redundancy_optimizer = variant.strategy == "zero1";
   o.gradient_clip_algorithm = variant.optimizer == "adam" ? "norm" : "value";
   o.gradient_clip_val = variant.optimizer == "adam" ? 0.3 : 0.05;

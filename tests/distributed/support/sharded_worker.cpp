@@ -4,10 +4,12 @@
 //   fulgor_sharded_worker OUTDIR VARIANT...
 //
 // Each VARIANT is STRATEGY_OPTIMIZER, where STRATEGY is ddp, zero1 (ddp with
-// zero_redundancy_optimizer), shard_grad_op, no_shard, full_shard (fsdp
-// with that sharding_strategy) or full_shard_ckpt (full_shard with units
-// that checkpoint their activations), any of them followed by _dcp for
-// sharded checkpoints (state_dict_type "sharded": folders), and OPTIMIZER is adam (fulgor::Adam
+// zero_redundancy_optimizer), shard_grad_op, no_shard, full_shard,
+// hybrid_shard (fsdp with that sharding_strategy, on the launcher's nodes),
+// full_shard_ckpt (full_shard with units that checkpoint their activations)
+// or full_shard_keep (units with reshard_after_forward false), any of them
+// followed by _dcp for sharded checkpoints (state_dict_type "sharded":
+// folders), and OPTIMIZER is adam (fulgor::Adam
 // with weight decay, gradients clipped by norm, accumulating 2 batches) or sgd
 // (torch::optim::SGD with momentum, clipped by value). For each, the rank
 // fits ShardedNet kEpochs epochs in float64 and saves a checkpoint at the
@@ -17,11 +19,13 @@
 // checkpoint PATH (written by another run, of another world size). Rank 0
 // writes every variant's final parameters to OUTDIR/params_rank0.pt under the
 // variant's name, and so does every rank to its own file. Under full_shard
-// each rank checks that the units' parameters hold no memory between steps
-// and are whole on rank 0 alone while a checkpoint is made (on no rank
-// while a sharded one is: Note [Fully sharded units]), that backward runs the units' forward again only where
-// they checkpoint their activations, validates after each epoch, and
-// full_shard_adam_resumed saves its mid-fit checkpoint in the background.
+// and hybrid_shard each rank checks that the units' parameters hold no
+// memory between steps, nor between forward and backward unless they keep
+// them, and are whole on rank 0 alone while a checkpoint is made (on no
+// rank while a sharded one is: Note [Fully sharded units]), that backward
+// runs the units' forward again only where they checkpoint their
+// activations, validates after each epoch, and full_shard_adam_resumed
+// saves its mid-fit checkpoint in the background.
 // Exits 0 on
 // success, 3 with the message on a fulgor::Error, 4 on any other exception.
 
@@ -43,33 +47,41 @@ namespace {
 using namespace fulgor::test;
 
 // Throws unless the parameters of ShardedNet's units (all of its
-// parameters) hold no memory at the end of each batch, and, while a
+// parameters) hold no memory at the end of each batch and between forward
+// and backward, or there, with `kept`, all of theirs, and, while a
 // checkpoint is made during the fit, are whole on rank 0 alone, or with
 // `sharded_checkpoints` nowhere.
 class ReleasedBetweenSteps final : public fulgor::Callback {
  public:
-  explicit ReleasedBetweenSteps(bool sharded_checkpoints) : sharded_checkpoints_(sharded_checkpoints) {}
+  ReleasedBetweenSteps(bool sharded_checkpoints, bool kept) : sharded_checkpoints_(sharded_checkpoints), kept_(kept) {}
   void on_fit_start(fulgor::Trainer&, fulgor::ModuleBase&) override { fitting_ = true; }
   void on_fit_end(fulgor::Trainer&, fulgor::ModuleBase&) override { fitting_ = false; }
   void on_train_batch_end(fulgor::Trainer& trainer, fulgor::ModuleBase& module, const torch::Tensor&,
                           int64_t) override {
     expect(module, 0, "after step " + std::to_string(trainer.global_step()));
   }
+  void on_before_backward(fulgor::Trainer& trainer, fulgor::ModuleBase& module, const torch::Tensor&) override {
+    expect(module, kept_ ? whole(module) : 0, "before the backward of step " + std::to_string(trainer.global_step()));
+  }
   void on_save_checkpoint(fulgor::Trainer& trainer, fulgor::ModuleBase& module, nlohmann::json&) override {
     if (!fitting_) return;
-    int64_t whole = 0;
-    for (const auto& p : module.parameters()) whole += p.numel() * static_cast<int64_t>(p.element_size());
-    expect(module, trainer.global_rank() == 0 && !sharded_checkpoints_ ? whole : 0, "while a checkpoint is made");
+    expect(module, trainer.global_rank() == 0 && !sharded_checkpoints_ ? whole(module) : 0,
+           "while a checkpoint is made");
   }
 
  private:
+  static int64_t whole(fulgor::ModuleBase& module) {
+    int64_t bytes = 0;
+    for (const auto& p : module.parameters()) bytes += p.numel() * static_cast<int64_t>(p.element_size());
+    return bytes;
+  }
   static void expect(fulgor::ModuleBase& module, int64_t bytes, const std::string& when) {
     const int64_t held = dynamic_cast<ShardedNet&>(module).parameter_bytes();
     if (held != bytes)
       throw std::runtime_error(when + " the parameters hold " + std::to_string(held) + " bytes, not " +
                                std::to_string(bytes));
   }
-  bool sharded_checkpoints_;
+  bool sharded_checkpoints_, kept_;
   bool fitting_ = false;
 };
 
@@ -94,22 +106,24 @@ class RecomputedInBackward final : public fulgor::Callback {
 
 torch::Tensor fit(const ShardedVariant& variant, const std::string& out, const std::string& resume_from,
                   std::optional<int64_t> stop_at, const std::string& save_to) {
-  ShardedNet model(kShardedSeed, variant.optimizer, variant.checkpoint_activations);
+  ShardedNet model(kShardedSeed, variant.optimizer, variant.checkpoint_activations, variant.reshard_after_forward);
   const auto env = fulgor::detect_distributed_environment();
   const int64_t rank = env.rank;
   auto loader = make_loader(env.world_size, rank);
   auto options = sharded_options(variant, out + "/rank" + std::to_string(rank));
+  options.num_nodes = env.world_size / env.local_world_size;
   if (stop_at) {
     options.max_steps = *stop_at;
     // Under FULL_SHARD only rank 0 gathers and copies for a background save.
-    options.async_checkpointing = variant.strategy == "full_shard" && variant.optimizer == "adam";
+    options.async_checkpointing = variant.shards_units() && variant.optimizer == "adam";
     options.callbacks = {std::make_shared<SaveAtStep>(*stop_at, save_to, options.async_checkpointing)};
   }
-  // Under full_shard, validation (which changes no parameter) runs the
-  // units under inference mode.
+  // Under full_shard and hybrid_shard, validation (which changes no
+  // parameter) runs the units under inference mode.
   std::optional<fulgor::TensorLoader> val_loader;
-  if (variant.strategy == "full_shard") {
-    options.callbacks.push_back(std::make_shared<ReleasedBetweenSteps>(variant.sharded_checkpoints));
+  if (variant.shards_units()) {
+    options.callbacks.push_back(
+        std::make_shared<ReleasedBetweenSteps>(variant.sharded_checkpoints, !variant.reshard_after_forward));
     options.callbacks.push_back(std::make_shared<RecomputedInBackward>());
     val_loader.emplace(make_loader(env.world_size, rank));
   }

@@ -95,6 +95,31 @@ inline std::vector<std::unique_ptr<Child>> start_ranks(const std::vector<std::st
   return ranks;
 }
 
+/// Starts `argv` as the ranks of a job of `nodes` nodes of `per_node` ranks
+/// each on loopback, as torchrun numbers them (node k holds ranks k *
+/// per_node to k * per_node + per_node - 1) or, `cyclic`, as srun's cyclic
+/// distribution does (node k holds ranks k, k + nodes, ...); rank R writes to
+/// dir/logR.
+inline std::vector<std::unique_ptr<Child>> start_nodes(const std::vector<std::string>& argv, const std::string& dir,
+                                                       int nodes, int per_node, bool cyclic = false) {
+  const std::string port = std::to_string(free_port());
+  std::vector<std::unique_ptr<Child>> ranks;
+  for (int rank = 0; rank < nodes * per_node; ++rank) {
+    const int node = cyclic ? rank % nodes : rank / per_node, local = cyclic ? rank / nodes : rank % per_node;
+    ranks.push_back(
+        std::make_unique<Child>(argv,
+                                std::map<std::string, std::string>{{"RANK", std::to_string(rank)},
+                                                                   {"LOCAL_RANK", std::to_string(local)},
+                                                                   {"WORLD_SIZE", std::to_string(nodes * per_node)},
+                                                                   {"LOCAL_WORLD_SIZE", std::to_string(per_node)},
+                                                                   {"GROUP_RANK", std::to_string(node)},
+                                                                   {"MASTER_ADDR", "127.0.0.1"},
+                                                                   {"MASTER_PORT", port}},
+                                (std::filesystem::path(dir) / ("log" + std::to_string(rank))).string()));
+  }
+  return ranks;
+}
+
 inline std::vector<std::unique_ptr<Child>> start_two_ranks(const std::vector<std::string>& argv,
                                                            const std::string& dir) {
   return start_ranks(argv, dir, 2);

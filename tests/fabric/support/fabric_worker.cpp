@@ -22,7 +22,8 @@
 // with Adam, clipping by norm and accumulating 2 batches: under ddp, zero1
 // (ddp's zero_redundancy_optimizer), shard_grad_op (fsdp, SHARD_GRAD_OP) or
 // full_shard (fsdp, FULL_SHARD: its first layer is a fulgor::Sharded unit,
-// whose parameters must hold no memory after each step);
+// whose parameters must hold no memory after each step) or hybrid_shard
+// (fsdp, HYBRID_SHARD, on the launcher's nodes), each rank one device;
 // a VARIANT ending in "_resumed" saves OUTDIR/VARIANT.ckpt after its first
 // epoch and trains the other epochs with a new Fabric, model and optimizer
 // loaded from it (with "_dcp_resumed", a sharded checkpoint's folder:
@@ -165,13 +166,19 @@ struct ShardedRun {
   bool sharded_checkpoints = false;  // state_dict_type "sharded"
 };
 
+// On the launcher's nodes, each rank one device.
 fulgor::FabricOptions sharded_options(const std::string& strategy, bool sharded_checkpoints = false) {
+  const auto env = fulgor::detect_distributed_environment();
+  const bool fsdp = strategy == "shard_grad_op" || strategy == "full_shard" || strategy == "hybrid_shard";
   return {.accelerator = "cpu",
-          .devices = 2,
-          .strategy = strategy == "shard_grad_op" || strategy == "full_shard" ? "fsdp" : "ddp",
-          .sharding_strategy = strategy == "full_shard" ? "FULL_SHARD" : "SHARD_GRAD_OP",
+          .devices = env.local_world_size,
+          .strategy = fsdp ? "fsdp" : "ddp",
+          .sharding_strategy = strategy == "full_shard"     ? "FULL_SHARD"
+                               : strategy == "hybrid_shard" ? "HYBRID_SHARD"
+                                                            : "SHARD_GRAD_OP",
           .zero_redundancy_optimizer = strategy == "zero1",
-          .state_dict_type = sharded_checkpoints ? "sharded" : "full"};
+          .state_dict_type = sharded_checkpoints ? "sharded" : "full",
+          .num_nodes = env.world_size / env.local_world_size};
 }
 
 torch::nn::Sequential sharded_model(int64_t rank) {
@@ -221,7 +228,8 @@ torch::Tensor train_sharded(const ShardedRun& run) {
       else
         optimizer.step();
       optimizer.zero_grad();
-      if (run.strategy == "full_shard" && model->ptr(0)->parameters()[0].storage().nbytes() != 0)
+      if ((run.strategy == "full_shard" || run.strategy == "hybrid_shard") &&
+          model->ptr(0)->parameters()[0].storage().nbytes() != 0)
         throw std::runtime_error("the unit's parameters hold memory between steps");
     }
   }
