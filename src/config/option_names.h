@@ -19,13 +19,12 @@ const std::vector<std::string>& strategy_names();
 void check_strategy(const std::string& strategy);
 
 /// The sharding_strategy `name` in upper case, as Lightning reads it; throws
-/// ConfigError for an unknown name and for those fulgor does not offer.
+/// ConfigError for an unknown name.
 std::string sharding_strategy_name(std::string name);
 
 /// Throws ConfigError for sharding options that do not go together: the
 /// Trainer's and Fabric's fields of those names.
-void check_sharding(const std::string& strategy, const std::string& sharding_strategy, bool zero_redundancy_optimizer,
-                    const std::string& precision);
+void check_sharding(const std::string& strategy, const std::string& sharding_strategy, bool zero_redundancy_optimizer);
 
 /// Throws ConfigError unless `state_dict_type` is "full" or "sharded": the
 /// Trainer's and Fabric's field of that name.

@@ -371,7 +371,7 @@ void from_json(const nlohmann::json& json, TrainerOptions& options) {
 
 void check_options(const TrainerOptions& o) {
   detail::check_strategy(o.strategy);
-  detail::check_sharding(o.strategy, o.sharding_strategy, o.zero_redundancy_optimizer, o.precision);
+  detail::check_sharding(o.strategy, o.sharding_strategy, o.zero_redundancy_optimizer);
   detail::check_state_dict_type(o.state_dict_type);
   auto at_least = [](int64_t value, int64_t min, const char* name) {
     if (value < min) throw ConfigError(fmt::format("{}={}: expected an integer >= {}", name, value, min));
@@ -439,21 +439,13 @@ std::string sharding_strategy_name(std::string name) {
   return name;
 }
 
-void check_sharding(const std::string& strategy, const std::string& sharding_strategy, bool zero_redundancy_optimizer,
-                    const std::string& precision) {
+void check_sharding(const std::string& strategy, const std::string& sharding_strategy, bool zero_redundancy_optimizer) {
   const bool fsdp = strategy == "fsdp";
   if (fsdp) sharding_strategy_name(sharding_strategy);
   if (zero_redundancy_optimizer && strategy != "ddp" && strategy != "auto")
     throw ConfigError(
         fmt::format("zero_redundancy_optimizer=true shards the optimizers' state under strategy \"ddp\", not \"{}\"{}",
                     strategy, fsdp ? " (fsdp shards it already)" : ""));
-  // Lightning's FSDP scales the loss with a ShardedGradScaler; fulgor's
-  // scaler sees one rank's shards and could skip a step on some ranks only.
-  if ((fsdp || zero_redundancy_optimizer) && (precision == "16-mixed" || precision == "16"))
-    throw ConfigError(
-        fmt::format("precision={} scales the loss, and a sharded strategy ({}) has no sharded loss scaler yet: use "
-                    "precision=bf16-mixed or 32-true",
-                    precision, fsdp ? "strategy=fsdp" : "zero_redundancy_optimizer=true"));
 }
 
 void check_state_dict_type(const std::string& state_dict_type) {

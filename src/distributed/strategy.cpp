@@ -152,6 +152,14 @@ DataParallelModule attach_data_parallel(ProcessGroup& group, torch::nn::Module& 
   return attached;
 }
 
+std::function<void(torch::Tensor&)> summed_over(ProcessGroup group) {
+  return [group](torch::Tensor& tensor) mutable {
+    torch::Tensor here = tensor.to(group.device());
+    group.all_reduce(here, ReduceOp::sum);
+    tensor.copy_(here);
+  };
+}
+
 DdpStrategy::DdpStrategy(const DistributedEnvironment& environment, const Accelerator& accelerator,
                          torch::Device device, ProcessGroupOptions options, Sharding sharding)
     : environment_(environment), group_(shared_group(environment, accelerator, device, options)), sharding_(sharding) {}

@@ -81,8 +81,7 @@ BackwardSyncGuard::~BackwardSyncGuard() {
 Fabric::Fabric(FabricOptions options)
     : options_(std::move(options)), accelerator_(make_accelerator(options_.accelerator)) {
   detail::check_strategy(options_.strategy);
-  detail::check_sharding(options_.strategy, options_.sharding_strategy, options_.zero_redundancy_optimizer,
-                         options_.precision);
+  detail::check_sharding(options_.strategy, options_.sharding_strategy, options_.zero_redundancy_optimizer);
   detail::check_state_dict_type(options_.state_dict_type);
   precision_ = std::make_unique<detail::PrecisionPlugin>();
   precision_->setup(options_.precision, *accelerator_);
@@ -183,6 +182,7 @@ FabricOptimizer Fabric::wrap_optimizer(torch::optim::Optimizer& optimizer) {
           "trainable parameters of no set-up module: set the module up first (fabric.setup(module, optimizer), or "
           "setup_module before setup_optimizers)",
           sharded_by(options_), trainable - pieces));
+    if (GradScaler* scaler = precision_->scaler()) scaler->set_found_inf_reduction(detail::summed_over(*group_));
   }
   optimizers_.push_back(&optimizer);
   return FabricOptimizer(*this, optimizer);

@@ -108,6 +108,7 @@ void GradScaler::unscale(torch::optim::Optimizer& optimizer) {
     detail::compat::unscale_grads(grads, found, inv_scale.to(device));
     found_inf_.add_(found.cpu());
   }
+  if (reduce_found_inf_) reduce_found_inf_(found_inf_);
   unscaled_ = true;
 }
 

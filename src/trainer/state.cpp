@@ -185,6 +185,7 @@ void TrainerState::end() {
   }
   if (ddp) ddp->detach();
   if (module) ModuleAccess::set_sharded_gradient_norm(*module, nullptr);
+  if (GradScaler* scaler = precision.scaler()) scaler->set_found_inf_reduction(nullptr);
   if (module && options.sync_batchnorm) revert_sync_batchnorm(*module);
   running = RunningStage::none;
   metrics.context = LogContext::none;
@@ -250,9 +251,11 @@ void TrainerState::on_exception(ModuleBase& model, const std::exception& e) {
 void TrainerState::attach_ddp(ModuleBase& model) {
   ddp->attach(model);
   ddp->shard(optim.optimizers);
-  if (ddp->sharding() != Sharding::none)
-    ModuleAccess::set_sharded_gradient_norm(
-        model, [strategy = ddp.get()](const std::vector<torch::Tensor>& params) { return strategy->gradient_norm(params); });
+  if (ddp->sharding() == Sharding::none) return;
+  ModuleAccess::set_sharded_gradient_norm(model, [strategy = ddp.get()](const std::vector<torch::Tensor>& params) {
+    return strategy->gradient_norm(params);
+  });
+  if (GradScaler* scaler = precision.scaler()) scaler->set_found_inf_reduction(summed_over(ddp->group()));
 }
 
 // Joins the job. Only rank 0 prints (progress, model summary) and writes logs.

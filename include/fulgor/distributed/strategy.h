@@ -76,6 +76,11 @@ struct DataParallelModule {
 DataParallelModule attach_data_parallel(ProcessGroup& group, torch::nn::Module& module, Sharding sharding,
                                         const DistributedEnvironment& environment);
 
+/// A tensor summed over `group`'s ranks in place (a collective at each
+/// call): what a GradScaler under a sharded strategy combines its count of
+/// non-finite gradients with (GradScaler::set_found_inf_reduction).
+std::function<void(torch::Tensor&)> summed_over(ProcessGroup group);
+
 /// Whether `strategy` ("auto", "single_device", "ddp" or "fsdp") runs
 /// data-parallel in the job `environment` describes: "ddp" and "fsdp" when
 /// the job has more than one process, and "auto" likewise.

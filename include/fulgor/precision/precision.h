@@ -5,7 +5,9 @@
 #include <torch/serialize/archive.h>
 #include <torch/types.h>
 
+#include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fulgor/core/accelerator.h"
@@ -98,6 +100,15 @@ class FULGOR_API GradScaler {
   int64_t growth_tracker() const;
   const GradScalerOptions& options() const { return options_; }
 
+  /// How unscale combines this process's count of non-finite gradients
+  /// (a float32 tensor of one element, on the CPU) with the other ranks'.
+  /// Under a sharded strategy each rank unscales its own pieces, so a
+  /// non-finite gradient may lie in one rank's alone: the strategies set a
+  /// sum over the ranks (PyTorch's ShardedGradScaler), and every rank skips
+  /// that step and backs off alike. Empty: none (this process's alone).
+  using FoundInfReduction = std::function<void(torch::Tensor& found_inf)>;
+  void set_found_inf_reduction(FoundInfReduction reduction) { reduce_found_inf_ = std::move(reduction); }
+
   void save(torch::serialize::OutputArchive& archive) const;
   void load(torch::serialize::InputArchive& archive);
 
@@ -107,6 +118,7 @@ class FULGOR_API GradScaler {
   torch::Tensor growth_tracker_;  // int32 [1]
   torch::Tensor found_inf_;       // float32 [1], this step's
   bool unscaled_ = false;
+  FoundInfReduction reduce_found_inf_;
 };
 
 }  // namespace fulgor

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "ddp_trainer_scenario.h"
+#include "fp16_scaling_cpu.h"
 #include "fulgor/distributed/sharded_unit.h"
 #include "fulgor/optim/adam.h"
 
@@ -62,10 +63,16 @@ struct ShardedNet : fulgor::Module {
                                      fulgor::Sharded(std::make_shared<CountedLinearImpl>(5, 1, forwards), unit)));
     to(torch::kFloat64);
   }
-  /// The parameters' bytes in memory on this rank.
+  /// The bytes in memory on this rank of the units' parameters, and those
+  /// they hold whole.
   int64_t parameter_bytes() const {
     int64_t bytes = 0;
-    for (const auto& p : parameters()) bytes += static_cast<int64_t>(p.storage().nbytes());
+    for (const auto& p : net->parameters()) bytes += static_cast<int64_t>(p.storage().nbytes());
+    return bytes;
+  }
+  int64_t whole_parameter_bytes() const {
+    int64_t bytes = 0;
+    for (const auto& p : net->parameters()) bytes += p.numel() * static_cast<int64_t>(p.element_size());
     return bytes;
   }
   torch::Tensor training_step(torch::data::Example<> batch, int64_t) override {
@@ -83,6 +90,23 @@ struct ShardedNet : fulgor::Module {
   }
 };
 
+/// ShardedNet whose loss adds spike * 1e308, spike a parameter of one
+/// element that stays 0, at the second batch of rank 1 (and 0 elsewhere):
+/// under precision "16-mixed" the loss scale makes that batch's gradient of
+/// spike alone infinite, which on 2 ranks only rank 0 holds a piece of
+/// where the gradients are sharded.
+struct SpikedNet : ShardedNet {
+  torch::Tensor spike;
+  int64_t rank, batches = 0;
+  explicit SpikedNet(int64_t rank) : ShardedNet(kShardedSeed, "sgd"), rank(rank) {
+    spike = register_parameter("spike", torch::zeros({1}, torch::kFloat64));
+  }
+  torch::Tensor training_step(torch::data::Example<> batch, int64_t index) override {
+    const double factor = rank == 1 && batches++ == 1 ? kSpike : 0.0;
+    return ShardedNet::training_step(batch, index) + (spike * factor).sum();
+  }
+};
+
 /// A worker's VARIANT argument (sharded_worker.cpp).
 struct ShardedVariant {
   std::string name, strategy, optimizer, from;
@@ -90,6 +114,7 @@ struct ShardedVariant {
   bool checkpoint_activations = false;  // "_ckpt" in the name
   bool sharded_checkpoints = false;     // "_dcp" in the name: state_dict_type "sharded"
   bool reshard_after_forward = true;    // false with "_keep" in the name
+  bool spiked = false;                  // "_spike" in the name: SpikedNet under precision "16-mixed"
   /// Whether the units' parameters are released between steps.
   bool shards_units() const { return strategy == "full_shard" || strategy == "hybrid_shard"; }
 };
@@ -106,6 +131,7 @@ inline ShardedVariant parse_variant(const std::string& text) {
   v.checkpoint_activations = v.name.find("_ckpt") != std::string::npos;
   v.sharded_checkpoints = v.name.find("_dcp") != std::string::npos;
   v.reshard_after_forward = v.name.find("_keep") == std::string::npos;
+  v.spiked = v.name.find("_spike") != std::string::npos;
   if (v.strategy.empty()) throw std::invalid_argument("unknown variant " + text);
   return v;
 }
@@ -123,6 +149,10 @@ inline fulgor::TrainerOptions sharded_options(const ShardedVariant& variant, con
   o.gradient_clip_algorithm = variant.optimizer == "adam" ? "norm" : "value";
   o.gradient_clip_val = variant.optimizer == "adam" ? 0.3 : 0.05;
   o.state_dict_type = variant.sharded_checkpoints ? "sharded" : "full";
+  if (variant.spiked) {  // registered by the worker
+    o.accelerator = "fp16_scaling_cpu";
+    o.precision = "16-mixed";
+  }
   return o;
 }
 

@@ -9,7 +9,8 @@
 // full_shard_ckpt (full_shard with units that checkpoint their activations)
 // or full_shard_keep (units with reshard_after_forward false), any of them
 // followed by _dcp for sharded checkpoints (state_dict_type "sharded":
-// folders), and OPTIMIZER is adam (fulgor::Adam
+// folders) or _spike (SpikedNet under precision "16-mixed": every rank
+// checks that the loss scale backed off once), and OPTIMIZER is adam (fulgor::Adam
 // with weight decay, gradients clipped by norm, accumulating 2 batches) or sgd
 // (torch::optim::SGD with momentum, clipped by value). For each, the rank
 // fits ShardedNet kEpochs epochs in float64 and saves a checkpoint at the
@@ -37,6 +38,7 @@
 #include <string>
 
 #include "ddp_trainer_scenario.h"
+#include "fp16_scaling_cpu.h"
 #include "fulgor/distributed/environment.h"
 #include "fulgor/optim/adam.h"
 #include "sharded_scenario.h"
@@ -46,11 +48,10 @@ namespace {
 
 using namespace fulgor::test;
 
-// Throws unless the parameters of ShardedNet's units (all of its
-// parameters) hold no memory at the end of each batch and between forward
-// and backward, or there, with `kept`, all of theirs, and, while a
-// checkpoint is made during the fit, are whole on rank 0 alone, or with
-// `sharded_checkpoints` nowhere.
+// Throws unless the parameters of ShardedNet's units hold no memory at the
+// end of each batch and between forward and backward, or there, with
+// `kept`, all of theirs, and, while a checkpoint is made during the fit,
+// are whole on rank 0 alone, or with `sharded_checkpoints` nowhere.
 class ReleasedBetweenSteps final : public fulgor::Callback {
  public:
   ReleasedBetweenSteps(bool sharded_checkpoints, bool kept) : sharded_checkpoints_(sharded_checkpoints), kept_(kept) {}
@@ -70,11 +71,7 @@ class ReleasedBetweenSteps final : public fulgor::Callback {
   }
 
  private:
-  static int64_t whole(fulgor::ModuleBase& module) {
-    int64_t bytes = 0;
-    for (const auto& p : module.parameters()) bytes += p.numel() * static_cast<int64_t>(p.element_size());
-    return bytes;
-  }
+  static int64_t whole(fulgor::ModuleBase& module) { return dynamic_cast<ShardedNet&>(module).whole_parameter_bytes(); }
   static void expect(fulgor::ModuleBase& module, int64_t bytes, const std::string& when) {
     const int64_t held = dynamic_cast<ShardedNet&>(module).parameter_bytes();
     if (held != bytes)
@@ -106,9 +103,13 @@ class RecomputedInBackward final : public fulgor::Callback {
 
 torch::Tensor fit(const ShardedVariant& variant, const std::string& out, const std::string& resume_from,
                   std::optional<int64_t> stop_at, const std::string& save_to) {
-  ShardedNet model(kShardedSeed, variant.optimizer, variant.checkpoint_activations, variant.reshard_after_forward);
   const auto env = fulgor::detect_distributed_environment();
   const int64_t rank = env.rank;
+  std::unique_ptr<ShardedNet> net =
+      variant.spiked ? std::make_unique<SpikedNet>(rank)
+                     : std::make_unique<ShardedNet>(kShardedSeed, variant.optimizer, variant.checkpoint_activations,
+                                                    variant.reshard_after_forward);
+  ShardedNet& model = *net;
   auto loader = make_loader(env.world_size, rank);
   auto options = sharded_options(variant, out + "/rank" + std::to_string(rank));
   options.num_nodes = env.world_size / env.local_world_size;
@@ -133,6 +134,10 @@ torch::Tensor fit(const ShardedVariant& variant, const std::string& out, const s
   else
     trainer.fit(model, loader, fulgor::FitOptions{resume_from});
   if (!stop_at) trainer.save_checkpoint(out + "/" + variant.name + ".ckpt");
+  // Rank 1's infinite gradient skipped one step on every rank.
+  if (variant.spiked && trainer.grad_scaler()->get_scale() != fulgor::GradScalerOptions{}.init_scale / 2)
+    throw std::runtime_error("the loss scale is " + std::to_string(trainer.grad_scaler()->get_scale()) +
+                             ", not the initial one backed off once");
   return flat_parameters(model);
 }
 
@@ -142,6 +147,7 @@ int main(int argc, char** argv) {
   int64_t rank = 0;
   return fulgor::test::run_worker(rank, [&] {
     torch::set_num_threads(1);
+    register_fp16_scaling_cpu();
     rank = fulgor::detect_distributed_environment().rank;
     if (argc < 3) {
       std::cerr << "usage: fulgor_sharded_worker OUTDIR VARIANT...\n";

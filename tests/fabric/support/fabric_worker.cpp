@@ -28,7 +28,9 @@
 // epoch and trains the other epochs with a new Fabric, model and optimizer
 // loaded from it (with "_dcp_resumed", a sharded checkpoint's folder:
 // state_dict_type "sharded"); one ending in "_twice" synchronizes both passes of each
-// step, whose gradients then add up. Every rank writes each variant's final parameters to
+// step, whose gradients then add up; one ending in "_spike" trains under
+// "16-mixed" with a loss whose gradient is infinite once, on rank 1, and
+// checks that the loss scale backed off once. Every rank writes each variant's final parameters to
 // OUTDIR/sharded_rankR.pt under the variant's name. "bare_step" steps the
 // bare optimizer instead of the FabricOptimizer; "optimizer_first" only sets
 // the optimizer up before the module. Exits 0 on success, 3 with
@@ -43,6 +45,7 @@
 #include <string>
 
 #include "../../distributed/support/ddp_trainer_scenario.h"
+#include "../../distributed/support/fp16_scaling_cpu.h"
 #include "fulgor/core/error.h"
 #include "fulgor/distributed/sharded_unit.h"
 #include "fulgor/fabric/fabric.h"
@@ -164,14 +167,17 @@ struct ShardedRun {
   bool bare_step = false;
   bool sync_every_pass = false;  // the accumulated passes synchronized too
   bool sharded_checkpoints = false;  // state_dict_type "sharded"
+  bool spiked = false;               // precision "16-mixed", a spiked loss
 };
 
 // On the launcher's nodes, each rank one device.
-fulgor::FabricOptions sharded_options(const std::string& strategy, bool sharded_checkpoints = false) {
+fulgor::FabricOptions sharded_options(const std::string& strategy, bool sharded_checkpoints = false,
+                                      bool spiked = false) {
   const auto env = fulgor::detect_distributed_environment();
   const bool fsdp = strategy == "shard_grad_op" || strategy == "full_shard" || strategy == "hybrid_shard";
-  return {.accelerator = "cpu",
+  return {.accelerator = spiked ? "fp16_scaling_cpu" : "cpu",
           .devices = env.local_world_size,
+          .precision = spiked ? "16-mixed" : "32-true",
           .strategy = fsdp ? "fsdp" : "ddp",
           .sharding_strategy = strategy == "full_shard"     ? "FULL_SHARD"
                                : strategy == "hybrid_shard" ? "HYBRID_SHARD"
@@ -200,9 +206,14 @@ void set_up_optimizer_first(const std::string& strategy) {
 }
 
 torch::Tensor train_sharded(const ShardedRun& run) {
-  fulgor::Fabric fabric(sharded_options(run.strategy, run.sharded_checkpoints));
+  fulgor::Fabric fabric(sharded_options(run.strategy, run.sharded_checkpoints, run.spiked));
   fabric.launch();
   torch::nn::Sequential model = sharded_model(fabric.global_rank());
+  // A parameter of one element that stays 0, whose gradient is infinite
+  // under the loss scale at rank 1's second batch alone (a piece on rank 0
+  // alone where the gradients are sharded).
+  torch::Tensor spike = model->register_parameter("spike", torch::zeros({1}, torch::kFloat64));
+  int64_t batches = 0;
   // As with Lightning's FSDP: the module first, then its optimizer.
   fabric.setup_module(*model);
   torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(0.05).weight_decay(0.01));
@@ -218,11 +229,14 @@ torch::Tensor train_sharded(const ShardedRun& run) {
       const bool steps = ++batch_idx % 2 == 0;
       {
         auto no_sync = fabric.no_backward_sync(*model, /*enabled=*/!steps && !run.sync_every_pass);
+        auto autocast = fabric.autocast();
         const torch::Tensor prediction = model->forward(batch.data.to(torch::kFloat64));
-        fabric.backward(torch::mse_loss(prediction, batch.target.to(torch::kFloat64)) / 2.0);
+        const double factor = run.spiked && fabric.global_rank() == 1 && batches++ == 1 ? fulgor::test::kSpike : 0.0;
+        fabric.backward(torch::mse_loss(prediction, batch.target.to(torch::kFloat64)) / 2.0 + (spike * factor).sum());
       }
       if (!steps) continue;
-      fabric.clip_gradients(*model, optimizer, {.max_norm = 0.3});
+      // The spike's infinite norm skips the step rather than stopping the run.
+      fabric.clip_gradients(*model, optimizer, {.max_norm = 0.3, .error_if_nonfinite = !run.spiked});
       if (run.bare_step)
         optimizer->step();
       else
@@ -234,6 +248,10 @@ torch::Tensor train_sharded(const ShardedRun& run) {
     }
   }
   if (!run.save_to.empty()) fabric.save(run.save_to, state);
+  // Rank 1's infinite gradient skipped one step on every rank.
+  if (run.spiked && fabric.grad_scaler()->get_scale() != fulgor::GradScalerOptions{}.init_scale / 2)
+    throw std::runtime_error("the loss scale is " + std::to_string(fabric.grad_scaler()->get_scale()) +
+                             ", not the initial one backed off once");
   torch::Tensor parameters;
   fabric.with_whole_parameters(*model, [&] { parameters = flat_parameters(*model); });
   return parameters;
@@ -245,13 +263,16 @@ bool ends_with(const std::string& text, const std::string& end) {
 
 void run_sharded(const std::string& out, const std::string& variants, const std::string& how) {
   if (how == "optimizer_first") return set_up_optimizer_first(variants);
+  fulgor::test::register_fp16_scaling_cpu();
   torch::serialize::OutputArchive archive;
   std::stringstream list(variants);
   for (std::string variant; std::getline(list, variant, ',');) {
     ShardedRun run;
     run.sharded_checkpoints = variant.find("_dcp") != std::string::npos;
+    run.spiked = ends_with(variant, "_spike");
     run.strategy = variant.substr(0, variant.find(run.sharded_checkpoints          ? "_dcp"
                                                   : ends_with(variant, "_resumed") ? "_resumed"
+                                                  : run.spiked                     ? "_spike"
                                                                                    : "_twice"));
     run.bare_step = how == "bare_step";
     run.sync_every_pass = ends_with(variant, "_twice");
