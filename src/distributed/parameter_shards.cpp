@@ -79,7 +79,7 @@ void accumulate(torch::Tensor& shard, const torch::Tensor& gradient) {
   if (shard.grad().defined())
     shard.mutable_grad().add_(gradient);
   else
-    shard.mutable_grad() = gradient.clone();
+    shard.mutable_grad() = gradient.to(shard.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
 }
 
 // Note [Fully sharded units]: a released parameter keeps its tensor and
@@ -118,8 +118,9 @@ bool owns_storage(const torch::Tensor& param) {
 }  // namespace
 
 ParameterShards::ParameterShards(ProcessGroup group, torch::nn::Module& module, bool gradients_reduced,
-                                 bool shard_units, std::optional<ProcessGroup> replicas)
-    : group_(std::move(group)), replicas_(std::move(replicas)), gradients_reduced_(gradients_reduced) {
+                                 bool shard_units, std::optional<ProcessGroup> replicas,
+                                 std::optional<torch::ScalarType> mixed)
+    : group_(std::move(group)), replicas_(std::move(replicas)), mixed_(mixed), gradients_reduced_(gradients_reduced) {
   torch::NoGradGuard no_grad;
   const int64_t n = group_.size();
   for (const auto& p : module.parameters())
@@ -154,6 +155,11 @@ ParameterShards::ParameterShards(ProcessGroup group, torch::nn::Module& module, 
   for (size_t i = 0; i < pieces_.size(); ++i) {
     Piece& piece = pieces_[i];
     piece.shard = own_piece(piece, piece.param).clone().set_requires_grad(true);
+    if (mixed_ && piece.unit >= 0) {
+      piece.full = piece.param.detach();
+      piece.low = torch::empty(piece.param.sizes(), piece.param.options().dtype(*mixed_));
+      release_storage(piece.low);
+    }
     const int64_t bytes = n * piece.size * static_cast<int64_t>(piece.param.element_size());
     const bool joins =
         !buckets_.empty() && buckets_.back().unit == piece.unit &&
@@ -301,17 +307,19 @@ void ParameterShards::reduce_bucket(const Bucket& bucket, std::vector<char>& had
     return;
   }
   // Row r: rank r's pieces of every gradient, then whether this rank has
-  // each gradient (the same on every row, so that each rank learns of all).
+  // each gradient (the same on every row, so that each rank learns of all),
+  // in the pieces' dtype or the reduce dtype (Note [Sharded mixed precision]).
+  const torch::Tensor& first = pieces_[bucket.pieces.front()].shard;
+  const auto options = first.options().dtype(mixed_.value_or(first.scalar_type()));
   std::vector<torch::Tensor> columns;
   const auto k = static_cast<int64_t>(bucket.pieces.size());
   torch::Tensor flags = torch::empty({k}, torch::kFloat64);
   for (int64_t j = 0; j < k; ++j) {
     const Piece& piece = pieces_[bucket.pieces[static_cast<size_t>(j)]];
-    columns.push_back(padded_flat(gradient_of(piece), n * piece.size).view({n, piece.size}));
+    columns.push_back(padded_flat(gradient_of(piece).to(options), n * piece.size).view({n, piece.size}));
     flags[j] = had[bucket.pieces[static_cast<size_t>(j)]] ? 1.0 : 0.0;
   }
-  const torch::Tensor& first = pieces_[bucket.pieces.front()].param;
-  columns.push_back(flags.to(first.options()).expand({n, k}));
+  columns.push_back(flags.to(options).expand({n, k}));
   torch::Tensor mine = group_.reduce_scatter(torch::cat(columns, 1).reshape({-1}), ReduceOp::mean);
   if (replicas_) replicas_->all_reduce(mine, ReduceOp::mean);
   const torch::Tensor any = mine.narrow(0, bucket.row, k).to(torch::kFloat64).cpu();
@@ -322,14 +330,16 @@ void ParameterShards::reduce_bucket(const Bucket& bucket, std::vector<char>& had
   }
 }
 
-// FSDP2's all-gather: copy-in (this rank's pieces side by side), the
-// collective, copy-out (each parameter from its pieces of every rank). With
-// `to_rank_zero` a gather to rank 0 alone, the others copying nothing out.
-void ParameterShards::gather_bucket(const Bucket& bucket, bool to_rank_zero) {
+// FSDP2's all-gather: copy-in (this rank's pieces side by side, in the
+// mixed-precision dtype where `low`), the collective, copy-out (each
+// parameter from its pieces of every rank). With `to_rank_zero` a gather to
+// rank 0 alone, the others copying nothing out.
+void ParameterShards::gather_bucket(const Bucket& bucket, bool to_rank_zero, bool low) {
   if (to_rank_zero && !first_replica()) return;
   std::vector<torch::Tensor> row;
   for (size_t i : bucket.pieces) row.push_back(pieces_[i].shard.detach());
-  const torch::Tensor mine = torch::cat(row);
+  torch::Tensor mine = torch::cat(row);
+  if (low) mine = mine.to(*mixed_);
   const std::vector<torch::Tensor> rows = to_rank_zero ? group_.gather(mine, 0) : group_.all_gather(mine);
   if (rows.empty()) return;
   const torch::Tensor all = torch::stack(rows);  // [ranks, row]
@@ -343,34 +353,58 @@ void ParameterShards::gather_bucket(const Bucket& bucket, bool to_rank_zero) {
 void ParameterShards::gather_parameters() {
   torch::NoGradGuard no_grad;
   for (const Bucket& bucket : buckets_)
-    if (bucket.unit < 0) gather_bucket(bucket, /*to_rank_zero=*/false);
+    if (bucket.unit < 0) gather_bucket(bucket, /*to_rank_zero=*/false, /*low=*/false);
   version_ = shards_version();
 }
 
-void ParameterShards::gather_unit(size_t unit, bool to_rank_zero) {
-  if (units_[unit].gathered) return;
+void ParameterShards::gather_unit(size_t unit, For purpose) {
+  Unit& u = units_[unit];
+  const bool low = purpose == For::passes && mixed_;
+  if (u.gathered && u.low == low) return;
+  release_unit(unit);  // gathered for its passes, wanted whole
   torch::NoGradGuard no_grad;
-  const bool receives = !to_rank_zero || (group_.rank() == 0 && first_replica());
-  for (size_t b : units_[unit].buckets) {
+  const bool receives = purpose != For::rank_zero || (group_.rank() == 0 && first_replica());
+  for (size_t b : u.buckets) {
     if (receives)
-      for (size_t i : buckets_[b].pieces) allocate_storage(pieces_[i].param);
-    gather_bucket(buckets_[b], to_rank_zero);
+      for (size_t i : buckets_[b].pieces) {
+        Piece& piece = pieces_[i];
+        if (!low) {
+          allocate_storage(piece.param);
+          continue;
+        }
+        allocate_storage(piece.low);
+        piece.param.set_data(piece.low);
+      }
+    gather_bucket(buckets_[b], purpose == For::rank_zero, low && receives);
   }
-  units_[unit].gathered = receives;
+  u.gathered = receives;
+  u.low = low && receives;
 }
 
 void ParameterShards::release_unit(size_t unit) {
-  if (!units_[unit].gathered) return;
-  for (size_t b : units_[unit].buckets)
-    for (size_t i : buckets_[b].pieces) release_storage(pieces_[i].param);
-  units_[unit].gathered = false;
+  Unit& u = units_[unit];
+  if (!u.gathered) return;
+  for (size_t b : u.buckets)
+    for (size_t i : buckets_[b].pieces) {
+      Piece& piece = pieces_[i];
+      if (!u.low) {
+        release_storage(piece.param);
+        continue;
+      }
+      release_storage(piece.low);
+      piece.param.set_data(piece.full);
+      // A pass that did not synchronize keeps its gradient in full precision.
+      if (piece.param.grad().defined() && piece.param.grad().scalar_type() != piece.full.scalar_type())
+        piece.param.mutable_grad() = piece.param.grad().to(piece.full.scalar_type());
+    }
+  u.gathered = u.low = false;
 }
 
 void ParameterShards::with_whole_parameters(const std::function<void()>& body, Whole whole) {
   std::vector<size_t> gathered;
   for (size_t u = 0; u < units_.size(); ++u)
-    if (!units_[u].gathered) {
-      gather_unit(u, /*to_rank_zero=*/whole == Whole::on_rank_zero);
+    if (!units_[u].gathered || units_[u].low) {
+      gather_unit(u, whole == Whole::on_rank_zero ? For::rank_zero : For::every_rank);
       gathered.push_back(u);
     }
   auto release = [&] {
@@ -392,7 +426,7 @@ void ParameterShards::with_whole_parameters(const std::function<void()>& body, W
 }
 
 void ParameterShards::unshard_units() {
-  for (size_t u = 0; u < units_.size(); ++u) gather_unit(u);
+  for (size_t u = 0; u < units_.size(); ++u) gather_unit(u, For::every_rank);
   detach_units();
 }
 
@@ -522,7 +556,7 @@ ParameterShards& UnitSharding::shards() const {
 
 void UnitSharding::forward_begins() {
   ParameterShards& shards = this->shards();
-  shards.gather_unit(unit_);
+  shards.gather_unit(unit_, ParameterShards::For::passes);
   if (torch::GradMode::is_enabled()) ++shards.units_[unit_].forwards;
 }
 
@@ -532,7 +566,7 @@ void UnitSharding::forward_ends(bool routed) {
     shards.release_unit(unit_);
 }
 
-void UnitSharding::backward_begins() { shards().gather_unit(unit_); }
+void UnitSharding::backward_begins() { shards().gather_unit(unit_, ParameterShards::For::passes); }
 
 void UnitSharding::backward_ends() {
   ParameterShards& shards = this->shards();

@@ -62,6 +62,22 @@ namespace fulgor::detail {
 // to the end of its backward (FSDP2's option of that name): one all-gather
 // a step instead of two, for the memory of the unit's parameters.
 //
+// Note [Sharded mixed precision]
+// FSDP's MixedPrecision(param_dtype, reduce_dtype), one dtype for both as
+// Lightning's FSDPPrecision sets them ("bf16-mixed": bfloat16, "16-mixed":
+// float16). A unit's parameters are gathered for its passes in that dtype:
+// each parameter is switched (set_data) to a tensor of it, `low`, whose
+// storage is gathered into and released in place as a full-precision
+// parameter's is (autograd's saved views of it see the values gathered
+// again in backward), and back to `full`, its own full-precision tensor,
+// when released; the unit's floating-point inputs are cast to it (FSDP's
+// cast_forward_inputs), so that its forward computes in it. Its gradients
+// come in that dtype; a pass that does not synchronize keeps them in full
+// precision. Every gradient (a unit's, or one outside the units) is
+// reduce-scattered in that dtype and added to the piece's full-precision
+// gradient, which the optimizer steps with the full-precision pieces. A
+// checkpoint, and the end of the fit, gather in full precision.
+//
 // Note [Replicated shards]
 // Under HYBRID_SHARD the pieces are cut among the ranks of one node (the
 // group), and every node holds the same pieces: each reduced piece of a
@@ -84,8 +100,10 @@ class ParameterShards {
   /// the same pieces as this one, among which the reduced gradients are
   /// averaged again; `group` is then the ranks among which the pieces are
   /// cut.
+  /// `mixed`: the dtype of Note [Sharded mixed precision], if any.
   ParameterShards(ProcessGroup group, torch::nn::Module& module, bool gradients_reduced, bool shard_units = false,
-                  std::optional<ProcessGroup> replicas = std::nullopt);
+                  std::optional<ProcessGroup> replicas = std::nullopt,
+                  std::optional<torch::ScalarType> mixed = std::nullopt);
   ~ParameterShards();
   ParameterShards(const ParameterShards&) = delete;
   ParameterShards& operator=(const ParameterShards&) = delete;
@@ -162,6 +180,7 @@ class ParameterShards {
   struct Piece {
     torch::Tensor param;  // the module's parameter
     torch::Tensor shard;  // this rank's piece, padded
+    torch::Tensor full, low;                  // a unit's parameter's tensors under mixed precision
     int64_t numel = 0, size = 0, offset = 0;  // offset: within its bucket's row
     int64_t unit = -1;                        // the unit whose parameter it is, or -1
   };
@@ -176,12 +195,16 @@ class ParameterShards {
     std::vector<size_t> buckets;
     bool reshard_after_forward = true;
     bool gathered = true, reduced = false;
+    bool low = false;                     // gathered in the mixed-precision dtype
     int64_t forwards = 0, backwards = 0;  // passes since the last reduction
   };
 
+  // What a unit's parameters are gathered for: its passes (in the
+  // mixed-precision dtype, if any), or whole, on every rank or on rank 0.
+  enum class For { passes, every_rank, rank_zero };
   void find_units(torch::nn::Module& module);
-  void gather_bucket(const Bucket& bucket, bool to_rank_zero);
-  void gather_unit(size_t unit, bool to_rank_zero = false);
+  void gather_bucket(const Bucket& bucket, bool to_rank_zero, bool low);
+  void gather_unit(size_t unit, For purpose);
   void release_unit(size_t unit);
   void reduce_unit(size_t unit);
   void detach_units();
@@ -198,6 +221,7 @@ class ParameterShards {
 
   ProcessGroup group_;
   std::optional<ProcessGroup> replicas_;
+  std::optional<torch::ScalarType> mixed_;
   bool gradients_reduced_;
   bool synchronizing_ = true;
   std::vector<Piece> pieces_;
@@ -220,6 +244,9 @@ class UnitSharding {
   void forward_ends(bool routed);
   void backward_begins();
   void backward_ends();
+  /// The dtype the unit computes in (Note [Sharded mixed precision]), if
+  /// not its parameters'.
+  std::optional<torch::ScalarType> compute_dtype() const { return shards().mixed_; }
 
  private:
   friend class ParameterShards;

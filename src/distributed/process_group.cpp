@@ -10,6 +10,7 @@
 
 #include "distributed/process_group_state.h"
 #include "distributed/rank_whereabouts.h"
+#include "fulgor/detail/compat.h"
 #include "fulgor/distributed/backend.h"
 
 namespace fulgor {
@@ -46,6 +47,19 @@ std::string describe(const detail::RankWhereabouts& w, bool timed_out, const std
   if (!w.waiting.empty())
     parts.push_back(fmt::format("{} waited here too", detail::name_ranks(w.waiting)));
   return fmt::format("{}", fmt::join(parts, "; "));
+}
+
+// Note [Gloo without bfloat16]
+// LibTorch 1.13's gloo refuses bfloat16 tensors. There a bfloat16 tensor is
+// moved as float16's bits (the same size: a gather or a broadcast is exact)
+// and reduced in float32, rounded back once.
+bool moves_as_half(const ProcessGroup::State& s, const torch::Tensor& t) {
+  return !detail::compat::kGlooHasBFloat16 && s.backend == "gloo" && t.scalar_type() == torch::kBFloat16;
+}
+
+std::vector<torch::Tensor> as_bfloat16(std::vector<torch::Tensor> tensors) {
+  for (auto& t : tensors) t = t.view(torch::kBFloat16);
+  return tensors;
 }
 
 c10d::ReduceOp to_c10d(ReduceOp op) {
@@ -187,11 +201,13 @@ void ProcessGroup::broadcast(std::vector<torch::Tensor>& tensors, int64_t root) 
         fmt::format("broadcast root {} is not accepted: expected a rank from 0 to {}", root, state_->size - 1));
   if (tensors.empty()) return;
   torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> moved = tensors;  // views of the same memory
+  for (auto& t : moved)
+    if (moves_as_half(*state_, t)) t = t.view(torch::kHalf);
   // broadcast_coalesced flattens the tensors into few messages and copies the
   // result back into them, whatever their layout.
-  state_->run("broadcast", [&] {
-    c10d::broadcast_coalesced(state_->group, tensors, kBroadcastBucketBytes, static_cast<int>(root));
-  });
+  state_->run("broadcast",
+              [&] { c10d::broadcast_coalesced(state_->group, moved, kBroadcastBucketBytes, static_cast<int>(root)); });
 }
 
 void ProcessGroup::broadcast_module(torch::nn::Module& module, int64_t root) {
@@ -225,6 +241,12 @@ void ProcessGroup::all_reduce(torch::Tensor& tensor, ReduceOp op) {
     throw ConfigError(fmt::format("all_reduce mean of a {} tensor is not accepted: it needs a floating-point tensor",
                                   c10::toString(tensor.scalar_type())));
   torch::NoGradGuard no_grad;
+  if (moves_as_half(*state_, tensor)) {
+    torch::Tensor wide = tensor.to(torch::kFloat);
+    all_reduce(wide, op);
+    tensor.copy_(wide);
+    return;
+  }
   // c10d backends reduce contiguous buffers in place.
   std::vector<torch::Tensor> buffer{tensor.is_contiguous() ? tensor : tensor.contiguous()};
   c10d::AllreduceOptions options;
@@ -242,6 +264,7 @@ double ProcessGroup::all_reduce(double value, ReduceOp op) {
 }
 
 std::vector<torch::Tensor> ProcessGroup::all_gather(const torch::Tensor& tensor) {
+  if (moves_as_half(*state_, tensor)) return as_bfloat16(all_gather(tensor.view(torch::kHalf)));
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> input{tensor.contiguous()};
   std::vector<std::vector<torch::Tensor>> output(1);
@@ -256,6 +279,7 @@ std::vector<torch::Tensor> ProcessGroup::gather(const torch::Tensor& tensor, int
   if (root < 0 || root >= state_->size)
     throw ConfigError(
         fmt::format("gather root {} is not accepted: expected a rank from 0 to {}", root, state_->size - 1));
+  if (moves_as_half(*state_, tensor)) return as_bfloat16(gather(tensor.view(torch::kHalf), root));
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> input{tensor.contiguous()};
   std::vector<std::vector<torch::Tensor>> output;

@@ -257,6 +257,9 @@ void ShardedUnit::pretty_print(std::ostream& stream) const {
 std::vector<torch::Tensor> ShardedUnit::before_forward(std::vector<torch::Tensor> inputs) {
   if (!sharding_) return inputs;
   sharding_->forward_begins();
+  if (const auto dtype = sharding_->compute_dtype())  // Note [Sharded mixed precision]
+    for (auto& t : inputs)
+      if (t.defined() && t.is_floating_point()) t = t.to(*dtype);
   return route<AfterUnitBackward>(sharding_, std::move(inputs));
 }
 

@@ -133,8 +133,16 @@ std::pair<ProcessGroup, std::optional<ProcessGroup>> node_groups(ProcessGroup& w
 
 }  // namespace
 
+std::optional<torch::ScalarType> mixed_precision_of(Sharding sharding, const Precision& precision) {
+  const bool fsdp = sharding == Sharding::gradients || sharding == Sharding::parameters ||
+                    sharding == Sharding::parameters_within_nodes;
+  if (!fsdp || !precision.mixed) return std::nullopt;
+  return precision.dtype;
+}
+
 DataParallelModule attach_data_parallel(ProcessGroup& group, torch::nn::Module& module, Sharding sharding,
-                                        const DistributedEnvironment& environment) {
+                                        const DistributedEnvironment& environment,
+                                        std::optional<torch::ScalarType> mixed) {
   DataParallelModule attached;
   // Where the gradients are sharded they are reduce-scattered after
   // backward (or after each unit's backward), not all_reduced during it.
@@ -143,11 +151,12 @@ DataParallelModule attach_data_parallel(ProcessGroup& group, torch::nn::Module& 
   if (sharding == Sharding::parameters_within_nodes) {
     auto [node, peers] = node_groups(group, environment);
     attached.shards = std::make_unique<ParameterShards>(std::move(node), module, /*gradients_reduced=*/false,
-                                                        /*shard_units=*/true, std::move(peers));
+                                                        /*shard_units=*/true, std::move(peers), mixed);
   } else if (sharding != Sharding::none) {
-    attached.shards = std::make_unique<ParameterShards>(group, module,
-                                                        /*gradients_reduced=*/attached.synchronizer != nullptr,
-                                                        /*shard_units=*/sharding == Sharding::parameters);
+    attached.shards =
+        std::make_unique<ParameterShards>(group, module,
+                                          /*gradients_reduced=*/attached.synchronizer != nullptr,
+                                          /*shard_units=*/sharding == Sharding::parameters, std::nullopt, mixed);
   }
   return attached;
 }
@@ -175,11 +184,12 @@ ProcessGroup& DdpStrategy::checkpoint_group() {
   return *checkpoint_group_;
 }
 
-void DdpStrategy::attach(torch::nn::Module& module) {
+void DdpStrategy::attach(torch::nn::Module& module, const Precision& precision) {
   synchronizer_.reset();
   shards_.reset();
   module_ = &module;
-  DataParallelModule attached = attach_data_parallel(group_, module, sharding_, environment_);
+  DataParallelModule attached =
+      attach_data_parallel(group_, module, sharding_, environment_, mixed_precision_of(sharding_, precision));
   synchronizer_ = std::move(attached.synchronizer);
   shards_ = std::move(attached.shards);
 }

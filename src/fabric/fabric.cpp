@@ -157,7 +157,9 @@ void Fabric::setup_module(torch::nn::Module& module, bool move_to_device) {
   if (move_to_device) accelerator_->move_module(module, device());
   auto set_up = std::make_unique<detail::FabricModule>();
   set_up->module = &module;
-  if (group_) set_up->parallel = detail::attach_data_parallel(*group_, module, sharding_of(options_), environment_);
+  if (group_)
+    set_up->parallel = detail::attach_data_parallel(*group_, module, sharding_of(options_), environment_,
+                                                    detail::mixed_precision_of(sharding_of(options_), precision()));
   modules_.push_back(std::move(set_up));
 }
 

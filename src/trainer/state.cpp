@@ -249,7 +249,7 @@ void TrainerState::on_exception(ModuleBase& model, const std::exception& e) {
 // configure_optimizers: the gradients synchronized, and under sharding the
 // optimizers put on the shards.
 void TrainerState::attach_ddp(ModuleBase& model) {
-  ddp->attach(model);
+  ddp->attach(model, precision.precision());
   ddp->shard(optim.optimizers);
   if (ddp->sharding() == Sharding::none) return;
   ModuleAccess::set_sharded_gradient_norm(model, [strategy = ddp.get()](const std::vector<torch::Tensor>& params) {

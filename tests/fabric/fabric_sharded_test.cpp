@@ -32,7 +32,7 @@ TEST(FabricSharded, LoopsEndAsUnderDdpAndResumeExactly) {
       {"sharded", dir.str(),
        "ddp,zero1,shard_grad_op,full_shard,zero1_resumed,shard_grad_op_resumed,full_shard_resumed,ddp_twice,"
        "zero1_twice,shard_grad_op_twice,full_shard_twice,zero1_dcp_resumed,shard_grad_op_dcp_resumed,"
-       "full_shard_dcp_resumed,ddp_spike,zero1_spike,full_shard_spike",
+       "full_shard_dcp_resumed,ddp_spike,zero1_spike",
        "run"},
       dir / "sharded.log", std::chrono::seconds(180));
   ASSERT_TRUE(fulgor::test::exited_with(status, 0)) << log;
@@ -56,10 +56,10 @@ TEST(FabricSharded, LoopsEndAsUnderDdpAndResumeExactly) {
     // Under "16-mixed" the ranks skip the step whose gradient is infinite in
     // one rank's piece alone together, as ddp's (the worker checks that the
     // scale backed off once).
-    const torch::Tensor ddp_spike = parameters_of(dir, rank, "ddp_spike");
-    for (const std::string variant : {"zero1_spike", "full_shard_spike"})
-      EXPECT_LE((parameters_of(dir, rank, variant) - ddp_spike).abs().max().item<double>(), 1e-12 * scale)
-          << variant << ", rank " << rank;
+    EXPECT_LE(
+        (parameters_of(dir, rank, "zero1_spike") - parameters_of(dir, rank, "ddp_spike")).abs().max().item<double>(),
+        1e-12 * scale)
+        << "zero1_spike, rank " << rank;
   }
 }
 

@@ -109,6 +109,9 @@ using CollectiveBackend = c10d::ProcessGroup;
 /// Whether this LibTorch was built with c10d's gloo and NCCL backends.
 bool has_gloo();
 bool has_nccl();
+/// Whether c10d's gloo backend takes bfloat16 tensors (2.x; 1.13's refuses
+/// them: "Invalid scalar type").
+constexpr bool kGlooHasBFloat16 = FULGOR_TORCH_AT_LEAST(2, 0);
 
 /// A TCPStore client for `host:port`; the server too when `is_server`, which
 /// then waits for `world_size` clients. Operations fail after `timeout`.

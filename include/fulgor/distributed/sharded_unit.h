@@ -70,6 +70,9 @@ struct ShardedOptions {
 ///     false, kept from the forward to the end of the backward instead).
 ///     Every rank must run the same units in the same order, as every
 ///     collective. HYBRID_SHARD does the same over the ranks of each node.
+///     Under "bf16-mixed" or "16-mixed" the parameters are gathered in that
+///     dtype and the floating-point tensor arguments cast to it, so that
+///     the forward computes in it (FSDP's MixedPrecision).
 ///   - With options().checkpoint_activations, under grad mode, the forward
 ///     keeps no activations and backward runs it again (Note [Checkpointed
 ///     units] in src/distributed/sharded_unit.cpp), under FULL_SHARD between

@@ -25,15 +25,19 @@ constexpr uint64_t kShardedSeed = 5;
 // epoch; with sgd, which steps every batch, the end of its first batch.
 constexpr int64_t kShardedMidStep = 3;
 
-/// torch::nn::Linear counting its forward passes.
+/// torch::nn::Linear counting its forward passes, and recording the dtype
+/// of its weight in the last.
 struct CountedLinearImpl : torch::nn::LinearImpl {
-  CountedLinearImpl(int64_t in, int64_t out, std::shared_ptr<int64_t> forwards)
-      : torch::nn::LinearImpl(in, out), forwards(std::move(forwards)) {}
+  CountedLinearImpl(int64_t in, int64_t out, std::shared_ptr<int64_t> forwards,
+                    std::shared_ptr<torch::ScalarType> computed_in)
+      : torch::nn::LinearImpl(in, out), forwards(std::move(forwards)), computed_in(std::move(computed_in)) {}
   torch::Tensor forward(const torch::Tensor& x) {
     ++*forwards;
+    *computed_in = weight.scalar_type();
     return torch::nn::LinearImpl::forward(x);
   }
   std::shared_ptr<int64_t> forwards;
+  std::shared_ptr<torch::ScalarType> computed_in;
 };
 
 /// Linear(4, 5), Tanh, Linear(5, 1) in float64: 20 + 5 + 5 + 1 elements, so
@@ -43,25 +47,29 @@ struct CountedLinearImpl : torch::nn::LinearImpl {
 /// input needs no gradient, is reduced after backward; the second when its
 /// own backward ends. `checkpoint_activations`: the units' too, so that
 /// backward gathers them to run their forward again;
-/// `reshard_after_forward`: the units' too.
+/// `reshard_after_forward`: the units' too; `dtype`: the parameters' and
+/// the data's.
 struct ShardedNet : fulgor::Module {
   torch::nn::Sequential net{nullptr};
   std::string optimizer;
   bool checkpoint_activations;
+  torch::ScalarType dtype;
   std::shared_ptr<int64_t> forwards = std::make_shared<int64_t>(0);  // the units'
+  std::shared_ptr<torch::ScalarType> computed_in = std::make_shared<torch::ScalarType>(torch::kFloat64);
 
   ShardedNet(uint64_t seed, std::string optimizer_name, bool checkpoint_activations = false,
-             bool reshard_after_forward = true)
-      : optimizer(std::move(optimizer_name)), checkpoint_activations(checkpoint_activations) {
+             bool reshard_after_forward = true, torch::ScalarType dtype = torch::kFloat64)
+      : optimizer(std::move(optimizer_name)), checkpoint_activations(checkpoint_activations), dtype(dtype) {
     torch::manual_seed(seed);
     fulgor::ShardedOptions unit;
     unit.checkpoint_activations = checkpoint_activations;
     unit.reshard_after_forward = reshard_after_forward;
     net = register_module(
-        "net", torch::nn::Sequential(fulgor::Sharded(std::make_shared<CountedLinearImpl>(kFeatures, 5, forwards), unit),
-                                     torch::nn::Tanh(),
-                                     fulgor::Sharded(std::make_shared<CountedLinearImpl>(5, 1, forwards), unit)));
-    to(torch::kFloat64);
+        "net", torch::nn::Sequential(
+                   fulgor::Sharded(std::make_shared<CountedLinearImpl>(kFeatures, 5, forwards, computed_in), unit),
+                   torch::nn::Tanh(),
+                   fulgor::Sharded(std::make_shared<CountedLinearImpl>(5, 1, forwards, computed_in), unit)));
+    to(dtype);
   }
   /// The bytes in memory on this rank of the units' parameters, and those
   /// they hold whole.
@@ -76,12 +84,11 @@ struct ShardedNet : fulgor::Module {
     return bytes;
   }
   torch::Tensor training_step(torch::data::Example<> batch, int64_t) override {
-    return torch::mse_loss(net->forward(batch.data.to(torch::kFloat64)), batch.target.to(torch::kFloat64));
+    return torch::mse_loss(net->forward(batch.data.to(dtype)), batch.target.to(dtype));
   }
   // Under inference mode, where FULL_SHARD's units gather and release too.
   void validation_step(torch::data::Example<> batch, int64_t) override {
-    log("val_loss",
-        torch::mse_loss(net->forward(batch.data.to(torch::kFloat64)), batch.target.to(torch::kFloat64)));
+    log("val_loss", torch::mse_loss(net->forward(batch.data.to(dtype)), batch.target.to(dtype)));
   }
   fulgor::OptimizerConfig configure_optimizers() override {
     if (optimizer == "adam")
@@ -115,6 +122,7 @@ struct ShardedVariant {
   bool sharded_checkpoints = false;     // "_dcp" in the name: state_dict_type "sharded"
   bool reshard_after_forward = true;    // false with "_keep" in the name
   bool spiked = false;                  // "_spike" in the name: SpikedNet under precision "16-mixed"
+  bool bf16 = false;                    // "_bf16" in the name: float32, precision "bf16-mixed"
   /// Whether the units' parameters are released between steps.
   bool shards_units() const { return strategy == "full_shard" || strategy == "hybrid_shard"; }
 };
@@ -132,6 +140,7 @@ inline ShardedVariant parse_variant(const std::string& text) {
   v.sharded_checkpoints = v.name.find("_dcp") != std::string::npos;
   v.reshard_after_forward = v.name.find("_keep") == std::string::npos;
   v.spiked = v.name.find("_spike") != std::string::npos;
+  v.bf16 = v.name.find("_bf16") != std::string::npos;
   if (v.strategy.empty()) throw std::invalid_argument("unknown variant " + text);
   return v;
 }
@@ -149,6 +158,7 @@ inline fulgor::TrainerOptions sharded_options(const ShardedVariant& variant, con
   o.gradient_clip_algorithm = variant.optimizer == "adam" ? "norm" : "value";
   o.gradient_clip_val = variant.optimizer == "adam" ? 0.3 : 0.05;
   o.state_dict_type = variant.sharded_checkpoints ? "sharded" : "full";
+  if (variant.bf16) o.precision = "bf16-mixed";
   if (variant.spiked) {  // registered by the worker
     o.accelerator = "fp16_scaling_cpu";
     o.precision = "16-mixed";

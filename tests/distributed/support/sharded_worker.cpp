@@ -9,8 +9,9 @@
 // full_shard_ckpt (full_shard with units that checkpoint their activations)
 // or full_shard_keep (units with reshard_after_forward false), any of them
 // followed by _dcp for sharded checkpoints (state_dict_type "sharded":
-// folders) or _spike (SpikedNet under precision "16-mixed": every rank
-// checks that the loss scale backed off once), and OPTIMIZER is adam (fulgor::Adam
+// folders), _spike (SpikedNet under precision "16-mixed": every rank
+// writes its final loss scale too, as VARIANT_scale) or _bf16 (float32,
+// precision "bf16-mixed"), and OPTIMIZER is adam (fulgor::Adam
 // with weight decay, gradients clipped by norm, accumulating 2 batches) or sgd
 // (torch::optim::SGD with momentum, clipped by value). For each, the rank
 // fits ShardedNet kEpochs epochs in float64 and saves a checkpoint at the
@@ -63,6 +64,13 @@ class ReleasedBetweenSteps final : public fulgor::Callback {
   }
   void on_before_backward(fulgor::Trainer& trainer, fulgor::ModuleBase& module, const torch::Tensor&) override {
     expect(module, kept_ ? whole(module) : 0, "before the backward of step " + std::to_string(trainer.global_step()));
+    // Note [Sharded mixed precision]: under bf16-mixed the units computed
+    // with parameters gathered in bfloat16, float32 between their passes.
+    const auto& net = dynamic_cast<ShardedNet&>(module);
+    const auto expected = trainer.precision().name == "bf16-mixed" ? torch::kBFloat16 : net.dtype;
+    if (*net.computed_in != expected || (!kept_ && net.net->parameters()[0].scalar_type() != net.dtype))
+      throw std::runtime_error(std::string("the units computed in ") + c10::toString(*net.computed_in) + " and hold " +
+                               c10::toString(net.net->parameters()[0].scalar_type()) + " after");
   }
   void on_save_checkpoint(fulgor::Trainer& trainer, fulgor::ModuleBase& module, nlohmann::json&) override {
     if (!fitting_) return;
@@ -101,14 +109,16 @@ class RecomputedInBackward final : public fulgor::Callback {
   int64_t before_ = 0;
 };
 
+// The final parameters, flattened; `scale`: the final loss scale.
 torch::Tensor fit(const ShardedVariant& variant, const std::string& out, const std::string& resume_from,
-                  std::optional<int64_t> stop_at, const std::string& save_to) {
+                  std::optional<int64_t> stop_at, const std::string& save_to, double* scale = nullptr) {
   const auto env = fulgor::detect_distributed_environment();
   const int64_t rank = env.rank;
   std::unique_ptr<ShardedNet> net =
       variant.spiked ? std::make_unique<SpikedNet>(rank)
                      : std::make_unique<ShardedNet>(kShardedSeed, variant.optimizer, variant.checkpoint_activations,
-                                                    variant.reshard_after_forward);
+                                                    variant.reshard_after_forward,
+                                                    variant.bf16 ? torch::kFloat32 : torch::kFloat64);
   ShardedNet& model = *net;
   auto loader = make_loader(env.world_size, rank);
   auto options = sharded_options(variant, out + "/rank" + std::to_string(rank));
@@ -134,10 +144,7 @@ torch::Tensor fit(const ShardedVariant& variant, const std::string& out, const s
   else
     trainer.fit(model, loader, fulgor::FitOptions{resume_from});
   if (!stop_at) trainer.save_checkpoint(out + "/" + variant.name + ".ckpt");
-  // Rank 1's infinite gradient skipped one step on every rank.
-  if (variant.spiked && trainer.grad_scaler()->get_scale() != fulgor::GradScalerOptions{}.init_scale / 2)
-    throw std::runtime_error("the loss scale is " + std::to_string(trainer.grad_scaler()->get_scale()) +
-                             ", not the initial one backed off once");
+  if (scale && trainer.grad_scaler()) *scale = trainer.grad_scaler()->get_scale();
   return flat_parameters(model);
 }
 
@@ -165,7 +172,9 @@ int main(int argc, char** argv) {
         fit(variant, out, "", kShardedMidStep, mid);
         params = fit(variant, out, mid, std::nullopt, "");
       } else {
-        params = fit(variant, out, "", std::nullopt, "");
+        double scale = 0;
+        params = fit(variant, out, "", std::nullopt, "", &scale);
+        if (variant.spiked) archive.write(variant.name + "_scale", torch::tensor({scale}, torch::kFloat64));
       }
       archive.write(variant.name, params);
     }
