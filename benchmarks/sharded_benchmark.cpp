@@ -2,8 +2,9 @@
 // parameters, in their gradients and in the optimizer's state, counted from
 // the tensors after an optimizer step, and the process's peak resident
 // memory, with steps per second, for ddp, ZeRO-1 (zero_redundancy_optimizer)
-// and fsdp's SHARD_GRAD_OP and FULL_SHARD on 2 and 4 CPU ranks started by
-// fulgor-run, against ddp's figures and the ZeRO paper's bounds for Adam in
+// and fsdp's SHARD_GRAD_OP and FULL_SHARD (in float32, and under bf16-mixed,
+// whose units are gathered in bfloat16: Note [Sharded mixed precision]) on 2
+// and 4 CPU ranks started by fulgor-run, against ddp's figures and the ZeRO paper's bounds for Adam in
 // float32 (Ψ parameters, N ranks: optimizer state 8Ψ under ddp, 8Ψ/N
 // sharded; gradients 4Ψ, 4Ψ/N under SHARD_GRAD_OP; everything 16Ψ/N under
 // FULL_SHARD). The parameters' bytes are those their storage holds (a
@@ -98,9 +99,11 @@ class Meter final : public fulgor::Callback {
 fulgor::TrainerOptions options_for(const std::string& variant, int64_t steps) {
   fulgor::TrainerOptions o;
   o.accelerator = "cpu";
-  o.strategy = variant == "shard_grad_op" || variant == "full_shard" ? "fsdp" : "ddp";
-  o.sharding_strategy = variant == "full_shard" ? "FULL_SHARD" : "SHARD_GRAD_OP";
+  const bool full_shard = variant.rfind("full_shard", 0) == 0;
+  o.strategy = variant == "shard_grad_op" || full_shard ? "fsdp" : "ddp";
+  o.sharding_strategy = full_shard ? "FULL_SHARD" : "SHARD_GRAD_OP";
   o.zero_redundancy_optimizer = variant == "zero1";
+  if (variant == "full_shard_bf16") o.precision = "bf16-mixed";
   o.max_steps = steps;
   o.logger = false;
   o.enable_checkpointing = false;
@@ -179,7 +182,7 @@ void sharded_benchmark(Report& report, const Settings& settings) {
                 fmt::format("state {}, grads {}, params {}, peak {}; {:.2f} steps/s", megabytes(ddp.state),
                             megabytes(ddp.grads), megabytes(ddp.params), megabytes(ddp.peak), ddp.steps_per_second),
                 ""});
-    for (const char* variant : {"zero1", "shard_grad_op", "full_shard"}) {
+    for (const char* variant : {"zero1", "shard_grad_op", "full_shard", "full_shard_bf16"}) {
       const Figures f = run_ranks(variant, ranks, width, steps);
       const double state_bound = 8 * psi / ranks, grads_bound = 4 * psi / ranks, all_bound = 16 * psi / ranks;
       report.row({"sharded", fmt::format("{:.1f}M params, {} ranks, {}", psi / 1e6, ranks, variant),
