@@ -375,7 +375,7 @@ void ParameterShards::gather_unit(size_t unit, For purpose) {
         allocate_storage(piece.low);
         piece.param.set_data(piece.low);
       }
-    gather_bucket(buckets_[b], purpose == For::rank_zero, low && receives);
+    gather_bucket(buckets_[b], purpose == For::rank_zero, low);
   }
   u.gathered = receives;
   u.low = low && receives;
