@@ -77,29 +77,12 @@ inline std::pair<std::optional<int>, std::string> run_two_ranks(
 #endif
 #endif
 
-/// Starts `argv` as ranks 0 to n-1 of a job on loopback without fulgor-run
-/// (which would stop a survivor itself, and mixes the ranks' output); rank R
-/// writes to dir/logR.
-inline std::vector<std::unique_ptr<Child>> start_ranks(const std::vector<std::string>& argv, const std::string& dir,
-                                                       int n) {
-  const std::string port = std::to_string(free_port());
-  std::vector<std::unique_ptr<Child>> ranks;
-  for (int rank = 0; rank < n; ++rank)
-    ranks.push_back(std::make_unique<Child>(argv,
-                                            std::map<std::string, std::string>{{"RANK", std::to_string(rank)},
-                                                                               {"LOCAL_RANK", std::to_string(rank)},
-                                                                               {"WORLD_SIZE", std::to_string(n)},
-                                                                               {"MASTER_ADDR", "127.0.0.1"},
-                                                                               {"MASTER_PORT", port}},
-                                            (std::filesystem::path(dir) / ("log" + std::to_string(rank))).string()));
-  return ranks;
-}
-
 /// Starts `argv` as the ranks of a job of `nodes` nodes of `per_node` ranks
-/// each on loopback, as torchrun numbers them (node k holds ranks k *
-/// per_node to k * per_node + per_node - 1) or, `cyclic`, as srun's cyclic
-/// distribution does (node k holds ranks k, k + nodes, ...); rank R writes to
-/// dir/logR.
+/// each on loopback without fulgor-run (which would stop a survivor itself,
+/// and mixes the ranks' output), numbered as torchrun numbers them (node k
+/// holds ranks k * per_node to k * per_node + per_node - 1) or, `cyclic`, as
+/// srun's cyclic distribution does (node k holds ranks k, k + nodes, ...);
+/// rank R writes to dir/logR.
 inline std::vector<std::unique_ptr<Child>> start_nodes(const std::vector<std::string>& argv, const std::string& dir,
                                                        int nodes, int per_node, bool cyclic = false) {
   const std::string port = std::to_string(free_port());
@@ -118,6 +101,12 @@ inline std::vector<std::unique_ptr<Child>> start_nodes(const std::vector<std::st
                                 (std::filesystem::path(dir) / ("log" + std::to_string(rank))).string()));
   }
   return ranks;
+}
+
+/// Ranks 0 to n-1 of a job of one node (start_nodes).
+inline std::vector<std::unique_ptr<Child>> start_ranks(const std::vector<std::string>& argv, const std::string& dir,
+                                                       int n) {
+  return start_nodes(argv, dir, 1, n);
 }
 
 inline std::vector<std::unique_ptr<Child>> start_two_ranks(const std::vector<std::string>& argv,
