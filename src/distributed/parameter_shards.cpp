@@ -82,6 +82,29 @@ void accumulate(torch::Tensor& shard, const torch::Tensor& gradient) {
     shard.mutable_grad() = gradient.to(shard.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
 }
 
+// Writes `flat` into `parts` ([ranks, piece size], rank r's piece in row r)
+// as padded_flat(flat, parts.numel()).view(parts.sizes()) would, with no
+// padded copy made.
+void scatter_into(const torch::Tensor& parts, const torch::Tensor& flat) {
+  const int64_t size = parts.size(1);
+  if (size == 0) return;
+  const int64_t whole_rows = flat.numel() / size, rest = flat.numel() % size;
+  parts.narrow(0, 0, whole_rows).copy_(flat.narrow(0, 0, whole_rows * size).view({whole_rows, size}));
+  if (whole_rows == parts.size(0)) return;
+  parts[whole_rows].narrow(0, 0, rest).copy_(flat.narrow(0, whole_rows * size, rest));
+  parts[whole_rows].narrow(0, rest, size - rest).zero_();
+  parts.narrow(0, whole_rows + 1, parts.size(0) - whole_rows - 1).zero_();
+}
+
+// The inverse: `flat` from `parts` read row by row, the padding left out.
+void gather_from(const torch::Tensor& flat, const torch::Tensor& parts) {
+  const int64_t size = parts.size(1);
+  if (size == 0) return;
+  const int64_t whole_rows = flat.numel() / size, rest = flat.numel() % size;
+  flat.narrow(0, 0, whole_rows * size).view({whole_rows, size}).copy_(parts.narrow(0, 0, whole_rows));
+  if (rest > 0) flat.narrow(0, whole_rows * size, rest).copy_(parts[whole_rows].narrow(0, 0, rest));
+}
+
 // Note [Fully sharded units]: a released parameter keeps its tensor and
 // storage objects, whose memory is freed; gathering gives the storage the
 // memory of a new tensor, allocated as the device allocates any (a loaded
@@ -296,31 +319,34 @@ void ParameterShards::reduce_unit(size_t unit) {
 }
 
 void ParameterShards::reduce_bucket(const Bucket& bucket, std::vector<char>& had) {
-  const int64_t n = group_.size();
-  auto gradient_of = [&](const Piece& piece) {
-    const torch::Tensor& g = piece.param.grad();
-    return g.defined() ? g : torch::zeros_like(piece.param);
-  };
   if (gradients_reduced_) {  // the means are there: each rank keeps its piece
     for (size_t i : bucket.pieces)
-      if (had[i]) accumulate(pieces_[i].shard, own_piece(pieces_[i], gradient_of(pieces_[i])));
+      if (had[i]) accumulate(pieces_[i].shard, own_piece(pieces_[i], pieces_[i].param.grad()));
     return;
   }
-  // Row r: rank r's pieces of every gradient, then whether this rank has
-  // each gradient (the same on every row, so that each rank learns of all),
-  // in the pieces' dtype or the reduce dtype (Note [Sharded mixed precision]).
+  // Row r of `all`: rank r's pieces of every gradient, then whether this
+  // rank has each gradient (the same on every row, so that each rank learns
+  // of all), in the pieces' dtype or the reduce dtype (Note [Sharded mixed
+  // precision]). The reduction leaves this rank's row in `mine`.
+  const int64_t n = group_.size(), k = static_cast<int64_t>(bucket.pieces.size()), width = bucket.row + k;
   const torch::Tensor& first = pieces_[bucket.pieces.front()].shard;
-  const auto options = first.options().dtype(mixed_.value_or(first.scalar_type()));
-  std::vector<torch::Tensor> columns;
-  const auto k = static_cast<int64_t>(bucket.pieces.size());
+  const torch::Tensor memory =
+      working_.get((n + 1) * width, first.options().dtype(mixed_.value_or(first.scalar_type())));
+  torch::Tensor all = memory.narrow(0, 0, n * width), mine = memory.narrow(0, n * width, width);
+  const torch::Tensor rows = all.view({n, width});
   torch::Tensor flags = torch::empty({k}, torch::kFloat64);
   for (int64_t j = 0; j < k; ++j) {
     const Piece& piece = pieces_[bucket.pieces[static_cast<size_t>(j)]];
-    columns.push_back(padded_flat(gradient_of(piece).to(options), n * piece.size).view({n, piece.size}));
+    const torch::Tensor& gradient = piece.param.grad();
+    const torch::Tensor columns = rows.narrow(1, piece.offset, piece.size);
+    if (gradient.defined())
+      scatter_into(columns, gradient.reshape({-1}));
+    else
+      columns.zero_();
     flags[j] = had[bucket.pieces[static_cast<size_t>(j)]] ? 1.0 : 0.0;
   }
-  columns.push_back(flags.to(options).expand({n, k}));
-  torch::Tensor mine = group_.reduce_scatter(torch::cat(columns, 1).reshape({-1}), ReduceOp::mean);
+  rows.narrow(1, bucket.row, k).copy_(flags);
+  group_.reduce_scatter_tensor(mine, all, ReduceOp::mean);
   if (replicas_) replicas_->all_reduce(mine, ReduceOp::mean);
   const torch::Tensor any = mine.narrow(0, bucket.row, k).to(torch::kFloat64).cpu();
   for (int64_t j = 0; j < k; ++j) {
@@ -336,17 +362,23 @@ void ParameterShards::reduce_bucket(const Bucket& bucket, std::vector<char>& had
 // rank 0 alone, the others copying nothing out.
 void ParameterShards::gather_bucket(const Bucket& bucket, bool to_rank_zero, bool low) {
   if (to_rank_zero && !first_replica()) return;
-  std::vector<torch::Tensor> row;
-  for (size_t i : bucket.pieces) row.push_back(pieces_[i].shard.detach());
-  torch::Tensor mine = torch::cat(row);
-  if (low) mine = mine.to(*mixed_);
-  const std::vector<torch::Tensor> rows = to_rank_zero ? group_.gather(mine, 0) : group_.all_gather(mine);
-  if (rows.empty()) return;
-  const torch::Tensor all = torch::stack(rows);  // [ranks, row]
+  const int64_t n = group_.size(), width = bucket.row;
+  const torch::Tensor& first = pieces_[bucket.pieces.front()].shard;
+  const torch::Tensor memory =
+      working_.get((n + 1) * width, first.options().dtype(low ? *mixed_ : first.scalar_type()));
+  torch::Tensor all = memory.narrow(0, 0, n * width), mine = memory.narrow(0, n * width, width);
+  for (size_t i : bucket.pieces) mine.narrow(0, pieces_[i].offset, pieces_[i].size).copy_(pieces_[i].shard.detach());
+  if (!to_rank_zero) {
+    group_.all_gather_into_tensor(all, mine);
+  } else {
+    const std::vector<torch::Tensor> parts = group_.gather(mine, 0);
+    if (parts.empty()) return;
+    torch::cat_out(all, parts);
+  }
+  const torch::Tensor rows = all.view({n, width});
   for (size_t i : bucket.pieces) {
-    Piece& piece = pieces_[i];
-    const torch::Tensor whole = all.narrow(1, piece.offset, piece.size).reshape({-1}).narrow(0, 0, piece.numel);
-    unversioned(piece.param).copy_(whole.view(piece.param.sizes()));
+    const Piece& piece = pieces_[i];
+    gather_from(unversioned(piece.param).view({-1}), rows.narrow(1, piece.offset, piece.size));
   }
 }
 

@@ -12,6 +12,7 @@
 #include <optional>
 #include <vector>
 
+#include "distributed/working_memory.h"
 #include "fulgor/distributed/process_group.h"
 #include "fulgor/distributed/sharded_unit.h"
 
@@ -28,7 +29,8 @@ namespace fulgor::detail {
 // parameters' own gradients are freed; after the optimizer's step the shards
 // are all-gathered back into the parameters, so every rank computes with the
 // whole model. Collectives run per bucket of parameters of one dtype, each
-// rank's pieces of a bucket side by side, so that one bucket is one message.
+// rank's pieces of a bucket side by side, so that one bucket is one message;
+// the buckets are assembled in one buffer that every bucket reuses.
 // Padding stays zero: its gradient is zero, and Adam, AdamW and SGD leave a
 // zero with a zero gradient at zero.
 //
@@ -227,6 +229,9 @@ class ParameterShards {
   std::vector<Piece> pieces_;
   std::vector<Bucket> buckets_;
   std::vector<Unit> units_;
+  // A bucket's rows of every rank and this rank's row, for its reduction
+  // and its gathering: one buffer the size of the largest bucket.
+  WorkingMemory working_;
   // shards_version() after the last collective: in-place changes to the
   // shards (an optimizer's step) move their tensors' version counters.
   int64_t version_ = 0;

@@ -8,6 +8,7 @@
 
 #include <functional>
 
+#include "distributed/working_memory.h"
 #include "fulgor/core/error.h"
 #include "fulgor/distributed/process_group.h"
 
@@ -27,6 +28,8 @@ struct ProcessGroup::State {
   std::string timeout_option = "ProcessGroupOptions::timeout";
   /// Collectives run so far, the same count on every rank in step.
   mutable int64_t collectives = 0;
+  /// What the collectives Gloo lacks are made in (Note [Collectives Gloo lacks]).
+  detail::WorkingMemory working_memory;
 
   /// Makes `group` for this rank of `size` from the other fields.
   void connect();

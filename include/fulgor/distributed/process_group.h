@@ -85,11 +85,19 @@ class FULGOR_API ProcessGroup {
   /// The tensors have the same shape and dtype on every rank.
   std::vector<torch::Tensor> gather(const torch::Tensor& tensor, int64_t root = 0);
 
-  /// The ranks' `input`s combined by `op`, then cut along the first dimension
-  /// into size() equal parts, of which this rank gets part rank(), as
-  /// PyTorch's reduce_scatter_tensor. input.size(0) must divide by size().
-  /// Backends without a reduce-scatter (Gloo) all_reduce the whole input.
-  torch::Tensor reduce_scatter(const torch::Tensor& input, ReduceOp op = ReduceOp::sum);
+  /// Every rank's `input`, side by side in rank order, written into
+  /// `output`, as PyTorch's all_gather_into_tensor: `output` is contiguous,
+  /// of input's dtype, with size() times its elements.
+  void all_gather_into_tensor(torch::Tensor& output, const torch::Tensor& input);
+
+  /// The ranks' `input`s combined by `op`, then cut into size() equal parts,
+  /// of which part rank() is written into `output`, as PyTorch's
+  /// reduce_scatter_tensor: `output` is contiguous, of input's dtype, with
+  /// input's elements divided by size().
+  /// On Gloo, which has neither, both are made of its all_to_all through
+  /// memory the group keeps for the next call (Note [Collectives Gloo
+  /// lacks], src/distributed/process_group.cpp).
+  void reduce_scatter_tensor(torch::Tensor& output, const torch::Tensor& input, ReduceOp op = ReduceOp::sum);
 
   /// Returns once every rank has called barrier.
   void barrier();

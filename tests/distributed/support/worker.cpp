@@ -96,13 +96,42 @@ void scenario_collectives(const Context& c) {
   torch::nn::Linear linear(3, 2);
   group.broadcast_module(*linear);
   group.barrier();
+  // Part r of the ranks' sums goes to rank r; a large message first, so that
+  // the smaller ones after it reuse the group's working memory.
+  torch::Tensor large_in = torch::arange(1000, torch::kFloat32) + 1000 * r, large = torch::empty({500});
+  group.reduce_scatter_tensor(large, large_in, fulgor::ReduceOp::sum);
+  torch::Tensor scattered = torch::empty({2}), scattered_mean = torch::empty({2}, torch::kFloat64);
+  torch::Tensor scattered_max = torch::empty({2}), scattered_bf16 = torch::empty({2}, torch::kBFloat16);
+  const torch::Tensor parts = torch::arange(4, torch::kFloat32) + 10 * r;
+  group.reduce_scatter_tensor(scattered, parts, fulgor::ReduceOp::sum);
+  group.reduce_scatter_tensor(scattered_mean, parts.to(torch::kFloat64), fulgor::ReduceOp::mean);
+  group.reduce_scatter_tensor(scattered_max, parts, fulgor::ReduceOp::max);
+  group.reduce_scatter_tensor(scattered_bf16, (parts / 4).to(torch::kBFloat16), fulgor::ReduceOp::sum);
+  torch::Tensor gathered = torch::empty({2, 2}), gathered_bf16 = torch::empty({4}, torch::kBFloat16);
+  group.all_gather_into_tensor(gathered, torch::tensor({r + 1, r + 2}, torch::kFloat32));
+  group.all_gather_into_tensor(gathered_bf16, torch::tensor({r + 0.5, r + 1.5}, torch::kBFloat16));
+  std::string refused;
+  try {
+    torch::Tensor too_small = torch::empty({3});
+    group.all_gather_into_tensor(too_small, torch::ones({2}));
+  } catch (const fulgor::ConfigError& e) {
+    refused = e.what();
+  }
+  std::ofstream(c.out + "/refused_rank" + std::to_string(c.env.rank) + ".txt") << refused;
   save(c.file("collectives"), {{"sum", sum},
                                {"mean", mean},
                                {"max", max},
                                {"min", min},
                                {"metric", torch::tensor(metric, torch::kFloat64)},
                                {"broadcast", from_one},
-                               {"module", flat_parameters(*linear)}});
+                               {"module", flat_parameters(*linear)},
+                               {"large", large},
+                               {"scattered", scattered},
+                               {"scattered_mean", scattered_mean},
+                               {"scattered_max", scattered_max},
+                               {"scattered_bf16", scattered_bf16.to(torch::kFloat32)},
+                               {"gathered", gathered},
+                               {"gathered_bf16", gathered_bf16.to(torch::kFloat32)}});
 }
 
 // Each rank updates the metrics with its unequal shard of the metric data,
