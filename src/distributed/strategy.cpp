@@ -131,8 +131,10 @@ std::pair<ProcessGroup, std::optional<ProcessGroup>> node_groups(ProcessGroup& w
   return {std::move(*node), std::move(peers)};
 }
 
-}  // namespace
-
+// FSDP's MixedPrecision as Lightning's FSDPPrecision makes it of the
+// precision: under fsdp's sharding and "bf16-mixed" or "16-mixed", the dtype
+// that the units' parameters are gathered in and the gradients reduced in
+// (param_dtype and reduce_dtype).
 std::optional<torch::ScalarType> mixed_precision_of(Sharding sharding, const Precision& precision) {
   const bool fsdp = sharding == Sharding::gradients || sharding == Sharding::parameters ||
                     sharding == Sharding::parameters_within_nodes;
@@ -140,10 +142,12 @@ std::optional<torch::ScalarType> mixed_precision_of(Sharding sharding, const Pre
   return precision.dtype;
 }
 
+}  // namespace
+
 DataParallelModule attach_data_parallel(ProcessGroup& group, torch::nn::Module& module, Sharding sharding,
-                                        const DistributedEnvironment& environment,
-                                        std::optional<torch::ScalarType> mixed) {
+                                        const DistributedEnvironment& environment, const Precision& precision) {
   DataParallelModule attached;
+  const std::optional<torch::ScalarType> mixed = mixed_precision_of(sharding, precision);
   // Where the gradients are sharded they are reduce-scattered after
   // backward (or after each unit's backward), not all_reduced during it.
   if (sharding == Sharding::none || sharding == Sharding::optimizer_state)
@@ -188,8 +192,7 @@ void DdpStrategy::attach(torch::nn::Module& module, const Precision& precision) 
   synchronizer_.reset();
   shards_.reset();
   module_ = &module;
-  DataParallelModule attached =
-      attach_data_parallel(group_, module, sharding_, environment_, mixed_precision_of(sharding_, precision));
+  DataParallelModule attached = attach_data_parallel(group_, module, sharding_, environment_, precision);
   synchronizer_ = std::move(attached.synchronizer);
   shards_ = std::move(attached.shards);
 }

@@ -158,8 +158,7 @@ void Fabric::setup_module(torch::nn::Module& module, bool move_to_device) {
   auto set_up = std::make_unique<detail::FabricModule>();
   set_up->module = &module;
   if (group_)
-    set_up->parallel = detail::attach_data_parallel(*group_, module, sharding_of(options_), environment_,
-                                                    detail::mixed_precision_of(sharding_of(options_), precision()));
+    set_up->parallel = detail::attach_data_parallel(*group_, module, sharding_of(options_), environment_, precision());
   modules_.push_back(std::move(set_up));
 }
 

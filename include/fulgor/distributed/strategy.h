@@ -69,23 +69,15 @@ struct DataParallelModule {
   std::unique_ptr<ParameterShards> shards;             // under sharding
 };
 
-/// FSDP's MixedPrecision as Lightning's FSDPPrecision makes it of the
-/// precision (Note [Sharded mixed precision] in
-/// src/distributed/parameter_shards.h): under fsdp's sharding (SHARD_GRAD_OP,
-/// FULL_SHARD, HYBRID_SHARD) and "bf16-mixed" or "16-mixed", the dtype that
-/// the units' parameters are gathered in and the gradients reduced in
-/// (param_dtype and reduce_dtype); nullopt otherwise.
-std::optional<torch::ScalarType> mixed_precision_of(Sharding sharding, const Precision& precision);
-
 /// A collective: starts gradient synchronization for `module` over `group`
 /// (rank 0's parameters and buffers copied to every rank) and, with
-/// `sharding`, cuts its parameters' shards, with `mixed` as
-/// mixed_precision_of gives it. Under Sharding::parameters_within_nodes the
-/// nodes are `environment`'s, each holding consecutive ranks
-/// (DistributedError otherwise, on every rank).
+/// `sharding`, cuts its parameters' shards, in `precision`'s dtype where fsdp
+/// mixes precisions (Note [Sharded mixed precision] in
+/// src/distributed/parameter_shards.h). Under
+/// Sharding::parameters_within_nodes the nodes are `environment`'s, each
+/// holding consecutive ranks (DistributedError otherwise, on every rank).
 DataParallelModule attach_data_parallel(ProcessGroup& group, torch::nn::Module& module, Sharding sharding,
-                                        const DistributedEnvironment& environment,
-                                        std::optional<torch::ScalarType> mixed = std::nullopt);
+                                        const DistributedEnvironment& environment, const Precision& precision);
 
 /// A tensor summed over `group`'s ranks in place (a collective at each
 /// call): what a GradScaler under a sharded strategy combines its count of
@@ -155,7 +147,7 @@ class DdpStrategy {
   /// The shards of the attached module under sharding, else null.
   const ParameterShards* shards() const { return shards_.get(); }
 
-  /// `precision`: the fit's, for fsdp's mixed precision (mixed_precision_of).
+  /// `precision`: the fit's, for fsdp's mixed precision.
   void attach(torch::nn::Module& module, const Precision& precision);
   /// Under sharding: `optimizers` step the shards (ConfigError for one that
   /// cannot, Note [Parameter shards]).
