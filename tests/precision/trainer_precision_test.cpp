@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 
+#include "../support/fp16_cpu.h"
 #include "../support/tiny.h"
 #include "fulgor/fulgor.h"
 
@@ -15,28 +16,9 @@ namespace {
 using fulgor::testing::quiet;
 using fulgor::testing::TempDir;
 
-// The CPU's behaviour, but claiming "16-mixed", so that the Trainer's
+// The CPU claiming "16-mixed", with its own autocast, so that the Trainer's
 // GradScaler path runs on a machine without a GPU.
-class Fp16TestAccelerator final : public fulgor::Accelerator {
- public:
-  torch::DeviceType device_type() const override { return torch::kCPU; }
-  std::string description() const override { return "the CPU, claiming 16-mixed for the precision tests"; }
-  int priority() const override { return -1; }
-  fulgor::Availability availability() const override { return {true, {}}; }
-  int64_t device_count() const override { return 1; }
-  std::vector<torch::Device> parse_devices(const fulgor::Devices&) const override {
-    return {torch::Device(torch::kCPU)};
-  }
-  std::string distributed_backend() const override { return "gloo"; }
-  std::vector<std::string> supported_precisions() const override { return {"32-true", "16-mixed", "bf16-mixed"}; }
-};
-
-void register_fp16_accelerator() {
-  fulgor::RegisterOptions options;
-  options.override = true;
-  fulgor::AcceleratorRegistry::instance().add(
-      "fp16_test_cpu", [] { return std::make_unique<Fp16TestAccelerator>(); }, options);
-}
+void register_fp16_accelerator() { fulgor::test::register_fp16_cpu("fp16_test_cpu", torch::kCPU); }
 
 // Records the dtypes seen inside training_step.
 struct DtypeProbe : fulgor::testing::TinyNet {
@@ -59,7 +41,7 @@ struct DtypeProbe : fulgor::testing::TinyNet {
 // Why float16 autocast cannot run on the CPU with this LibTorch (1.13 allows
 // only bfloat16 there), or "" when it can.
 std::string cpu_fp16_autocast_unavailable() {
-  Fp16TestAccelerator accelerator;
+  fulgor::test::Fp16Cpu accelerator(torch::kCPU);
   try {
     fulgor::AutocastScope scope(fulgor::Precision::parse("16-mixed", accelerator), accelerator);
     torch::mm(torch::ones({2, 2}), torch::ones({2, 2}));

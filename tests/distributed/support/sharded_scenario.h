@@ -12,8 +12,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "../../support/fp16_cpu.h"
 #include "ddp_trainer_scenario.h"
-#include "fp16_scaling_cpu.h"
 #include "fulgor/distributed/sharded_unit.h"
 #include "fulgor/optim/adam.h"
 

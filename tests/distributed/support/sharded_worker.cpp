@@ -38,8 +38,8 @@
 #include <optional>
 #include <string>
 
+#include "../../support/fp16_cpu.h"
 #include "ddp_trainer_scenario.h"
-#include "fp16_scaling_cpu.h"
 #include "fulgor/distributed/environment.h"
 #include "fulgor/optim/adam.h"
 #include "sharded_scenario.h"

@@ -45,7 +45,7 @@
 #include <string>
 
 #include "../../distributed/support/ddp_trainer_scenario.h"
-#include "../../distributed/support/fp16_scaling_cpu.h"
+#include "../../support/fp16_cpu.h"
 #include "fulgor/core/error.h"
 #include "fulgor/distributed/sharded_unit.h"
 #include "fulgor/fabric/fabric.h"
