@@ -72,37 +72,47 @@ std::unique_ptr<ParamState> converted(const ParamState& state,
   return copy;
 }
 
-// Adds `gradient` to `shard`'s, as backward accumulates into a parameter's:
-// two synchronized passes before one step add up, as under ddp, until the
-// optimizer's zero_grad.
-void accumulate(torch::Tensor& shard, const torch::Tensor& gradient) {
-  if (shard.grad().defined())
-    shard.mutable_grad().add_(gradient);
-  else
-    shard.mutable_grad() = gradient.to(shard.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
+// Adds `gradient` to `shard`'s, from its element `from` on, as backward
+// accumulates into a parameter's: two synchronized passes before one step
+// add up, as under ddp, until the optimizer's zero_grad.
+void accumulate(torch::Tensor& shard, const torch::Tensor& gradient, int64_t from = 0) {
+  torch::Tensor& held = shard.mutable_grad();
+  if (!held.defined() && gradient.numel() == shard.numel()) {
+    held = gradient.to(shard.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
+    return;
+  }
+  if (!held.defined()) held = torch::zeros_like(shard);
+  held.narrow(0, from, gradient.numel()).add_(gradient);
 }
 
-// Writes `flat` into `parts` ([ranks, piece size], rank r's piece in row r)
-// as padded_flat(flat, parts.numel()).view(parts.sizes()) would, with no
-// padded copy made.
-void scatter_into(const torch::Tensor& parts, const torch::Tensor& flat) {
-  const int64_t size = parts.size(1);
-  if (size == 0) return;
+// Columns [from, from + parts.size(1)) of `flat` cut into rows of `size`
+// (rank r's piece in row r), padded with zeros past its end, written into
+// `parts` ([ranks, columns]) with no padded copy made.
+void scatter_into(const torch::Tensor& parts, const torch::Tensor& flat, int64_t size, int64_t from) {
+  const int64_t ranks = parts.size(0), columns = parts.size(1);
   const int64_t whole_rows = flat.numel() / size, rest = flat.numel() % size;
-  parts.narrow(0, 0, whole_rows).copy_(flat.narrow(0, 0, whole_rows * size).view({whole_rows, size}));
-  if (whole_rows == parts.size(0)) return;
-  parts[whole_rows].narrow(0, 0, rest).copy_(flat.narrow(0, whole_rows * size, rest));
-  parts[whole_rows].narrow(0, rest, size - rest).zero_();
-  parts.narrow(0, whole_rows + 1, parts.size(0) - whole_rows - 1).zero_();
+  if (whole_rows > 0)
+    parts.narrow(0, 0, whole_rows)
+        .copy_(flat.narrow(0, 0, whole_rows * size).view({whole_rows, size}).narrow(1, from, columns));
+  if (whole_rows == ranks) return;
+  const int64_t valid = std::clamp(rest - from, int64_t(0), columns);
+  parts[whole_rows].narrow(0, 0, valid).copy_(flat.narrow(0, whole_rows * size + from, valid));
+  parts[whole_rows].narrow(0, valid, columns - valid).zero_();
+  parts.narrow(0, whole_rows + 1, ranks - whole_rows - 1).zero_();
 }
 
-// The inverse: `flat` from `parts` read row by row, the padding left out.
-void gather_from(const torch::Tensor& flat, const torch::Tensor& parts) {
-  const int64_t size = parts.size(1);
-  if (size == 0) return;
+// The inverse: those columns of `flat` from `parts`, the padding left out.
+void gather_from(const torch::Tensor& flat, const torch::Tensor& parts, int64_t size, int64_t from) {
+  const int64_t ranks = parts.size(0), columns = parts.size(1);
   const int64_t whole_rows = flat.numel() / size, rest = flat.numel() % size;
-  flat.narrow(0, 0, whole_rows * size).view({whole_rows, size}).copy_(parts.narrow(0, 0, whole_rows));
-  if (rest > 0) flat.narrow(0, whole_rows * size, rest).copy_(parts[whole_rows].narrow(0, 0, rest));
+  if (whole_rows > 0)
+    flat.narrow(0, 0, whole_rows * size)
+        .view({whole_rows, size})
+        .narrow(1, from, columns)
+        .copy_(parts.narrow(0, 0, whole_rows));
+  if (whole_rows == ranks) return;
+  const int64_t valid = std::clamp(rest - from, int64_t(0), columns);
+  flat.narrow(0, whole_rows * size + from, valid).copy_(parts[whole_rows].narrow(0, 0, valid));
 }
 
 // Note [Fully sharded units]: a released parameter keeps its tensor and
@@ -318,42 +328,67 @@ void ParameterShards::reduce_unit(size_t unit) {
   units_[unit].reduced = true;
 }
 
+// Runs `body(i, at, from, columns)` for each of `bucket`'s pieces_[i] that
+// lies in the columns [begin, end) of its rows, whose pieces start at column
+// `first`: `columns` of the piece, from its column `from`, lie at `at`.
+template <typename Body>
+void ParameterShards::for_pieces_in(const Bucket& bucket, int64_t first, int64_t begin, int64_t end, Body body) {
+  for (size_t i : bucket.pieces) {
+    const Piece& piece = pieces_[i];
+    const int64_t lo = std::max(begin, first + piece.offset), hi = std::min(end, first + piece.offset + piece.size);
+    if (lo < hi) body(i, lo - begin, lo - first - piece.offset, hi - lo);
+  }
+}
+
+// Calls `body(begin, end)` for consecutive column ranges of a bucket's rows,
+// each a message of at most kBucketBytes over the ranks (a parameter larger
+// than a bucket is a bucket alone: its message is cut), and the first
+// holding at least `first` columns.
+template <typename Body>
+void ParameterShards::in_messages(int64_t width, int64_t first, torch::ScalarType dtype, Body body) {
+  const int64_t most = kBucketBytes / (group_.size() * static_cast<int64_t>(c10::elementSize(dtype)));
+  const int64_t columns = std::max({most, first, int64_t(1)});
+  for (int64_t begin = 0; begin < width; begin += columns) body(begin, std::min(width, begin + columns));
+}
+
 void ParameterShards::reduce_bucket(const Bucket& bucket, std::vector<char>& had) {
   if (gradients_reduced_) {  // the means are there: each rank keeps its piece
     for (size_t i : bucket.pieces)
       if (had[i]) accumulate(pieces_[i].shard, own_piece(pieces_[i], pieces_[i].param.grad()));
     return;
   }
-  // Row r of `all`: rank r's pieces of every gradient, then whether this
-  // rank has each gradient (the same on every row, so that each rank learns
-  // of all), in the pieces' dtype or the reduce dtype (Note [Sharded mixed
-  // precision]). The reduction leaves this rank's row in `mine`.
-  const int64_t n = group_.size(), k = static_cast<int64_t>(bucket.pieces.size()), width = bucket.row + k;
+  // Row r: whether this rank has each gradient (the same on every row, so
+  // that each rank learns of all), then rank r's pieces of every gradient,
+  // in the pieces' dtype or the reduce dtype (Note [Sharded mixed
+  // precision]). Each message reduces some of those columns into `mine`.
+  const int64_t n = group_.size(), k = static_cast<int64_t>(bucket.pieces.size());
   const torch::Tensor& first = pieces_[bucket.pieces.front()].shard;
-  const torch::Tensor memory =
-      working_.get((n + 1) * width, first.options().dtype(mixed_.value_or(first.scalar_type())));
-  torch::Tensor all = memory.narrow(0, 0, n * width), mine = memory.narrow(0, n * width, width);
-  const torch::Tensor rows = all.view({n, width});
+  const auto options = first.options().dtype(mixed_.value_or(first.scalar_type()));
   torch::Tensor flags = torch::empty({k}, torch::kFloat64);
-  for (int64_t j = 0; j < k; ++j) {
-    const Piece& piece = pieces_[bucket.pieces[static_cast<size_t>(j)]];
-    const torch::Tensor& gradient = piece.param.grad();
-    const torch::Tensor columns = rows.narrow(1, piece.offset, piece.size);
-    if (gradient.defined())
-      scatter_into(columns, gradient.reshape({-1}));
-    else
-      columns.zero_();
-    flags[j] = had[bucket.pieces[static_cast<size_t>(j)]] ? 1.0 : 0.0;
-  }
-  rows.narrow(1, bucket.row, k).copy_(flags);
-  group_.reduce_scatter_tensor(mine, all, ReduceOp::mean);
-  if (replicas_) replicas_->all_reduce(mine, ReduceOp::mean);
-  const torch::Tensor any = mine.narrow(0, bucket.row, k).to(torch::kFloat64).cpu();
-  for (int64_t j = 0; j < k; ++j) {
-    const size_t i = bucket.pieces[static_cast<size_t>(j)];
-    had[i] = any[j].item<double>() > 0;
-    if (had[i]) accumulate(pieces_[i].shard, mine.narrow(0, pieces_[i].offset, pieces_[i].size));
-  }
+  for (int64_t j = 0; j < k; ++j) flags[j] = had[bucket.pieces[static_cast<size_t>(j)]] ? 1.0 : 0.0;
+  in_messages(k + bucket.row, k, options.dtype().toScalarType(), [&](int64_t begin, int64_t end) {
+    const int64_t width = end - begin;
+    const torch::Tensor memory = working_.get((n + 1) * width, options);
+    torch::Tensor all = memory.narrow(0, 0, n * width), mine = memory.narrow(0, n * width, width);
+    const torch::Tensor rows = all.view({n, width});
+    if (begin == 0) rows.narrow(1, 0, k).copy_(flags);
+    for_pieces_in(bucket, k, begin, end, [&](size_t i, int64_t at, int64_t from, int64_t columns) {
+      const torch::Tensor& gradient = pieces_[i].param.grad();
+      if (gradient.defined())
+        scatter_into(rows.narrow(1, at, columns), gradient.reshape({-1}), pieces_[i].size, from);
+      else
+        rows.narrow(1, at, columns).zero_();
+    });
+    group_.reduce_scatter_tensor(mine, all, ReduceOp::mean);
+    if (replicas_) replicas_->all_reduce(mine, ReduceOp::mean);
+    if (begin == 0) {
+      const torch::Tensor any = mine.narrow(0, 0, k).to(torch::kFloat64).cpu();
+      for (int64_t j = 0; j < k; ++j) had[bucket.pieces[static_cast<size_t>(j)]] = any[j].item<double>() > 0;
+    }
+    for_pieces_in(bucket, k, begin, end, [&](size_t i, int64_t at, int64_t from, int64_t columns) {
+      if (had[i]) accumulate(pieces_[i].shard, mine.narrow(0, at, columns), from);
+    });
+  });
 }
 
 // FSDP2's all-gather: copy-in (this rank's pieces side by side, in the
@@ -362,24 +397,28 @@ void ParameterShards::reduce_bucket(const Bucket& bucket, std::vector<char>& had
 // rank 0 alone, the others copying nothing out.
 void ParameterShards::gather_bucket(const Bucket& bucket, bool to_rank_zero, bool low) {
   if (to_rank_zero && !first_replica()) return;
-  const int64_t n = group_.size(), width = bucket.row;
+  const int64_t n = group_.size();
   const torch::Tensor& first = pieces_[bucket.pieces.front()].shard;
-  const torch::Tensor memory =
-      working_.get((n + 1) * width, first.options().dtype(low ? *mixed_ : first.scalar_type()));
-  torch::Tensor all = memory.narrow(0, 0, n * width), mine = memory.narrow(0, n * width, width);
-  for (size_t i : bucket.pieces) mine.narrow(0, pieces_[i].offset, pieces_[i].size).copy_(pieces_[i].shard.detach());
-  if (!to_rank_zero) {
-    group_.all_gather_into_tensor(all, mine);
-  } else {
-    const std::vector<torch::Tensor> parts = group_.gather(mine, 0);
-    if (parts.empty()) return;
-    torch::cat_out(all, parts);
-  }
-  const torch::Tensor rows = all.view({n, width});
-  for (size_t i : bucket.pieces) {
-    const Piece& piece = pieces_[i];
-    gather_from(unversioned(piece.param).view({-1}), rows.narrow(1, piece.offset, piece.size));
-  }
+  const auto options = first.options().dtype(low ? *mixed_ : first.scalar_type());
+  in_messages(bucket.row, 0, options.dtype().toScalarType(), [&](int64_t begin, int64_t end) {
+    const int64_t width = end - begin;
+    const torch::Tensor memory = working_.get((n + 1) * width, options);
+    torch::Tensor all = memory.narrow(0, 0, n * width), mine = memory.narrow(0, n * width, width);
+    for_pieces_in(bucket, 0, begin, end, [&](size_t i, int64_t at, int64_t from, int64_t columns) {
+      mine.narrow(0, at, columns).copy_(pieces_[i].shard.detach().narrow(0, from, columns));
+    });
+    if (!to_rank_zero) {
+      group_.all_gather_into_tensor(all, mine);
+    } else {
+      const std::vector<torch::Tensor> parts = group_.gather(mine, 0);
+      if (parts.empty()) return;
+      torch::cat_out(all, parts);
+    }
+    const torch::Tensor rows = all.view({n, width});
+    for_pieces_in(bucket, 0, begin, end, [&](size_t i, int64_t at, int64_t from, int64_t columns) {
+      gather_from(unversioned(pieces_[i].param).view({-1}), rows.narrow(1, at, columns), pieces_[i].size, from);
+    });
+  });
 }
 
 void ParameterShards::gather_parameters() {

@@ -29,8 +29,9 @@ namespace fulgor::detail {
 // parameters' own gradients are freed; after the optimizer's step the shards
 // are all-gathered back into the parameters, so every rank computes with the
 // whole model. Collectives run per bucket of parameters of one dtype, each
-// rank's pieces of a bucket side by side, so that one bucket is one message;
-// the buckets are assembled in one buffer that every bucket reuses.
+// rank's pieces of a bucket side by side, so that one bucket is one message
+// (a parameter larger than a bucket is cut into several); the messages are
+// assembled in one buffer that each reuses.
 // Padding stays zero: its gradient is zero, and Adam, AdamW and SGD leave a
 // zero with a zero gradient at zero.
 //
@@ -214,6 +215,10 @@ class ParameterShards {
   torch::Tensor padded_flat(const torch::Tensor& t, int64_t size) const;
   torch::Tensor own_piece(const Piece& piece, const torch::Tensor& whole) const;
   void reduce_bucket(const Bucket& bucket, std::vector<char>& had);
+  template <typename Body>
+  void for_pieces_in(const Bucket& bucket, int64_t first, int64_t begin, int64_t end, Body body);
+  template <typename Body>
+  void in_messages(int64_t width, int64_t first, torch::ScalarType dtype, Body body);
   void swap_in(torch::optim::Optimizer& optimizer, bool shards);
   int64_t shards_version() const;
 
@@ -229,8 +234,8 @@ class ParameterShards {
   std::vector<Piece> pieces_;
   std::vector<Bucket> buckets_;
   std::vector<Unit> units_;
-  // A bucket's rows of every rank and this rank's row, for its reduction
-  // and its gathering: one buffer the size of the largest bucket.
+  // A message's rows of every rank and this rank's row, for a bucket's
+  // reduction and its gathering: one buffer the size of the largest message.
   WorkingMemory working_;
   // shards_version() after the last collective: in-place changes to the
   // shards (an optimizer's step) move their tensors' version counters.

@@ -61,7 +61,10 @@ std::vector<std::string> two_rank_variants() {
           "ddp_bf16_adam",
           "shard_grad_op_bf16_adam",
           "full_shard_bf16_adam",
-          "full_shard_bf16_adam_resumed"};
+          "full_shard_bf16_adam_resumed",
+          "ddp_wide_sgd",
+          "full_shard_wide_sgd",
+          "full_shard_wide_sgd_resumed"};
 }
 
 // 2 nodes of 2 ranks: the 4-rank job's data and world size.
@@ -134,7 +137,7 @@ class ShardedTrainer : public ::testing::Test {
     auto four =
         run_ranks(4, *four_,
                   {"ddp_adam", "shard_grad_op_adam", "zero1_sgd", "full_shard_adam", "shard_grad_op_adam_from=" + mid,
-                   "full_shard_adam_from=" + full_mid, "full_shard_dcp_adam_from=" + folder_mid},
+                   "full_shard_adam_from=" + full_mid, "full_shard_dcp_adam_from=" + folder_mid, "full_shard_wide_sgd"},
                   failure_);
     for (auto& [name, value] : four) params_["4:" + name] = value;
     for (auto& [name, value] : run_nodes(*nodes_, hybrid_variants(), failure_)) params_["2x2:" + name] = value;
@@ -237,6 +240,16 @@ TEST_F(ShardedTrainer, EndsWithDdpsParametersOnFourRanks) {
   // The four ranks' batches together are the two ranks' (make_loader).
   EXPECT_TRUE(close(at("4:shard_grad_op_adam@0"), at("ddp_adam@0")));
   EXPECT_TRUE(close(at("4:zero1_sgd@0"), at("ddp_sgd@0")));
+}
+
+// A parameter reduced and gathered in two messages, on 2 and 4 ranks.
+TEST_F(ShardedTrainer, ParameterLargerThanAMessageEndsWithDdpsValues) {
+  const torch::Tensor ddp = at("ddp_wide_sgd@0");
+  EXPECT_FALSE(close(ddp.narrow(0, ddp.numel() - kWideElements, kWideElements), WideNet().wide->module()->w.detach()))
+      << "training changed nothing";
+  EXPECT_TRUE(close(at("full_shard_wide_sgd@0"), ddp));
+  EXPECT_TRUE(close(at("4:full_shard_wide_sgd@0"), ddp));
+  EXPECT_TRUE(torch::equal(at("full_shard_wide_sgd_resumed@1"), at("full_shard_wide_sgd@1")));
 }
 
 TEST_F(ShardedTrainer, ResumedFitEqualsTheUninterruptedOne) {

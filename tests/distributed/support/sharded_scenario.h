@@ -114,6 +114,33 @@ struct SpikedNet : ShardedNet {
   }
 };
 
+/// More elements than one message of 25 MB carries over 2 or 4 ranks in
+/// float64, and a multiple of neither: a parameter of them is reduced and
+/// gathered in two messages, and padded (Note [Parameter shards]).
+constexpr int64_t kWideElements = 3'500'001;
+
+/// One parameter of kWideElements; the batch shifted by the products of its
+/// first and last elements, which lie in the first and the last message.
+struct WideImpl : torch::nn::Module {
+  torch::Tensor w;
+  WideImpl() { w = register_parameter("w", torch::randn({kWideElements}, torch::kFloat64)); }
+  torch::Tensor forward(const torch::Tensor& x) {
+    const int64_t f = x.size(1);
+    return x + w.narrow(0, 0, f) * w.narrow(0, kWideElements - f, f);
+  }
+};
+
+/// ShardedNet behind a fulgor::Sharded WideImpl.
+struct WideNet : ShardedNet {
+  fulgor::Sharded<std::shared_ptr<WideImpl>> wide{nullptr};
+  WideNet() : ShardedNet(kShardedSeed, "sgd") {
+    wide = register_module("wide", fulgor::Sharded(std::make_shared<WideImpl>()));
+  }
+  torch::Tensor training_step(torch::data::Example<> batch, int64_t) override {
+    return torch::mse_loss(net->forward(wide(batch.data.to(dtype))), batch.target.to(dtype));
+  }
+};
+
 /// A worker's VARIANT argument (sharded_worker.cpp).
 struct ShardedVariant {
   std::string name, strategy, optimizer, from;
@@ -123,6 +150,7 @@ struct ShardedVariant {
   bool reshard_after_forward = true;    // false with "_keep" in the name
   bool spiked = false;                  // "_spike" in the name: SpikedNet under precision "16-mixed"
   bool bf16 = false;                    // "_bf16" in the name: float32, precision "bf16-mixed"
+  bool wide = false;                    // "_wide" in the name: WideNet
   /// Whether the units' parameters are released between steps.
   bool shards_units() const { return strategy == "full_shard" || strategy == "hybrid_shard"; }
 };
@@ -141,6 +169,7 @@ inline ShardedVariant parse_variant(const std::string& text) {
   v.reshard_after_forward = v.name.find("_keep") == std::string::npos;
   v.spiked = v.name.find("_spike") != std::string::npos;
   v.bf16 = v.name.find("_bf16") != std::string::npos;
+  v.wide = v.name.find("_wide") != std::string::npos;
   if (v.strategy.empty()) throw std::invalid_argument("unknown variant " + text);
   return v;
 }

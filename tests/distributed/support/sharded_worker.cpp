@@ -10,8 +10,8 @@
 // or full_shard_keep (units with reshard_after_forward false), any of them
 // followed by _dcp for sharded checkpoints (state_dict_type "sharded":
 // folders), _spike (SpikedNet under precision "16-mixed": every rank
-// writes its final loss scale too, as VARIANT_scale) or _bf16 (float32,
-// precision "bf16-mixed"), and OPTIMIZER is adam (fulgor::Adam
+// writes its final loss scale too, as VARIANT_scale), _bf16 (float32,
+// precision "bf16-mixed") or _wide (WideNet, with sgd), and OPTIMIZER is adam (fulgor::Adam
 // with weight decay, gradients clipped by norm, accumulating 2 batches) or sgd
 // (torch::optim::SGD with momentum, clipped by value). For each, the rank
 // fits ShardedNet kEpochs epochs in float64 and saves a checkpoint at the
@@ -114,11 +114,14 @@ torch::Tensor fit(const ShardedVariant& variant, const std::string& out, const s
                   std::optional<int64_t> stop_at, const std::string& save_to, double* scale = nullptr) {
   const auto env = fulgor::detect_distributed_environment();
   const int64_t rank = env.rank;
-  std::unique_ptr<ShardedNet> net =
-      variant.spiked ? std::make_unique<SpikedNet>(rank)
-                     : std::make_unique<ShardedNet>(kShardedSeed, variant.optimizer, variant.checkpoint_activations,
-                                                    variant.reshard_after_forward,
-                                                    variant.bf16 ? torch::kFloat32 : torch::kFloat64);
+  std::unique_ptr<ShardedNet> net;
+  if (variant.spiked)
+    net = std::make_unique<SpikedNet>(rank);
+  else if (variant.wide)
+    net = std::make_unique<WideNet>();
+  else
+    net = std::make_unique<ShardedNet>(kShardedSeed, variant.optimizer, variant.checkpoint_activations,
+                                       variant.reshard_after_forward, variant.bf16 ? torch::kFloat32 : torch::kFloat64);
   ShardedNet& model = *net;
   auto loader = make_loader(env.world_size, rank);
   auto options = sharded_options(variant, out + "/rank" + std::to_string(rank));
