@@ -322,6 +322,17 @@ GradientSynchronizer::GradientSynchronizer(ProcessGroup group, torch::nn::Module
 
 GradientSynchronizer::~GradientSynchronizer() {
   for (size_t i = 0; i < impl_->accumulators.size(); ++i) impl_->accumulators[i]->del_post_hook(impl_->hook_keys[i]);
+  // A step left unfinished (an error between backward and finish_backward)
+  // leaves its buckets' all_reduce running on the backend's threads. It is
+  // waited for, or it would still run when the process exits and tear down
+  // under it (std::terminate); its failure is no news then.
+  for (detail::GradientBucket& bucket : impl_->buckets) {
+    if (!bucket.work) continue;
+    try {
+      impl_->state->wait(bucket.work);
+    } catch (const std::exception&) {
+    }
+  }
 }
 
 void GradientSynchronizer::before_forward() {
