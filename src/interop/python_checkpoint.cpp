@@ -9,6 +9,7 @@
 #include "fulgor/interop/optimizer_state.h"
 #include "fulgor/interop/state_dict.h"
 #include "fulgor/interop/torch_load.h"
+#include "interop/ivalue_dict.h"
 #include "interop/optimizer_names.h"
 #include "interop/torch_load_archive.h"
 
@@ -31,18 +32,11 @@
 namespace fulgor::detail {
 namespace {
 
-const c10::IValue* find(const c10::IValue& dict, const char* key) {
-  if (!dict.isGenericDict()) return nullptr;
-  const c10::impl::GenericDict& d = dict.toGenericDict();
-  auto it = d.find(std::string(key));
-  return it == d.end() ? nullptr : &it->value();
-}
-
 // The counter at dict[a][b][c], as Lightning's progress dicts nest them.
 int64_t counter(const c10::IValue& dict, std::initializer_list<const char*> keys, const std::string& path) {
   const c10::IValue* at = &dict;
   for (const char* key : keys) {
-    at = find(*at, key);
+    at = find_in(*at, key);
     if (at == nullptr) return 0;
   }
   if (!at->isInt() || at->toInt() < 0)
@@ -83,8 +77,8 @@ nlohmann::json scheduler_json(const c10::IValue& state, const std::string& where
 // without one.
 nlohmann::json loop_state(const c10::IValue& checkpoint, const std::string& path) {
   const c10::IValue none;
-  const c10::IValue* loops = find(checkpoint, "loops");
-  const c10::IValue& fit = loops && find(*loops, "fit_loop") ? *find(*loops, "fit_loop") : none;
+  const c10::IValue* loops = find_in(checkpoint, "loops");
+  const c10::IValue& fit = loops && find_in(*loops, "fit_loop") ? *find_in(*loops, "fit_loop") : none;
   const int64_t processed = counter(fit, {"epoch_progress", "current", "processed"}, path);
   const int64_t started = counter(fit, {"epoch_progress", "current", "started"}, path);
   const int64_t completed = counter(fit, {"epoch_progress", "current", "completed"}, path);
@@ -104,7 +98,7 @@ nlohmann::json loop_state(const c10::IValue& checkpoint, const std::string& path
 // schedules' ("schedulers"): none for a checkpoint without "lr_schedulers".
 nlohmann::json scheduler_states(const c10::IValue& checkpoint, const std::string& source) {
   nlohmann::json states = nlohmann::json::array();
-  const c10::IValue* schedulers = find(checkpoint, "lr_schedulers");
+  const c10::IValue* schedulers = find_in(checkpoint, "lr_schedulers");
   if (schedulers == nullptr || !schedulers->isList()) return states;
   const auto& list = schedulers->toListRef();
   for (size_t i = 0; i < list.size(); ++i)

@@ -19,6 +19,7 @@
 #include "fulgor/interop/state_dict.h"
 #include "fulgor/interop/torch_load.h"
 #include "interop/dcp_metadata.h"
+#include "interop/ivalue_dict.h"
 #include "interop/python_checkpoint.h"
 
 namespace fulgor::detail {
@@ -86,13 +87,6 @@ c10::impl::GenericDict dict_of(const std::string& key, c10::IValue value) {
   c10::impl::GenericDict dict(c10::StringType::get(), c10::AnyType::get());
   dict.insert(key, std::move(value));
   return dict;
-}
-
-const c10::IValue* find(const c10::IValue& dict, const std::string& key) {
-  if (!dict.isGenericDict()) return nullptr;
-  const auto d = dict.toGenericDict();
-  const auto found = d.find(key);
-  return found == d.end() ? nullptr : &found->value();
 }
 
 std::optional<ParameterShards::Place> place_in(const ShardSets& shards, const torch::Tensor& tensor) {
@@ -168,8 +162,8 @@ void require_saves_sharded(const torch::optim::Optimizer& optimizer, const std::
 
 std::shared_ptr<torch::serialize::InputArchive> read_archive_entry(const std::string& folder) {
   const c10::IValue own = read_distributed_checkpoint_under(folder, "fulgor");
-  const c10::IValue* bytes = find(own, "fulgor");
-  bytes = bytes ? find(*bytes, "archive") : nullptr;
+  const c10::IValue* bytes = find_in(own, "fulgor");
+  bytes = bytes ? find_in(*bytes, "archive") : nullptr;
   if (!bytes) return nullptr;
   if (!bytes->isTensor() || bytes->toTensor().scalar_type() != torch::kUInt8 || bytes->toTensor().dim() != 1)
     throw CheckpointError(fmt::format("checkpoint '{}': 'fulgor.archive' is a {}, not the bytes of an archive", folder,
@@ -187,7 +181,7 @@ std::shared_ptr<torch::serialize::InputArchive> read_archive_entry(const std::st
 
 c10::IValue read_entry(const std::string& folder, const std::string& key) {
   const c10::IValue saved = read_distributed_checkpoint_under(folder, key);
-  const c10::IValue* entry = find(saved, key);
+  const c10::IValue* entry = find_in(saved, key);
   if (!entry) throw CheckpointError(fmt::format("checkpoint '{}' has no '{}'", folder, key));
   return *entry;
 }
