@@ -176,7 +176,7 @@ ParameterShards::ParameterShards(ProcessGroup group, torch::nn::Module& module, 
     throw DistributedError(fmt::format(
         "the ranks' modules differ: rank {} has {} trainable parameters of {} elements in {} sharded units, and the "
         "ranks range from {} to {} parameters, {} to {} elements and {} to {} units",
-        group_.rank(), pieces_.size(), shape[1].item<int64_t>(), units_.size(), smallest[0].item<int64_t>(),
+        rank(), pieces_.size(), shape[1].item<int64_t>(), units_.size(), smallest[0].item<int64_t>(),
         largest[0].item<int64_t>(), smallest[1].item<int64_t>(), largest[1].item<int64_t>(),
         smallest[2].item<int64_t>(), largest[2].item<int64_t>()));
   if (!gradients_reduced_) {  // else the GradientSynchronizer did
@@ -301,7 +301,7 @@ void ParameterShards::reduce_gradients() {
       throw Error(fmt::format(
           "rank {}: a parameter of fulgor::Sharded unit {} received a gradient after the unit's backward pass "
           "ended, which FULL_SHARD cannot reduce: it is used outside the unit's forward",
-          group_.rank(), piece.unit));
+          rank(), piece.unit));
     if (piece.unit < 0) piece.shard.detach().copy_(own_piece(piece, piece.param));
     piece.param.mutable_grad().reset();
   }
@@ -556,10 +556,10 @@ void ParameterShards::with_whole_state(torch::optim::Optimizer& optimizer, const
   group_.all_reduce(most, ReduceOp::max);
   group_.all_reduce(least, ReduceOp::min);
   if (!torch::equal(most, least))
-    throw DistributedError(fmt::format(
-        "rank {}: the ranks' optimizers hold states for different parameters, so no whole state can be "
-        "gathered for a checkpoint",
-        group_.rank()));
+    throw DistributedError(
+        fmt::format("rank {}: the ranks' optimizers hold states for different parameters, so no whole state can be "
+                    "gathered for a checkpoint",
+                    rank()));
   std::vector<std::unique_ptr<ParamState>> kept(pieces_.size());
   for (size_t i = 0; i < pieces_.size(); ++i) {
     const Piece& piece = pieces_[i];

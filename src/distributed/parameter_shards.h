@@ -225,6 +225,9 @@ class ParameterShards {
   // Whether this rank's node is the first of the ranks holding its pieces
   // (always, but under HYBRID_SHARD).
   bool first_replica() const { return !replicas_ || replicas_->rank() == 0; }
+  // This rank in the job, as messages name it: under HYBRID_SHARD `group_`
+  // is its node's, whose ranks are consecutive.
+  int64_t rank() const { return (replicas_ ? replicas_->rank() * group_.size() : 0) + group_.rank(); }
 
   ProcessGroup group_;
   std::optional<ProcessGroup> replicas_;
