@@ -169,9 +169,13 @@ ParameterShards::ParameterShards(ProcessGroup group, torch::nn::Module& module, 
   torch::Tensor shape =
       torch::tensor({static_cast<double>(pieces_.size()), 0.0, static_cast<double>(units_.size())}, torch::kFloat64);
   for (const auto& piece : pieces_) shape[1] += static_cast<double>(piece.numel);
-  torch::Tensor largest = shape.to(group_.device()), smallest = largest.clone();
-  group_.all_reduce(largest, ReduceOp::max);
-  group_.all_reduce(smallest, ReduceOp::min);
+  // Copies: on the CPU, to() would return `shape` itself, which the message reads.
+  torch::Tensor largest = shape.to(group_.device(), /*non_blocking=*/false, /*copy=*/true), smallest = largest.clone();
+  for (ProcessGroup* over : {&group_, replicas_ ? &*replicas_ : nullptr}) {  // the node's ranks, then the nodes'
+    if (over == nullptr) continue;
+    over->all_reduce(largest, ReduceOp::max);
+    over->all_reduce(smallest, ReduceOp::min);
+  }
   if (!torch::equal(largest, smallest))
     throw DistributedError(fmt::format(
         "the ranks' modules differ: rank {} has {} trainable parameters of {} elements in {} sharded units, and the "

@@ -358,6 +358,21 @@ TEST(ShardedNodes, HybridShardRefusesNodesOfScatteredRanks) {
   }
 }
 
+// One rank of the second node holds a parameter more: every rank of both
+// nodes stops at the set-up, naming itself by its rank in the job.
+TEST(ShardedNodes, HybridShardStopsEveryRankWhenOneModuleDiffers) {
+  TempDir dir;
+  auto ranks = start_nodes({FULGOR_SHARDED_WORKER, dir.str(), "hybrid_shard_uneven_sgd"}, dir.str(), 2, 2);
+  for (size_t rank = 0; rank < ranks.size(); ++rank) {
+    EXPECT_TRUE(exited_with(ranks[rank]->wait(std::chrono::seconds(120)), 3)) << ranks[rank]->log();
+    const std::string held = rank == 3 ? "5 trainable parameters of 32" : "4 trainable parameters of 31";
+    EXPECT_NE(ranks[rank]->log().find("the ranks' modules differ: rank " + std::to_string(rank) + " has " + held +
+                                      " elements in 2 sharded units, and the ranks range from 4 to 5 parameters"),
+              std::string::npos)
+        << ranks[rank]->log();
+  }
+}
+
 TEST(ShardedOptions, SayWhatIsRefusedAndWhatIsAccepted) {
   auto o = one_process("fsdp");
   EXPECT_EQ(fit_error(o), "");  // FULL_SHARD, Lightning's default

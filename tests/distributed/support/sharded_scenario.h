@@ -151,6 +151,7 @@ struct ShardedVariant {
   bool spiked = false;                  // "_spike" in the name: SpikedNet under precision "16-mixed"
   bool bf16 = false;                    // "_bf16" in the name: float32, precision "bf16-mixed"
   bool wide = false;                    // "_wide" in the name: WideNet
+  bool uneven = false;                  // "_uneven" in the name: the last rank's module has a parameter more
   /// Whether the units' parameters are released between steps.
   bool shards_units() const { return strategy == "full_shard" || strategy == "hybrid_shard"; }
 };
@@ -170,6 +171,7 @@ inline ShardedVariant parse_variant(const std::string& text) {
   v.spiked = v.name.find("_spike") != std::string::npos;
   v.bf16 = v.name.find("_bf16") != std::string::npos;
   v.wide = v.name.find("_wide") != std::string::npos;
+  v.uneven = v.name.find("_uneven") != std::string::npos;
   if (v.strategy.empty()) throw std::invalid_argument("unknown variant " + text);
   return v;
 }

@@ -11,7 +11,8 @@
 // followed by _dcp for sharded checkpoints (state_dict_type "sharded":
 // folders), _spike (SpikedNet under precision "16-mixed": every rank
 // writes its final loss scale too, as VARIANT_scale), _bf16 (float32,
-// precision "bf16-mixed") or _wide (WideNet, with sgd), and OPTIMIZER is adam (fulgor::Adam
+// precision "bf16-mixed"), _wide (WideNet, with sgd) or _uneven (the last
+// rank's module has a parameter more), and OPTIMIZER is adam (fulgor::Adam
 // with weight decay, gradients clipped by norm, accumulating 2 batches) or sgd
 // (torch::optim::SGD with momentum, clipped by value). For each, the rank
 // fits ShardedNet kEpochs epochs in float64 and saves a checkpoint at the
@@ -122,6 +123,8 @@ torch::Tensor fit(const ShardedVariant& variant, const std::string& out, const s
   else
     net = std::make_unique<ShardedNet>(kShardedSeed, variant.optimizer, variant.checkpoint_activations,
                                        variant.reshard_after_forward, variant.bf16 ? torch::kFloat32 : torch::kFloat64);
+  if (variant.uneven && rank == env.world_size - 1)
+    net->register_parameter("extra", torch::zeros({1}, torch::kFloat64));
   ShardedNet& model = *net;
   auto loader = make_loader(env.world_size, rank);
   auto options = sharded_options(variant, out + "/rank" + std::to_string(rank));
