@@ -9,6 +9,7 @@
 #include <cmath>
 #include <memory>
 #include <sstream>
+#include <tuple>
 #include <type_traits>
 #include <unordered_map>
 #include <unordered_set>
@@ -256,14 +257,18 @@ void ParameterShards::detach_units() {
   units_.clear();
 }
 
-torch::Tensor ParameterShards::padded_flat(const torch::Tensor& t, int64_t size) const {
-  torch::Tensor flat = t.reshape({-1});
-  if (flat.numel() == size) return flat;
-  return torch::cat({flat, torch::zeros({size - flat.numel()}, flat.options())});
+std::pair<int64_t, int64_t> ParameterShards::bounds(const Piece& piece) const {
+  const int64_t begin = std::min(piece.numel, group_.rank() * piece.size);
+  return {begin, std::min(piece.numel, begin + piece.size)};
 }
 
+// Only this rank's elements are read: a padded copy of the whole parameter
+// would cost its size at every step.
 torch::Tensor ParameterShards::own_piece(const Piece& piece, const torch::Tensor& whole) const {
-  return padded_flat(whole, piece.size * group_.size()).narrow(0, group_.rank() * piece.size, piece.size);
+  const auto [begin, end] = bounds(piece);
+  const torch::Tensor mine = whole.reshape({-1}).narrow(0, begin, end - begin);
+  if (end - begin == piece.size) return mine;
+  return torch::cat({mine, torch::zeros({piece.size - (end - begin)}, mine.options())});
 }
 
 void ParameterShards::shard(torch::optim::Optimizer& optimizer) {
@@ -529,8 +534,7 @@ std::optional<ParameterShards::Place> ParameterShards::place_of(const torch::Ten
   for (const Piece& piece : pieces_) {
     if (piece.param.unsafeGetTensorImpl() != impl && piece.shard.unsafeGetTensorImpl() != impl) continue;
     Place place{piece.param, piece.shard};
-    place.begin = std::min(piece.numel, group_.rank() * piece.size);
-    place.end = std::min(piece.numel, place.begin + piece.size);
+    std::tie(place.begin, place.end) = bounds(piece);
     place.released = piece.unit >= 0 && !units_[static_cast<size_t>(piece.unit)].gathered;
     return place;
   }

@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "distributed/working_memory.h"
@@ -212,7 +213,11 @@ class ParameterShards {
   void reduce_unit(size_t unit);
   void detach_units();
 
-  torch::Tensor padded_flat(const torch::Tensor& t, int64_t size) const;
+  // The elements [begin, end) of the piece's parameter, flattened, that this
+  // rank holds (Place's).
+  std::pair<int64_t, int64_t> bounds(const Piece& piece) const;
+  // This rank's piece of `whole` (the parameter or a tensor of its shape),
+  // padded with zeros to the piece's size.
   torch::Tensor own_piece(const Piece& piece, const torch::Tensor& whole) const;
   void reduce_bucket(const Bucket& bucket, std::vector<char>& had);
   template <typename Body>

@@ -62,6 +62,17 @@ std::vector<torch::Tensor> as_bfloat16(std::vector<torch::Tensor> tensors) {
   return tensors;
 }
 
+// Throws ConfigError unless `output` is contiguous, of input's dtype, with
+// `numel` elements (`why` that many).
+void require_output(const char* collective, const torch::Tensor& output, const torch::Tensor& input, int64_t numel,
+                    const std::string& why) {
+  if (output.is_contiguous() && output.scalar_type() == input.scalar_type() && output.numel() == numel) return;
+  throw ConfigError(fmt::format(
+      "{} into a {} tensor of {} elements{} is not accepted: it needs a contiguous {} tensor of {} elements ({})",
+      collective, c10::toString(output.scalar_type()), output.numel(), output.is_contiguous() ? "" : ", not contiguous",
+      c10::toString(input.scalar_type()), numel, why));
+}
+
 c10d::ReduceOp to_c10d(ReduceOp op) {
   switch (op) {
     case ReduceOp::max:
@@ -306,12 +317,8 @@ std::vector<torch::Tensor> ProcessGroup::gather(const torch::Tensor& tensor, int
 // through the group's working memory, kept for the next call.
 void ProcessGroup::all_gather_into_tensor(torch::Tensor& output, const torch::Tensor& input) {
   const int64_t n = state_->size;
-  if (!output.is_contiguous() || output.scalar_type() != input.scalar_type() || output.numel() != n * input.numel())
-    throw ConfigError(fmt::format(
-        "all_gather_into_tensor into a {} tensor of {} elements{} is not accepted: it "
-        "needs a contiguous {} tensor of {} elements ({} ranks times the input's)",
-        c10::toString(output.scalar_type()), output.numel(), output.is_contiguous() ? "" : ", not contiguous",
-        c10::toString(input.scalar_type()), n * input.numel(), n));
+  require_output("all_gather_into_tensor", output, input, n * input.numel(),
+                 fmt::format("{} ranks times the input's", n));
   torch::NoGradGuard no_grad;
   const bool as_half = moves_as_half(*state_, input);
   torch::Tensor out = as_half ? output.view(torch::kHalf) : output;
@@ -331,12 +338,11 @@ void ProcessGroup::all_gather_into_tensor(torch::Tensor& output, const torch::Te
 
 void ProcessGroup::reduce_scatter_tensor(torch::Tensor& output, const torch::Tensor& input, ReduceOp op) {
   const int64_t n = state_->size;
-  if (!output.is_contiguous() || output.scalar_type() != input.scalar_type() || n * output.numel() != input.numel())
+  if (input.numel() % n != 0)
     throw ConfigError(fmt::format(
-        "reduce_scatter_tensor into a {} tensor of {} elements{} is not accepted: it needs a "
-        "contiguous {} tensor of the input's {} elements divided by the {} ranks",
-        c10::toString(output.scalar_type()), output.numel(), output.is_contiguous() ? "" : ", not contiguous",
-        c10::toString(input.scalar_type()), input.numel(), n));
+        "reduce_scatter_tensor of {} elements is not accepted: they must divide by the {} ranks", input.numel(), n));
+  require_output("reduce_scatter_tensor", output, input, input.numel() / n,
+                 fmt::format("the input's {} divided by the {} ranks", input.numel(), n));
   if (op == ReduceOp::mean && !input.is_floating_point())
     throw ConfigError(fmt::format("reduce_scatter mean of a {} tensor is not accepted: it needs a floating-point tensor",
                                   c10::toString(input.scalar_type())));
