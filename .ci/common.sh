@@ -11,9 +11,6 @@ fulgor_build_command() {
 fulgor_ctest_command() {
   ctest --test-dir build -j"$(nproc)" --output-on-failure
 }
-fulgor_test_command() {
-  fulgor_build_command && fulgor_ctest_command
-}
 
 # Note [CI's compiler cache]
 # CI builds with ccache and Ninja through the environment alone, so that the
@@ -61,62 +58,73 @@ minutes_since() {
   awk -v s=$((SECONDS - $1)) 'BEGIN { printf "%.1f", s / 60 }'
 }
 
-# Runs a stage's build ($2) and then its tests ($3), both logged, and prints
-# "build MIN", "cache HITS/CALLS", "tests MIN" and "result $1: LINE" on
-# standard output, LINE being what $4 makes of the log; the log's last lines
-# go to standard error, or all of it, after "$1: FAILED", on failure.
-timed_stage() {
-  local label=$1 build=$2 tests=$3 result=$4 log t
+# Runs a phase of a stage, the command $2 (a build or its tests), logged, and
+# prints "minutes MIN" and what the command $3 prints of the label $1 and the
+# log on standard output; on failure all of the log goes to standard error,
+# and "$1: FAILED".
+timed_phase() {
+  local label=$1 phase=$2 report=$3 log t
   log=$(mktemp)
   t=$SECONDS
   cache_zero
-  if $build >"$log" 2>&1; then
-    echo "build $(minutes_since $t)"
-    echo "cache $(cache_hits)"
-    t=$SECONDS
-    if $tests >>"$log" 2>&1; then
-      echo "tests $(minutes_since $t)"
-      tail -n 40 "$log" >&2
-      echo "result $label: $($result "$log")"
-      return 0
-    fi
+  if $phase >"$log" 2>&1; then
+    echo "minutes $(minutes_since $t)"
+    $report "$label" "$log"
+    return 0
   fi
   cat "$log" >&2
   echo "$label: FAILED" >&2
   return 1
 }
+# What a build phase reports: the compiler cache's hits.
+build_report() { echo "cache $(cache_hits)"; }
+# What a test phase reports: the log's last lines on standard error, and the
+# result the command $3 reads in it.
+tests_report() {
+  tail -n 40 "$2" >&2
+  echo "result $1: $($3 "$2")"
+}
 
-# Runs the test command in $1, with the CMake options $2 (CI's, set before the
-# command configures) if any; prints what timed_stage prints.
+# Runs the phase $2 (build or tests) of the test command in $1, with the CMake
+# options $3 (CI's, set before the command configures) if any; prints what
+# timed_phase prints.
 run_suite() {
   cd "$1"
-  suite_options=${2:-}
+  suite_options=${3:-}
   local torch
   torch=$(sed -n 's/^#define TORCH_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\)/\2/p' \
     /usr/include/torch/csrc/api/include/torch/version.h | paste -sd.)
-  timed_stage "LibTorch $torch" suite_build fulgor_ctest_command suite_result
+  case $2 in
+    build) timed_phase "LibTorch $torch" suite_build build_report ;;
+    tests) timed_phase "LibTorch $torch" fulgor_ctest_command suite_report ;;
+  esac
 }
 suite_build() {
   # shellcheck disable=SC2086 # options are words
   { [ -z "$suite_options" ] || cmake -S . -B build $suite_options; } && fulgor_build_command
 }
+suite_report() { tests_report "$1" "$2" suite_result; }
 suite_result() { grep -E 'tests passed' "$1" | tail -n 1; }
 
 # The sanitizer stage (Note [Sanitizers] in CMakeLists.txt), on the host's
 # LibTorch: the core and Trainer tests and the fuzz corpora's replay (the
 # registry, devices, plugins, options and config files, the loops,
-# checkpoints, callbacks, loggers, image decoders and tar shards) under ASan, LeakSanitizer and UBSan, built
-# at -O1 in a folder of its own. Each test executable runs as one process,
-# which loads LibTorch under ASan once. The SIGKILL test is left out: it
-# restarts a writer up to 30 times, each starting LibTorch, slow under ASan,
-# and it checks files, not memory. Prints what
-# timed_stage prints.
+# checkpoints, callbacks, loggers, image decoders and tar shards) under ASan,
+# LeakSanitizer and UBSan, built in a folder of its own at -O0: three times as
+# fast to build as at -O1, and the tests take as long, their work running in
+# LibTorch. Each test executable runs as one process, which loads LibTorch
+# under ASan once. The SIGKILL test is left out: it restarts a writer up to 30
+# times, each starting LibTorch, slow under ASan, and it checks files, not
+# memory. $2 is the phase, build or tests; prints what timed_phase prints.
 run_sanitized_suite() {
   cd "$1"
-  timed_stage "ASan+UBSan" sanitized_build sanitized_tests sanitized_result
+  case $2 in
+    build) timed_phase "ASan+UBSan" sanitized_build build_report ;;
+    tests) timed_phase "ASan+UBSan" sanitized_tests sanitized_report ;;
+  esac
 }
 sanitized_build() {
-  cmake -S . -B build-sanitize -DFULGOR_SANITIZE=address,undefined -DCMAKE_CXX_FLAGS_RELEASE="-O1 -DNDEBUG" \
+  cmake -S . -B build-sanitize -DFULGOR_SANITIZE=address,undefined -DCMAKE_CXX_FLAGS_RELEASE="-O0 -DNDEBUG" -DFULGOR_TESTS_OPTIMIZE= \
     -DFULGOR_BUILD_EXAMPLES=OFF -DFULGOR_BUILD_CONFORMANCE=OFF &&
     cmake --build build-sanitize -j"$(nproc)" --target fulgor_core_tests fulgor_trainer_tests fulgor_fuzz_replay
 }
@@ -131,6 +139,7 @@ sanitized_tests() {
     $b/tests/fuzz/fulgor_fuzz_replay image tests/fuzz/corpus/image &&
     $b/tests/fuzz/fulgor_fuzz_replay tar_shard tests/fuzz/corpus/tar_shard
 }
+sanitized_report() { tests_report "$1" "$2" sanitized_result; }
 sanitized_result() {
   echo "$(grep -cE '^\[       OK \]' "$1") core and Trainer tests passed, fuzz corpora replayed"
 }
