@@ -73,6 +73,7 @@ import shutil
 import socket
 import sys
 import tempfile
+import traceback
 import warnings
 
 import torch
@@ -348,13 +349,25 @@ def on_ranks(work, *args):
     torch.multiprocessing.spawn(rank_main, args=(work, args), nprocs=WORLD)
 
 
+# A rank ends with os._exit, its process group left alive: torch 2.6 destroys
+# a Gloo group holding the GIL and joins the group's threads, one of which may
+# wait for the GIL to free a tensor of a finished collective, and both wait
+# for ever (the fix, pytorch#154976, came with torch 2.8). The barrier has
+# already waited for every rank, and a failure's traceback is printed here,
+# as spawn's own report of it would need the child to return.
 def rank_main(rank, work, args):
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    status = 1
     try:
         quietly(work, rank, *args)
         dist.barrier()
+        status = 0
+    except BaseException:
+        traceback.print_exc()
     finally:
-        dist.destroy_process_group()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
 
 
 def dtensor_api():
