@@ -22,8 +22,12 @@ fulgor_ctest_command() {
 # path, which is why .ci/run builds at fixed paths.
 # The sloppiness lets the precompiled <torch/torch.h> be cached and used:
 # CMake includes it with -include, and its .gch is newer than the sources.
+# The depend mode keys a compilation by the headers its -MD list names,
+# where ccache would otherwise run the preprocessor on every miss: about a
+# second for LibTorch's headers (which the preprocessor reads as text, not
+# from the .gch), a third of a header-check unit's time.
 ci_environment() {
-  export CCACHE_DIR=$1 CCACHE_BASEDIR=$PWD CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-8G}
+  export CCACHE_DIR=$1 CCACHE_BASEDIR=$PWD CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-8G} CCACHE_DEPEND=1
   export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
   export CMAKE_CXX_COMPILER_LAUNCHER=ccache CMAKE_GENERATOR=Ninja
   mkdir -p "$CCACHE_DIR"
