@@ -51,9 +51,10 @@ function(fulgor_header_check_unit name)
 endfunction()
 
 # Adds fulgor_header_check, the target that builds one check unit per public
-# header, in object libraries: one per prefix that three headers or more
-# share (fulgor_header_check_<prefix>): a precompiled header costs as much to make as
-# a unit without one, and to load, a third as much. The rest build without one.
+# header, in object libraries: one per prefix that three headers or more share
+# (fulgor_header_check_<prefix>), since a precompiled header costs as much to
+# make as a unit without one, and to load a third as much; the rest in
+# fulgor_header_check_plain, without one.
 function(fulgor_add_header_check)
   file(GLOB_RECURSE headers CONFIGURE_DEPENDS RELATIVE ${PROJECT_SOURCE_DIR}/include
        ${PROJECT_SOURCE_DIR}/include/fulgor/*.h)
@@ -73,21 +74,16 @@ function(fulgor_add_header_check)
     endif()
   endforeach()
   list(REMOVE_DUPLICATES prefixes)
-  set(shared "")
+  add_custom_target(fulgor_header_check ALL)
   foreach(prefix IN LISTS prefixes)
     string(MAKE_C_IDENTIFIER "${prefix}" key)
     list(LENGTH sources_${key} count)
     if(count GREATER_EQUAL 3)
-      list(APPEND shared ${prefix})
+      fulgor_header_check_unit(fulgor_header_check_${key} ${sources_${key}})
+      target_precompile_headers(fulgor_header_check_${key} PRIVATE <${prefix}>)
     else()
       list(APPEND plain ${sources_${key}})
     endif()
   endforeach()
-  add_custom_target(fulgor_header_check ALL)
   fulgor_header_check_unit(fulgor_header_check_plain ${plain})
-  foreach(prefix IN LISTS shared)
-    string(MAKE_C_IDENTIFIER "${prefix}" key)
-    fulgor_header_check_unit(fulgor_header_check_${key} ${sources_${key}})
-    target_precompile_headers(fulgor_header_check_${key} PRIVATE <${prefix}>)
-  endforeach()
 endfunction()
